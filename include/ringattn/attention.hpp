@@ -1,0 +1,96 @@
+// The local attention block: its arguments, the fp64 reference and the CPU flash block.
+//
+// Layouts (strides in elements, any order, so packed QKV buffers are views):
+//   Q, dQ, O, dO   [batch, q_len,  q_heads,  head_dim]
+//   K, V, dK, dV   [batch, k_len,  kv_heads, head_dim]     q_heads % kv_heads == 0 (GQA/MQA)
+//   LSE, delta     [batch, q_heads, q_len]                 accumulator dtype
+// The accumulator dtype is f64 for f64 inputs and f32 for every other input dtype.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "ringattn/tensor.hpp"
+
+namespace ringattn {
+
+// Which keys a query sees, by global position: Q row i sits at position q_start + i, K row j at
+// k_start + j. Causal means a query sees exactly the keys at positions <= its own. A caller that
+// holds one chunk of a longer sequence passes the chunk's global starts, so the same block
+// serves every (Q chunk, K/V chunk) pair of a ring.
+struct Mask {
+  bool causal = false;
+  std::int64_t q_start = 0;
+  std::int64_t k_start = 0;
+};
+
+struct AttentionShape {
+  std::int64_t batch = 0, q_len = 0, k_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+};
+
+// Forward of one block: O = softmax(Q K^T * scale + mask) V and LSE = log(sum(exp(scores))).
+//   combine = false: O has the dtype of Q and is overwritten; LSE is overwritten.
+//   combine = true:  O and LSE are a running fp32 (f64 for f64 inputs) pair of earlier blocks
+//                    over other keys; the block's result is merged into them, never rounded to
+//                    the input dtype. Start a running pair at O = 0, LSE = -inf.
+// A row that sees no key gets O = 0 and LSE = -inf (and leaves a running pair unchanged).
+struct ForwardArgs {
+  TensorView q, k, v;
+  TensorView o;
+  TensorView lse;
+  double scale = 0.0;  // > 0, typically 1/sqrt(head_dim)
+  Mask mask;
+  bool combine = false;
+};
+
+// Backward of one block with recomputation. O and LSE are the *final* ones of the whole row (for a
+// ring: after all blocks); delta = rowsum(dO * O) comes from backward_prepare. dQ, dK and dV are
+// accumulator-dtype buffers that the block adds into, so blocks over other keys (or other query
+// heads of a GQA group) sum without rounding.
+struct BackwardArgs {
+  TensorView q, k, v;
+  TensorView dout;
+  TensorView lse;
+  TensorView delta;
+  TensorView dq, dk, dv;
+  double scale = 0.0;
+  Mask mask;
+  bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
+};
+
+// Reads the shapes from the views and checks everything a kernel relies on (ranks, matching
+// sizes, GQA divisibility, dtypes, memory kind, non-null pointers, scale); throws Error naming the
+// argument otherwise. `where` names the calling function in the message.
+AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const char* where);
+AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, const char* where);
+
+inline double default_scale(std::int64_t head_dim) {
+  return 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+// The oracle: naive attention in fp64 with materialised scores, on host tensors of any dtype
+// (converted to fp64 on the way in, rounded to the output dtype on the way out).
+namespace reference {
+// o [B, Sq, Hq, D]; lse [B, Hq, Sq] may have data == nullptr to skip it.
+void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Mask& mask, double scale, const TensorView& o, const TensorView& lse);
+// Textbook backward (P, dP = dO V^T, dS = P * (dP - rowsum(P * dP))); dq, dk, dv are overwritten.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& dout, const Mask& mask, double scale,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv);
+}  // namespace reference
+
+// The CPU flash block: the same tiled algorithm and contract as the CUDA kernel, on host memory,
+// for f32 and f64 inputs, multithreaded over (batch, head, row block).
+namespace cpu {
+void flash_forward(const ForwardArgs& args);
+// delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d], in the accumulator dtype.
+void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta);
+void flash_backward(const BackwardArgs& args);
+
+// Worker threads of the CPU backend: RINGATTN_NUM_THREADS, else the hardware's count.
+int num_threads();
+void set_num_threads(int threads);
+}  // namespace cpu
+
+}  // namespace ringattn

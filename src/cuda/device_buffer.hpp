@@ -1,0 +1,79 @@
+// RAII owners of device memory, streams and events. Algorithm code never calls cudaMalloc or
+// cudaFree itself.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "src/cuda/cuda_check.hpp"
+
+namespace ringattn {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) RINGATTN_CUDA_CHECK(cudaMalloc(&data_, bytes));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { release(); }
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) RINGATTN_CUDA_LOG(cudaFree(data_));
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class CudaStream {
+ public:
+  CudaStream() { RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  ~CudaStream() { RINGATTN_CUDA_LOG(cudaStreamDestroy(stream_)); }
+  cudaStream_t get() const { return stream_; }
+  void synchronize() const { RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class CudaEvent {
+ public:
+  explicit CudaEvent(unsigned flags = cudaEventDisableTiming) {
+    RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, flags));
+  }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent() { RINGATTN_CUDA_LOG(cudaEventDestroy(event_)); }
+  cudaEvent_t get() const { return event_; }
+  void record(cudaStream_t stream) { RINGATTN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace ringattn

@@ -1,0 +1,66 @@
+#include "ringattn/tensor.hpp"
+
+#include <sstream>
+
+#include "ringattn/error.hpp"
+
+namespace ringattn {
+
+TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                                  Memory memory) {
+  if (shape.size() > static_cast<std::size_t>(kMaxRank)) {
+    detail::fail("TensorView::contiguous", "rank ", shape.size(), " exceeds the maximum of ",
+                 kMaxRank);
+  }
+  TensorView view;
+  view.data = data;
+  view.dtype = dtype;
+  view.memory = memory;
+  view.rank = static_cast<int>(shape.size());
+  int axis = 0;
+  for (std::int64_t extent : shape) view.shape[axis++] = extent;
+  std::int64_t stride = 1;
+  for (int i = view.rank - 1; i >= 0; --i) {
+    view.strides[i] = stride;
+    stride *= view.shape[i];
+  }
+  return view;
+}
+
+TensorView TensorView::with_strides(std::initializer_list<std::int64_t> new_strides) const {
+  if (static_cast<int>(new_strides.size()) != rank) {
+    detail::fail("TensorView::with_strides", "got ", new_strides.size(), " strides for a rank-",
+                 rank, " view");
+  }
+  TensorView view = *this;
+  int axis = 0;
+  for (std::int64_t stride : new_strides) view.strides[axis++] = stride;
+  return view;
+}
+
+std::int64_t TensorView::numel() const {
+  std::int64_t count = 1;
+  for (int i = 0; i < rank; ++i) count *= shape[i];
+  return count;
+}
+
+bool TensorView::is_contiguous() const {
+  std::int64_t expected = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+std::string TensorView::describe() const {
+  std::ostringstream out;
+  out << dtype_name(dtype) << "[";
+  for (int i = 0; i < rank; ++i) out << (i ? ", " : "") << shape[i];
+  out << "] strides [";
+  for (int i = 0; i < rank; ++i) out << (i ? ", " : "") << strides[i];
+  out << "] on " << (memory == Memory::host ? "host" : "device");
+  return out.str();
+}
+
+}  // namespace ringattn
