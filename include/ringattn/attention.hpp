@@ -93,4 +93,20 @@ int num_threads();
 void set_num_threads(int threads);
 }  // namespace cpu
 
+// The CUDA flash block (tensor cores, sm_80 and later): the same contract on device memory.
+// Inputs f16 or bf16; head_dim 64 or 128; every tensor in device memory; Q, K, V, O and dO with
+// unit stride along head_dim, other strides multiples of 8 elements and 16-byte aligned data;
+// the fp32 buffers (running O, dQ, dK, dV) with unit stride along head_dim and even strides.
+// `stream` is a cudaStream_t (nullptr: the default stream); the calls are asynchronous to the
+// host. Everything is checked before any launch; a library built without CUDA throws Error.
+namespace cuda {
+void flash_forward(const ForwardArgs& args, void* stream = nullptr);
+// delta = rowsum(dO * O) in fp32, for flash_backward.
+void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                            void* stream = nullptr);
+// dQ is summed with fp32 atomics, or in a second pass over the keys when args.deterministic
+// (bitwise-reproducible; about 1.3x the time).
+void flash_backward(const BackwardArgs& args, void* stream = nullptr);
+}  // namespace cuda
+
 }  // namespace ringattn

@@ -1,0 +1,428 @@
+// The CUDA local block, backward with recomputation (FlashAttention-2's schedule).
+//
+// flash_backward_kernel: one CTA of 4 warps owns 64 keys of one (batch, kv head); each warp owns
+// 16 keys and keeps their dK and dV in fp32 registers while it walks over every query row tile of
+// every query head of the GQA group. It recomputes S^T = K Q^T and P^T = exp(S^T - LSE) tile by
+// tile from the saved LSE, so P never exists in memory. dQ = dS K needs a sum over keys that
+// live in other CTAs: in the default mode the CTA stages dS in shared memory and adds its dQ
+// contribution with fp32 atomics; in the deterministic mode it leaves dQ alone and
+// flash_dq_kernel computes dQ with one CTA per row tile that loops over the keys in a fixed order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/flash_forward.cuh"
+#include "kernels/cuda/flash_params.hpp"
+#include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/smem_tile.cuh"
+
+namespace ringattn::cuda_detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// delta[b, h, i] = sum_d dO * O in fp32; one warp a row.
+template <typename T, int kHeadDim>
+__global__ void flash_backward_prepare_kernel(const FlashParams p) {
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len;
+  if (warp >= rows) return;
+  const int row = static_cast<int>(warp % p.q_len);
+  const int head = static_cast<int>((warp / p.q_len) % p.q_heads);
+  const int batch = static_cast<int>(warp / (static_cast<std::int64_t>(p.q_len) * p.q_heads));
+  const T* o = static_cast<const T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
+               head * p.o_strides[2];
+  const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] +
+               row * p.dout_strides[1] + head * p.dout_strides[2];
+  float sum = 0.f;
+  for (int x = lane; x < kHeadDim; x += 32) sum += to_float(o[x]) * to_float(g[x]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) {
+    p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]] = sum;
+  }
+}
+
+template <int kHeadDim>
+struct BackwardTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kKeys = 16 * kWarps;
+  // Rows per tile: 64 for head_dim 64; 32 above, which keeps S^T and dP^T at 16 registers each
+  // beside the 2 x 64 registers of the dK and dV accumulators (no spills at 128).
+  static constexpr int kRows = kHeadDim <= 64 ? 64 : 32;
+  static constexpr int kDsPitch = kRows + 8;  // padded rows of dS^T: 8 ldmatrix rows hit 32 banks
+  static constexpr int kSmemBytes =
+      (2 * kKeys + 4 * kRows) * kHeadDim * 2 + kKeys * kDsPitch * 2 + 4 * kRows * 4;
+};
+
+template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq>
+__global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
+    flash_backward_kernel(const FlashParams p) {
+  using Tiles = BackwardTiles<kHeadDim>;
+  constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kThreads = Tiles::kThreads;
+  constexpr int kDimSteps = kHeadDim / 16;
+  constexpr int kRowTiles = kRows / 8;  // n-tiles of S^T
+  constexpr float kNegInf = -kInfinity;
+  constexpr float kPosInf = kInfinity;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* k_tile = reinterpret_cast<T*>(smem_raw);
+  T* v_tile = k_tile + kKeys * kHeadDim;
+  T* q_tiles = v_tile + kKeys * kHeadDim;         // [2][kRows * kHeadDim]
+  T* do_tiles = q_tiles + 2 * kRows * kHeadDim;  // [2][kRows * kHeadDim]
+  T* ds_tile = do_tiles + 2 * kRows * kHeadDim;  // [kKeys][kDsPitch], dS^T
+  float* lse_log2 = reinterpret_cast<float*>(ds_tile + kKeys * Tiles::kDsPitch);  // [2][kRows]
+  float* delta = lse_log2 + 2 * kRows;                                             // [2][kRows]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group_row = lane / 4, quad_col = 2 * (lane % 4);
+  const int key0 = blockIdx.x * kKeys;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_strides[0] + kv_head * p.k_strides[2];
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_strides[0] + kv_head * p.v_strides[2];
+
+  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift.
+  int first_tile = 0;
+  if (kCausal) {
+    first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
+  }
+  const int row_tiles = (p.q_len + kRows - 1) / kRows - first_tile;
+  const int steps = row_tiles > 0 ? row_tiles * p.group : 0;
+
+  // Step i covers query head kv_head * group + i / row_tiles, row tile first_tile + i % row_tiles.
+  auto issue_step = [&](int step, int stage) {
+    const int head = kv_head * p.group + step / row_tiles;
+    const int row_first = (first_tile + step % row_tiles) * kRows;
+    const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
+    const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2];
+    load_tile_async<kRows, kHeadDim, kThreads>(q_tiles + stage * kRows * kHeadDim, q,
+                                               p.q_strides[1], row_first, p.q_len);
+    load_tile_async<kRows, kHeadDim, kThreads>(do_tiles + stage * kRows * kHeadDim, g,
+                                               p.dout_strides[1], row_first, p.q_len);
+    for (int r = threadIdx.x; r < kRows; r += kThreads) {
+      const int row = row_first + r;
+      float l = kNegInf, d = 0.f;
+      if (row < p.q_len) {
+        l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
+        d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
+      }
+      // A row that sees no key (LSE = -inf), or no row at all, gets +inf: exp2(s - inf) = 0.
+      lse_log2[stage * kRows + r] = l == kNegInf ? kPosInf : l * kLog2e;
+      delta[stage * kRows + r] = d;
+    }
+  };
+
+  const int key_limit = min(p.k_len, key0 + kKeys);
+  load_tile_async<kKeys, kHeadDim, kThreads>(k_tile, k, p.k_strides[1], key0, key_limit);
+  load_tile_async<kKeys, kHeadDim, kThreads>(v_tile, v, p.v_strides[1], key0, key_limit);
+  if (steps > 0) issue_step(0, 0);
+  cp_async_commit();
+
+  float dk[kHeadDim / 8][4] = {};
+  float dv[kHeadDim / 8][4] = {};
+  const int my_keys[2] = {key0 + warp * 16 + group_row, key0 + warp * 16 + group_row + 8};
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    [[maybe_unused]] const int head = kv_head * p.group + step / row_tiles;
+    const int row_first = (first_tile + step % row_tiles) * kRows;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (step + 1 < steps) issue_step(step + 1, stage ^ 1);
+    cp_async_commit();
+    const T* q_tile = q_tiles + stage * kRows * kHeadDim;
+    const T* do_tile = do_tiles + stage * kRows * kHeadDim;
+    const float* lse_s = lse_log2 + stage * kRows;
+    const float* delta_s = delta + stage * kRows;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and the tile's rows.
+    float s[kRowTiles][4] = {};
+    float dp[kRowTiles][4] = {};
+#pragma unroll
+    for (int dstep = 0; dstep < kDimSteps; ++dstep) {
+      std::uint32_t a_k[4], a_v[4];
+      const int key = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+      const int col = dstep * 16 + (lane / 16) * 8;
+      ldmatrix_x4(a_k, k_tile + swizzled<kHeadDim>(key, col));
+      ldmatrix_x4(a_v, v_tile + swizzled<kHeadDim>(key, col));
+#pragma unroll
+      for (int pair = 0; pair < kRowTiles / 2; ++pair) {
+        std::uint32_t b[4];
+        const int row = pair * 16 + (lane % 8) + (lane / 16) * 8;
+        const int bcol = dstep * 16 + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(b, q_tile + swizzled<kHeadDim>(row, bcol));
+        mma_16816<T>(s[2 * pair], a_k, b[0], b[1]);
+        mma_16816<T>(s[2 * pair + 1], a_k, b[2], b[3]);
+        ldmatrix_x4(b, do_tile + swizzled<kHeadDim>(row, bcol));
+        mma_16816<T>(dp[2 * pair], a_v, b[0], b[1]);
+        mma_16816<T>(dp[2 * pair + 1], a_v, b[2], b[3]);
+      }
+    }
+
+    // P^T = exp2(S^T * scale * log2e - LSE * log2e), zero where hidden; dS^T = P^T (dP^T - delta).
+    const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
+    const bool partial = key0 + kKeys > p.k_len;
+#pragma unroll
+    for (int nt = 0; nt < kRowTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = nt * 8 + quad_col + (e & 1);
+        const int key = my_keys[e / 2];
+        float prob = fast_exp2(s[nt][e] * p.scale_log2 - lse_s[r]);
+        if (partial || diagonal) {
+          const bool hidden = key >= p.k_len ||
+                              (kCausal && static_cast<std::int64_t>(key) > row_first + r + p.shift);
+          if (hidden) prob = 0.f;
+        }
+        s[nt][e] = prob;
+        dp[nt][e] = prob * (dp[nt][e] - delta_s[r]);
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q: the row index is the reduction axis.
+#pragma unroll
+    for (int kstep = 0; kstep < kRows / 16; ++kstep) {
+      const std::uint32_t a_p[4] = {pack2<T>(s[2 * kstep][0], s[2 * kstep][1]),
+                                    pack2<T>(s[2 * kstep][2], s[2 * kstep][3]),
+                                    pack2<T>(s[2 * kstep + 1][0], s[2 * kstep + 1][1]),
+                                    pack2<T>(s[2 * kstep + 1][2], s[2 * kstep + 1][3])};
+      const std::uint32_t a_ds[4] = {pack2<T>(dp[2 * kstep][0], dp[2 * kstep][1]),
+                                     pack2<T>(dp[2 * kstep][2], dp[2 * kstep][3]),
+                                     pack2<T>(dp[2 * kstep + 1][0], dp[2 * kstep + 1][1]),
+                                     pack2<T>(dp[2 * kstep + 1][2], dp[2 * kstep + 1][3])};
+      if constexpr (kAtomicDq) {
+        // Stage dS^T (the rounded values the MMAs use) for the dQ product below.
+        T* ds_row0 = ds_tile + (warp * 16 + group_row) * Tiles::kDsPitch + kstep * 16 + quad_col;
+        T* ds_row8 = ds_row0 + 8 * Tiles::kDsPitch;
+        *reinterpret_cast<std::uint32_t*>(ds_row0) = a_ds[0];
+        *reinterpret_cast<std::uint32_t*>(ds_row8) = a_ds[1];
+        *reinterpret_cast<std::uint32_t*>(ds_row0 + 8) = a_ds[2];
+        *reinterpret_cast<std::uint32_t*>(ds_row8 + 8) = a_ds[3];
+      }
+#pragma unroll
+      for (int pair = 0; pair < kDimSteps; ++pair) {
+        std::uint32_t b[4];
+        const int row = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        const int col = pair * 16 + (lane / 16) * 8;
+        ldmatrix_x4_trans(b, do_tile + swizzled<kHeadDim>(row, col));
+        mma_16816<T>(dv[2 * pair], a_p, b[0], b[1]);
+        mma_16816<T>(dv[2 * pair + 1], a_p, b[2], b[3]);
+        ldmatrix_x4_trans(b, q_tile + swizzled<kHeadDim>(row, col));
+        mma_16816<T>(dk[2 * pair], a_ds, b[0], b[1]);
+        mma_16816<T>(dk[2 * pair + 1], a_ds, b[2], b[3]);
+      }
+    }
+
+    if constexpr (kAtomicDq) {
+      // dQ (kRows x head_dim) += scale * dS K: the warps split it into 16-row, column-band tiles.
+      constexpr int kWarpsPerRowTile = Tiles::kWarps / (kRows / 16);
+      constexpr int kBandDims = kHeadDim / kWarpsPerRowTile;
+      __syncthreads();
+      const int m0 = (warp / kWarpsPerRowTile) * 16;
+      const int d0 = (warp % kWarpsPerRowTile) * kBandDims;
+      float dq[kBandDims / 8][4] = {};
+#pragma unroll
+      for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
+        std::uint32_t a[4];
+        const int key = kstep * 16 + (lane % 8) + (lane / 16) * 8;
+        ldmatrix_x4_trans(a, ds_tile + key * Tiles::kDsPitch + m0 + ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int pair = 0; pair < kBandDims / 16; ++pair) {
+          std::uint32_t b[4];
+          const int krow = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+          ldmatrix_x4_trans(b, k_tile + swizzled<kHeadDim>(krow, d0 + pair * 16 + (lane / 16) * 8));
+          mma_16816<T>(dq[2 * pair], a, b[0], b[1]);
+          mma_16816<T>(dq[2 * pair + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_first + m0 + group_row + 8 * half;
+        if (row >= p.q_len) continue;
+        float* out = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] + head * p.dq_strides[2];
+#pragma unroll
+        for (int dt = 0; dt < kBandDims / 8; ++dt) {
+          atomicAdd(out + d0 + dt * 8 + quad_col, dq[dt][2 * half] * p.scale);
+          atomicAdd(out + d0 + dt * 8 + quad_col + 1, dq[dt][2 * half + 1] * p.scale);
+        }
+      }
+    }
+  }
+
+  // dK and dV belong to this CTA alone: add them into the fp32 buffers without atomics.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = my_keys[half];
+    if (key >= p.k_len) continue;
+    float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
+    float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
+#pragma unroll
+    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      float2* gk = reinterpret_cast<float2*>(out_k + dt * 8 + quad_col);
+      float2* gv = reinterpret_cast<float2*>(out_v + dt * 8 + quad_col);
+      float2 vk = *gk, vv = *gv;
+      vk.x += dk[dt][2 * half] * p.scale;
+      vk.y += dk[dt][2 * half + 1] * p.scale;
+      vv.x += dv[dt][2 * half];
+      vv.y += dv[dt][2 * half + 1];
+      *gk = vk;
+      *gv = vv;
+    }
+  }
+}
+
+// Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.
+// The layout of the forward: each warp holds 16 rows' Q and dO fragments in registers.
+template <typename T, int kHeadDim, bool kCausal>
+__global__ void __launch_bounds__(ForwardTiles::kThreads) flash_dq_kernel(const FlashParams p) {
+  constexpr int kRows = ForwardTiles::kRows, kKeys = ForwardTiles::kKeys;
+  constexpr int kThreads = ForwardTiles::kThreads;
+  constexpr int kDimSteps = kHeadDim / 16, kKeyTiles = kKeys / 8;
+  constexpr float kNegInf = -kInfinity;
+  constexpr float kPosInf = kInfinity;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* q_tile = reinterpret_cast<T*>(smem_raw);
+  T* do_tile = q_tile + kRows * kHeadDim;
+  T* k_tiles = do_tile + kRows * kHeadDim;  // [2][kKeys * kHeadDim]
+  T* v_tiles = k_tiles + 2 * kKeys * kHeadDim;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group_row = lane / 4, quad_col = 2 * (lane % 4);
+  const int row0 = blockIdx.x * kRows;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
+  const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2];
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_strides[0] + kv_head * p.k_strides[2];
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_strides[0] + kv_head * p.v_strides[2];
+
+  int key_end = p.k_len;
+  if (kCausal) {
+    const std::int64_t last_row = min(row0 + kRows, p.q_len) - 1;
+    key_end = clamp_to(last_row + p.shift + 1, 0, p.k_len);
+  }
+  const int key_tiles = (key_end + kKeys - 1) / kKeys;
+  if (key_tiles == 0) return;
+
+  load_tile_async<kRows, kHeadDim, kThreads>(q_tile, q, p.q_strides[1], row0, p.q_len);
+  load_tile_async<kRows, kHeadDim, kThreads>(do_tile, g, p.dout_strides[1], row0, p.q_len);
+  load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], 0, key_end);
+  load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], 0, key_end);
+  cp_async_commit();
+
+  const int my_rows[2] = {row0 + warp * 16 + group_row, row0 + warp * 16 + group_row + 8};
+  float lse_l2[2], delta_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = my_rows[r];
+    float l = kNegInf, d = 0.f;
+    if (row < p.q_len) {
+      l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
+      d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
+    }
+    lse_l2[r] = l == kNegInf ? kPosInf : l * kLog2e;
+    delta_r[r] = d;
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();
+  std::uint32_t q_frag[kDimSteps][4], g_frag[kDimSteps][4];
+#pragma unroll
+  for (int step = 0; step < kDimSteps; ++step) {
+    const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+    const int c = step * 16 + (lane / 16) * 8;
+    ldmatrix_x4(q_frag[step], q_tile + swizzled<kHeadDim>(r, c));
+    ldmatrix_x4(g_frag[step], do_tile + swizzled<kHeadDim>(r, c));
+  }
+  float dq[kHeadDim / 8][4] = {};
+
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    const int stage = tile & 1;
+    const T* k_tile = k_tiles + stage * kKeys * kHeadDim;
+    const T* v_tile = v_tiles + stage * kKeys * kHeadDim;
+    if (tile + 1 < key_tiles) {
+      const int next = (stage ^ 1) * kKeys * kHeadDim;
+      load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles + next, k, p.k_strides[1], (tile + 1) * kKeys, key_end);
+      load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles + next, v, p.v_strides[1], (tile + 1) * kKeys, key_end);
+    }
+    cp_async_commit();
+
+    float s[kKeyTiles][4] = {};
+    float dp[kKeyTiles][4] = {};
+#pragma unroll
+    for (int step = 0; step < kDimSteps; ++step) {
+#pragma unroll
+      for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
+        std::uint32_t b[4];
+        const int key = pair * 16 + (lane % 8) + (lane / 16) * 8;
+        const int col = step * 16 + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(key, col));
+        mma_16816<T>(s[2 * pair], q_frag[step], b[0], b[1]);
+        mma_16816<T>(s[2 * pair + 1], q_frag[step], b[2], b[3]);
+        ldmatrix_x4(b, v_tile + swizzled<kHeadDim>(key, col));
+        mma_16816<T>(dp[2 * pair], g_frag[step], b[0], b[1]);
+        mma_16816<T>(dp[2 * pair + 1], g_frag[step], b[2], b[3]);
+      }
+    }
+    const int key0 = tile * kKeys;
+    const bool partial = key0 + kKeys > p.k_len;
+    const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + nt * 8 + quad_col + (e & 1);
+        float prob = fast_exp2(s[nt][e] * p.scale_log2 - lse_l2[e / 2]);
+        if (partial || diagonal) {
+          const bool hidden = key >= p.k_len ||
+                              (kCausal && static_cast<std::int64_t>(key) > my_rows[e / 2] + p.shift);
+          if (hidden) prob = 0.f;
+        }
+        dp[nt][e] = prob * (dp[nt][e] - delta_r[e / 2]);
+      }
+    }
+    // dQ += dS K, with dS as A fragments straight from registers.
+#pragma unroll
+    for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
+      const std::uint32_t a[4] = {pack2<T>(dp[2 * kstep][0], dp[2 * kstep][1]),
+                                  pack2<T>(dp[2 * kstep][2], dp[2 * kstep][3]),
+                                  pack2<T>(dp[2 * kstep + 1][0], dp[2 * kstep + 1][1]),
+                                  pack2<T>(dp[2 * kstep + 1][2], dp[2 * kstep + 1][3])};
+#pragma unroll
+      for (int pair = 0; pair < kDimSteps; ++pair) {
+        std::uint32_t b[4];
+        const int key = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        ldmatrix_x4_trans(b, k_tile + swizzled<kHeadDim>(key, pair * 16 + (lane / 16) * 8));
+        mma_16816<T>(dq[2 * pair], a, b[0], b[1]);
+        mma_16816<T>(dq[2 * pair + 1], a, b[2], b[3]);
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = my_rows[r];
+    if (row >= p.q_len) continue;
+    float* out = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] + head * p.dq_strides[2];
+#pragma unroll
+    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      float2* slot = reinterpret_cast<float2*>(out + dt * 8 + quad_col);
+      float2 value = *slot;
+      value.x += dq[dt][2 * r] * p.scale;
+      value.y += dq[dt][2 * r + 1] * p.scale;
+      *slot = value;
+    }
+  }
+}
+
+template <int kHeadDim>
+constexpr int dq_smem_bytes() {
+  return (2 * ForwardTiles::kRows + 4 * ForwardTiles::kKeys) * kHeadDim * 2;
+}
+
+}  // namespace ringattn::cuda_detail

@@ -1,0 +1,220 @@
+// Host side of the CUDA flash block: every check that can be made before a launch, then one
+// dispatch table over (dtype, head_dim). Causal, combine and deterministic are picked inside the
+// launchers. A second kernel family (Hopper) adds rows to the table with an architecture column.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/flash_launch.hpp"
+#include "ringattn/attention.hpp"
+#include "ringattn/error.hpp"
+#include "src/attention_checks.hpp"
+#include "src/cuda/cuda_check.hpp"
+
+namespace ringattn::cuda {
+namespace {
+
+using cuda_detail::FlashParams;
+
+struct KernelSet {
+  DType dtype;
+  int head_dim;
+  void (*forward)(const FlashParams&, bool, cudaStream_t);
+  void (*prepare)(const FlashParams&, cudaStream_t);
+  void (*backward)(const FlashParams&, bool, cudaStream_t);
+};
+
+template <DType kDtype, int kHeadDim>
+constexpr KernelSet kernel_set() {
+  return {kDtype, kHeadDim, &cuda_detail::launch_forward<kDtype, kHeadDim>,
+          &cuda_detail::launch_backward_prepare<kDtype, kHeadDim>,
+          &cuda_detail::launch_backward<kDtype, kHeadDim>};
+}
+
+constexpr KernelSet kKernels[] = {
+    kernel_set<DType::bf16, 64>(), kernel_set<DType::bf16, 128>(),
+    kernel_set<DType::f16, 64>(),  kernel_set<DType::f16, 128>(),
+};
+
+const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* where) {
+  if (dtype != DType::bf16 && dtype != DType::f16) {
+    detail::fail(where, "q has dtype ", dtype_name(dtype), "; the CUDA block takes bf16 or f16");
+  }
+  for (const KernelSet& set : kKernels) {
+    if (set.dtype == dtype && set.head_dim == head_dim) return set;
+  }
+  detail::fail(where, "head_dim ", head_dim, " is not supported; the CUDA block takes 64 or 128");
+}
+
+void check_device(const char* where) {
+  int device = 0, major = 0, minor = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major < 8) {
+    detail::fail(where, "GPU ", device, " has compute capability ", major, ".", minor,
+                 "; the CUDA block needs 8.0 (Ampere) or newer");
+  }
+}
+
+// The pointer must be device (or managed) memory: host memory would fault inside the kernel.
+void check_device_pointer(const TensorView& t, const char* name, const char* where) {
+  if (t.numel() == 0) return;
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, t.data);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    detail::fail(where, name, " (", t.data, ") is not a pointer CUDA knows: ", cudaGetErrorString(status));
+  }
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    detail::fail(where, name, " (", t.data, ") points to ",
+                 attributes.type == cudaMemoryTypeHost ? "pinned host" : "host",
+                 " memory; expected device memory");
+  }
+}
+
+// 16-bit rows move in 16-byte copies: unit stride along head_dim, other strides multiples of 8.
+// fp32 buffers move in 8-byte pairs: unit stride, even strides.
+void check_layout(const TensorView& t, const char* name, const char* where) {
+  check_device_pointer(t, name, where);
+  if (t.rank != 4) return;  // LSE and delta are read element by element: any strides
+  const int elements = t.dtype == DType::f32 ? 2 : 8;
+  const int bytes = elements * static_cast<int>(dtype_size(t.dtype));
+  if (t.shape[3] > 1 && t.strides[3] != 1) {
+    detail::fail(where, name, " has stride ", t.strides[3], " along head_dim; expected 1");
+  }
+  for (int axis = 0; axis < 3; ++axis) {
+    if (t.shape[axis] > 1 && t.strides[axis] % elements != 0) {
+      detail::fail(where, name, " has stride ", t.strides[axis], " on axis ", axis,
+                   "; expected a multiple of ", elements, " elements (", bytes, "-byte rows)");
+    }
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0) {
+    detail::fail(where, name, " (", t.data, ") is not ", bytes, "-byte aligned");
+  }
+}
+
+void check_sizes(const AttentionShape& s, const char* where) {
+  constexpr std::int64_t kMaxLen = INT_MAX - 256;  // row indices are 32-bit inside the kernels
+  constexpr std::int64_t kMaxGrid = 65535;         // heads and batch are grid dimensions
+  if (s.q_len > kMaxLen || s.k_len > kMaxLen) {
+    detail::fail(where, "sequence lengths ", s.q_len, " (q) and ", s.k_len, " (k) exceed ", kMaxLen);
+  }
+  if (s.batch > kMaxGrid || s.q_heads > kMaxGrid) {
+    detail::fail(where, "batch ", s.batch, " and q_heads ", s.q_heads, " must be at most ", kMaxGrid);
+  }
+}
+
+// The first three strides: batch, row, head of a [batch, len, heads, head_dim] view, or batch,
+// head, row of a [batch, heads, len] one (its only three).
+void copy_strides(const TensorView& t, std::int64_t (&out)[3]) {
+  for (int axis = 0; axis < 3; ++axis) out[axis] = t.strides[axis];
+}
+
+FlashParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionShape& s, double scale, const Mask& mask) {
+  FlashParams p;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  copy_strides(q, p.q_strides);
+  copy_strides(k, p.k_strides);
+  copy_strides(v, p.v_strides);
+  p.batch = static_cast<int>(s.batch);
+  p.q_len = static_cast<int>(s.q_len);
+  p.k_len = static_cast<int>(s.k_len);
+  p.q_heads = static_cast<int>(s.q_heads);
+  p.kv_heads = static_cast<int>(s.kv_heads);
+  p.head_dim = static_cast<int>(s.head_dim);
+  p.group = static_cast<int>(s.q_heads / s.kv_heads);
+  p.scale = static_cast<float>(scale);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.causal = mask.causal;
+  p.shift = mask.q_start - mask.k_start;
+  return p;
+}
+
+}  // namespace
+
+void flash_forward(const ForwardArgs& args, void* stream) {
+  constexpr const char* kWhere = "cuda::flash_forward";
+  const AttentionShape s = check_forward_args(args, Memory::device, kWhere);
+  const KernelSet& kernels = find_kernels(args.q.dtype, s.head_dim, kWhere);
+  check_sizes(s, kWhere);
+  check_device(kWhere);
+  check_layout(args.q, "q", kWhere);
+  check_layout(args.k, "k", kWhere);
+  check_layout(args.v, "v", kWhere);
+  check_layout(args.o, "o", kWhere);
+  check_layout(args.lse, "lse", kWhere);
+  if (s.q_len == 0 || s.batch == 0) return;
+  FlashParams p = make_params(args.q, args.k, args.v, s, args.scale, args.mask);
+  p.o = args.o.data;
+  copy_strides(args.o, p.o_strides);
+  p.lse = static_cast<float*>(args.lse.data);
+  copy_strides(args.lse, p.lse_strides);
+  kernels.forward(p, args.combine, static_cast<cudaStream_t>(stream));
+}
+
+void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                            void* stream) {
+  constexpr const char* kWhere = "cuda::flash_backward_prepare";
+  detail::check_view(o, "o", 4, Memory::device, kWhere);
+  detail::check_view(dout, "dout", 4, Memory::device, kWhere);
+  detail::check_view(delta, "delta", 3, Memory::device, kWhere);
+  detail::check_shape(dout, "dout", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]},
+                      "the shape of o", kWhere);
+  detail::check_shape(delta, "delta", {o.shape[0], o.shape[2], o.shape[1]},
+                      "[batch, heads, len] of o", kWhere);
+  detail::check_dtype(dout, "dout", o.dtype, "the dtype of o", kWhere);
+  detail::check_dtype(delta, "delta", DType::f32, "the accumulator dtype", kWhere);
+  const KernelSet& kernels = find_kernels(o.dtype, o.shape[3], kWhere);
+  check_sizes({o.shape[0], o.shape[1], o.shape[1], o.shape[2], o.shape[2], o.shape[3]}, kWhere);
+  check_device(kWhere);
+  check_layout(o, "o", kWhere);
+  check_layout(dout, "dout", kWhere);
+  check_layout(delta, "delta", kWhere);
+  if (o.numel() == 0) return;
+  FlashParams p;
+  p.o = o.data;
+  copy_strides(o, p.o_strides);
+  p.dout = dout.data;
+  copy_strides(dout, p.dout_strides);
+  p.delta = static_cast<float*>(delta.data);
+  copy_strides(delta, p.delta_strides);
+  p.batch = static_cast<int>(o.shape[0]);
+  p.q_len = static_cast<int>(o.shape[1]);
+  p.q_heads = static_cast<int>(o.shape[2]);
+  p.head_dim = static_cast<int>(o.shape[3]);
+  kernels.prepare(p, static_cast<cudaStream_t>(stream));
+}
+
+void flash_backward(const BackwardArgs& args, void* stream) {
+  constexpr const char* kWhere = "cuda::flash_backward";
+  const AttentionShape s = check_backward_args(args, Memory::device, kWhere);
+  const KernelSet& kernels = find_kernels(args.q.dtype, s.head_dim, kWhere);
+  check_sizes(s, kWhere);
+  check_device(kWhere);
+  const char* names[] = {"q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv"};
+  const TensorView* views[] = {&args.q,   &args.k,     &args.v,  &args.dout, &args.lse,
+                               &args.delta, &args.dq, &args.dk, &args.dv};
+  for (int i = 0; i < 9; ++i) check_layout(*views[i], names[i], kWhere);
+  if (s.batch == 0 || s.q_len == 0 || s.k_len == 0) return;
+  FlashParams p = make_params(args.q, args.k, args.v, s, args.scale, args.mask);
+  p.dout = args.dout.data;
+  copy_strides(args.dout, p.dout_strides);
+  p.lse = static_cast<float*>(args.lse.data);
+  copy_strides(args.lse, p.lse_strides);
+  p.delta = static_cast<float*>(args.delta.data);
+  copy_strides(args.delta, p.delta_strides);
+  p.dq = static_cast<float*>(args.dq.data);
+  p.dk = static_cast<float*>(args.dk.data);
+  p.dv = static_cast<float*>(args.dv.data);
+  copy_strides(args.dq, p.dq_strides);
+  copy_strides(args.dk, p.dk_strides);
+  copy_strides(args.dv, p.dv_strides);
+  kernels.backward(p, args.deterministic, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace ringattn::cuda

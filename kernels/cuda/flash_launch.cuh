@@ -1,0 +1,87 @@
+// Definitions of the launchers of flash_launch.hpp, included by the per-instantiation .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/flash_backward.cuh"
+#include "kernels/cuda/flash_forward.cuh"
+#include "kernels/cuda/flash_launch.hpp"
+#include "src/cuda/cuda_check.hpp"
+
+namespace ringattn::cuda_detail {
+
+template <DType kDtype>
+struct CudaType;
+template <>
+struct CudaType<DType::bf16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct CudaType<DType::f16> {
+  using type = __half;
+};
+
+// Raises the kernel's dynamic shared memory limit (needed above 48 KiB) and launches it.
+template <typename Kernel>
+void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+            const FlashParams& params) {
+  RINGATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, threads, smem_bytes, stream>>>(params);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_forward(const FlashParams& p, bool combine, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  const dim3 grid((p.q_len + ForwardTiles::kRows - 1) / ForwardTiles::kRows, p.q_heads, p.batch);
+  constexpr int kSmem = forward_smem_bytes<kHeadDim>();
+  constexpr int kThreads = ForwardTiles::kThreads;
+  if (p.causal) {
+    if (combine) launch(flash_forward_kernel<T, kHeadDim, true, true>, grid, kThreads, kSmem, stream, p);
+    else launch(flash_forward_kernel<T, kHeadDim, true, false>, grid, kThreads, kSmem, stream, p);
+  } else {
+    if (combine) launch(flash_forward_kernel<T, kHeadDim, false, true>, grid, kThreads, kSmem, stream, p);
+    else launch(flash_forward_kernel<T, kHeadDim, false, false>, grid, kThreads, kSmem, stream, p);
+  }
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  constexpr int kThreads = 256;  // 8 rows (warps) a block
+  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len;
+  const dim3 grid(static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads));
+  flash_backward_prepare_kernel<T, kHeadDim><<<grid, kThreads, 0, stream>>>(p);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_backward(const FlashParams& p, bool deterministic, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  using Tiles = BackwardTiles<kHeadDim>;
+  const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
+  if (deterministic) {
+    if (p.causal) launch(flash_backward_kernel<T, kHeadDim, true, false>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+    else launch(flash_backward_kernel<T, kHeadDim, false, false>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+    const dim3 dq_grid((p.q_len + ForwardTiles::kRows - 1) / ForwardTiles::kRows, p.q_heads, p.batch);
+    constexpr int kDqSmem = dq_smem_bytes<kHeadDim>();
+    if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, ForwardTiles::kThreads, kDqSmem, stream, p);
+    else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, ForwardTiles::kThreads, kDqSmem, stream, p);
+  } else {
+    if (p.causal) launch(flash_backward_kernel<T, kHeadDim, true, true>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+    else launch(flash_backward_kernel<T, kHeadDim, false, true>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+  }
+}
+
+}  // namespace ringattn::cuda_detail
+
+// One line per instantiation file: RINGATTN_INSTANTIATE_FLASH(ringattn::DType::bf16, 128)
+#define RINGATTN_INSTANTIATE_FLASH(dtype, head_dim)                                          \
+  template void ringattn::cuda_detail::launch_forward<dtype, head_dim>(                      \
+      const ::ringattn::cuda_detail::FlashParams&, bool, cudaStream_t);                      \
+  template void ringattn::cuda_detail::launch_backward_prepare<dtype, head_dim>(             \
+      const ::ringattn::cuda_detail::FlashParams&, cudaStream_t);                            \
+  template void ringattn::cuda_detail::launch_backward<dtype, head_dim>(                     \
+      const ::ringattn::cuda_detail::FlashParams&, bool, cudaStream_t)

@@ -1,0 +1,22 @@
+// Host entry points of the compiled kernel instantiations, one (dtype, head_dim) pair per .cu
+// file so that builds parallelise. Runtime flags (causal, combine, deterministic) pick among the
+// kernel variants inside each file. Only flash_dispatch.cpp calls these.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/flash_params.hpp"
+#include "ringattn/dtype.hpp"
+
+namespace ringattn::cuda_detail {
+
+template <DType kDtype, int kHeadDim>
+void launch_forward(const FlashParams& params, bool combine, cudaStream_t stream);
+
+// delta = rowsum(dO * O), then dK/dV (and dQ, with atomics unless deterministic).
+template <DType kDtype, int kHeadDim>
+void launch_backward_prepare(const FlashParams& params, cudaStream_t stream);
+template <DType kDtype, int kHeadDim>
+void launch_backward(const FlashParams& params, bool deterministic, cudaStream_t stream);
+
+}  // namespace ringattn::cuda_detail

@@ -1,0 +1,47 @@
+// FlashParams: the single contract between the host side of the CUDA local block and every
+// kernel of it. Raw pointers and 64-bit strides in elements, so packed QKV buffers are views.
+#pragma once
+
+#include <cstdint>
+
+namespace ringattn::cuda_detail {
+
+struct FlashParams {
+  // Inputs [batch, len, heads, head_dim] with unit stride along head_dim.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  std::int64_t q_strides[3] = {};  // batch, row, head
+  std::int64_t k_strides[3] = {};
+  std::int64_t v_strides[3] = {};
+
+  // Forward: O in the input dtype, or the running fp32 O in combine mode. Backward: the final O.
+  void* o = nullptr;
+  std::int64_t o_strides[3] = {};
+  // [batch, heads, len] fp32: the forward writes or merges it, the backward reads it.
+  float* lse = nullptr;
+  std::int64_t lse_strides[3] = {};  // batch, head, row
+
+  // Backward only.
+  const void* dout = nullptr;
+  std::int64_t dout_strides[3] = {};
+  float* delta = nullptr;  // rowsum(dO * O), laid out like lse
+  std::int64_t delta_strides[3] = {};
+  float* dq = nullptr;  // fp32 accumulators, added into
+  float* dk = nullptr;
+  float* dv = nullptr;
+  std::int64_t dq_strides[3] = {};
+  std::int64_t dk_strides[3] = {};
+  std::int64_t dv_strides[3] = {};
+
+  int batch = 0, q_len = 0, k_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int group = 1;  // q_heads / kv_heads
+  float scale = 0.f;
+  float scale_log2 = 0.f;  // scale * log2(e): the softmax runs in the exp2 domain
+  bool causal = false;
+  // Causal visibility in local indices: row i sees key j iff j <= i + shift,
+  // shift = q_start - k_start (global positions of the first Q row and the first K row).
+  std::int64_t shift = 0;
+};
+
+}  // namespace ringattn::cuda_detail
