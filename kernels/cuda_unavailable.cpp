@@ -9,7 +9,7 @@
 namespace ringattn::cuda {
 namespace {
 [[noreturn]] void unavailable(const char* where) {
-  detail::fail(where, "this ringattn was built without CUDA (configure with -DRINGATTN_CUDA=ON on a "
+  detail::fail_as(ErrorKind::unsupported, where, "this ringattn was built without CUDA (configure with -DRINGATTN_CUDA=ON on a "
                       "machine with the CUDA toolkit)");
 }
 }  // namespace

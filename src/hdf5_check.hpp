@@ -26,7 +26,7 @@ Code check_hdf5(Code code, const char* call, const char* where, const std::strin
   if (code >= 0) return code;
   const std::string text = hdf5_error_text();
   H5Eclear2(H5E_DEFAULT);
-  fail(where, "HDF5 call ", call, " failed on '", file, "'", text.empty() ? "" : ": ", text);
+  fail_as(ErrorKind::io, where, "HDF5 call ", call, " failed on '", file, "'", text.empty() ? "" : ": ", text);
 }
 
 }  // namespace ringattn::detail

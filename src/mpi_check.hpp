@@ -12,7 +12,7 @@ inline void check_mpi(int code, const char* call, const char* where) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) text[0] = '\0';
-  fail(where, call, " failed with MPI error ", code, " (", text, ")");
+  fail_as(ErrorKind::library, where, call, " failed with MPI error ", code, " (", text, ")");
 }
 
 }  // namespace ringattn::detail

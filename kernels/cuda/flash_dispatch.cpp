@@ -44,7 +44,7 @@ const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* wh
   for (const KernelSet& set : kKernels) {
     if (set.dtype == dtype && set.head_dim == head_dim) return set;
   }
-  detail::fail(where, "head_dim ", head_dim, " is not supported; the CUDA block takes 64 or 128");
+  detail::fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim, " is not supported; the CUDA block takes 64 or 128");
 }
 
 void check_device(const char* where) {
@@ -53,7 +53,7 @@ void check_device(const char* where) {
   RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major < 8) {
-    detail::fail(where, "GPU ", device, " has compute capability ", major, ".", minor,
+    detail::fail_as(ErrorKind::unsupported, where, "GPU ", device, " has compute capability ", major, ".", minor,
                  "; the CUDA block needs 8.0 (Ampere) or newer");
   }
 }

@@ -14,7 +14,7 @@ namespace ringattn::detail {
 
 inline void check_cuda(cudaError_t code, const char* call, const char* where) {
   if (code == cudaSuccess) return;
-  fail(where, call, " failed: ", cudaGetErrorName(code), " (", cudaGetErrorString(code), ")");
+  fail_as(ErrorKind::library, where, call, " failed: ", cudaGetErrorName(code), " (", cudaGetErrorString(code), ")");
 }
 
 inline void log_cuda(cudaError_t code, const char* call, const char* where) noexcept {
@@ -24,12 +24,12 @@ inline void log_cuda(cudaError_t code, const char* call, const char* where) noex
 
 inline void check_cublas(cublasStatus_t code, const char* call, const char* where) {
   if (code == CUBLAS_STATUS_SUCCESS) return;
-  fail(where, call, " failed: ", cublasGetStatusName(code), " (", cublasGetStatusString(code), ")");
+  fail_as(ErrorKind::library, where, call, " failed: ", cublasGetStatusName(code), " (", cublasGetStatusString(code), ")");
 }
 
 inline void check_nccl(ncclResult_t code, const char* call, const char* where) {
   if (code == ncclSuccess || code == ncclInProgress) return;
-  fail(where, call, " failed: ", ncclGetErrorString(code), " (", ncclGetLastError(nullptr), ")");
+  fail_as(ErrorKind::library, where, call, " failed: ", ncclGetErrorString(code), " (", ncclGetLastError(nullptr), ")");
 }
 
 }  // namespace ringattn::detail

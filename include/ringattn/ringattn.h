@@ -1,0 +1,103 @@
+/* ringattn C API: the local attention block for any language (C, C++, Python ctypes, Rust).
+ *
+ * Tensors are described by ringattn_tensor_t: a pointer, a dtype, where the memory lives, and up
+ * to four extents and strides in elements. Layouts:
+ *   q, o, dout, dq   [batch, q_len, q_heads, head_dim]
+ *   k, v, dk, dv     [batch, k_len, kv_heads, head_dim]      q_heads % kv_heads == 0
+ *   lse, delta       [batch, q_heads, q_len]                  accumulator dtype
+ * The accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64) run on
+ * the CPU flash block, device tensors (f16 or bf16) on the CUDA one; see ringattn/attention.hpp for
+ * the full contract (combine mode, add-into gradients, masks by global position).
+ *
+ * Every call returns a status; on failure ringattn_last_error() gives a message naming the
+ * argument, its value and what was expected. Parameter structs start with struct_size, which the
+ * caller sets to sizeof(the struct): later versions append fields without breaking callers.
+ */
+#ifndef RINGATTN_RINGATTN_H
+#define RINGATTN_RINGATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ringattn/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ringattn_status {
+  RINGATTN_SUCCESS = 0,
+  RINGATTN_ERROR_INVALID_ARGUMENT = 1, /* a shape, dtype, stride, pointer or value it cannot take */
+  RINGATTN_ERROR_UNSUPPORTED = 2,      /* not built or not available here (head_dim, GPU, CUDA) */
+  RINGATTN_ERROR_LIBRARY = 3,          /* a CUDA, NCCL, MPI or HDF5 call failed */
+  RINGATTN_ERROR_IO = 4,               /* a file is missing, unreadable or corrupt */
+  RINGATTN_ERROR_INTERNAL = 5          /* anything else (out of host memory, a bug) */
+} ringattn_status_t;
+
+typedef enum ringattn_dtype {
+  RINGATTN_F32 = 0,
+  RINGATTN_F64 = 1,
+  RINGATTN_F16 = 2,
+  RINGATTN_BF16 = 3
+} ringattn_dtype_t;
+
+typedef enum ringattn_memory { RINGATTN_HOST = 0, RINGATTN_DEVICE = 1 } ringattn_memory_t;
+
+typedef struct ringattn_tensor {
+  void* data;
+  int32_t dtype;  /* ringattn_dtype_t */
+  int32_t memory; /* ringattn_memory_t */
+  int32_t rank;   /* 3 or 4 */
+  int64_t shape[4];
+  int64_t strides[4]; /* elements, not bytes */
+} ringattn_tensor_t;
+
+typedef struct ringattn_forward_params {
+  size_t struct_size; /* sizeof(ringattn_forward_params_t) */
+  ringattn_tensor_t q, k, v;
+  ringattn_tensor_t o;   /* input dtype, or the running accumulator when combine != 0 */
+  ringattn_tensor_t lse; /* accumulator dtype */
+  double scale;          /* > 0, usually 1/sqrt(head_dim) */
+  int32_t causal;        /* query at global position i sees keys at positions <= i */
+  int32_t combine;       /* merge into a running (o, lse) pair instead of overwriting */
+  int64_t q_start;       /* global position of the first query row */
+  int64_t k_start;       /* global position of the first key row */
+} ringattn_forward_params_t;
+
+typedef struct ringattn_backward_params {
+  size_t struct_size; /* sizeof(ringattn_backward_params_t) */
+  ringattn_tensor_t q, k, v, dout;
+  ringattn_tensor_t lse;        /* final LSE of the forward */
+  ringattn_tensor_t delta;      /* from ringattn_attention_backward_prepare */
+  ringattn_tensor_t dq, dk, dv; /* accumulator dtype; gradients are added into them */
+  double scale;
+  int32_t causal;
+  int32_t deterministic; /* bitwise-reproducible gradients */
+  int64_t q_start;
+  int64_t k_start;
+} ringattn_backward_params_t;
+
+/* RINGATTN_VERSION_CODE of the library that is running (major * 10000 + minor * 100 + patch). */
+int ringattn_version(void);
+const char* ringattn_version_string(void);
+const char* ringattn_status_string(ringattn_status_t status);
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+const char* ringattn_last_error(void);
+/* Number of CUDA GPUs visible (0 without CUDA). */
+int ringattn_cuda_device_count(void);
+
+/* stream: a cudaStream_t for device tensors (NULL: the default stream); ignored on the host.
+ * Device calls are asynchronous to the host. */
+ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* params, void* stream);
+/* delta = rowsum(dout * o): the first pass of the backward, once per final O. */
+ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o,
+                                                      const ringattn_tensor_t* dout,
+                                                      const ringattn_tensor_t* delta, void* stream);
+ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* params,
+                                              void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RINGATTN_RINGATTN_H */

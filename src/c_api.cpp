@@ -1,0 +1,158 @@
+// The C API: converts C descriptors to TensorViews, routes host tensors to the CPU block and
+// device tensors to the CUDA block, and turns exceptions into status codes and a thread-local
+// message.
+#include "ringattn/ringattn.h"
+
+#include <exception>
+#include <new>
+#include <string>
+
+#include "ringattn/attention.hpp"
+#include "ringattn/error.hpp"
+#include "ringattn/runtime.hpp"
+
+namespace {
+
+using namespace ringattn;
+
+thread_local std::string last_error;
+
+template <typename Body>
+ringattn_status_t guarded(Body&& body) {
+  try {
+    body();
+    last_error.clear();
+    return RINGATTN_SUCCESS;
+  } catch (const Error& e) {
+    last_error = e.what();
+    return static_cast<ringattn_status_t>(static_cast<int>(e.kind()));
+  } catch (const std::bad_alloc&) {
+    last_error = "out of host memory";
+    return RINGATTN_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return RINGATTN_ERROR_INTERNAL;
+  }
+}
+
+TensorView to_view(const ringattn_tensor_t& t, const char* name, const char* where) {
+  if (t.dtype < RINGATTN_F32 || t.dtype > RINGATTN_BF16) {
+    detail::fail(where, name, " has dtype code ", t.dtype, "; expected 0 (f32), 1 (f64), 2 (f16) or 3 (bf16)");
+  }
+  if (t.memory != RINGATTN_HOST && t.memory != RINGATTN_DEVICE) {
+    detail::fail(where, name, " has memory code ", t.memory, "; expected 0 (host) or 1 (device)");
+  }
+  if (t.rank < 0 || t.rank > TensorView::kMaxRank) {
+    detail::fail(where, name, " has rank ", t.rank, "; expected 0 to ", TensorView::kMaxRank);
+  }
+  TensorView view;
+  view.data = t.data;
+  view.dtype = static_cast<DType>(t.dtype);
+  view.memory = static_cast<Memory>(t.memory);
+  view.rank = t.rank;
+  for (int i = 0; i < t.rank; ++i) {
+    view.shape[i] = t.shape[i];
+    view.strides[i] = t.strides[i];
+  }
+  return view;
+}
+
+template <typename Params>
+void check_params(const Params* params, const char* where) {
+  if (params == nullptr) detail::fail(where, "params is a null pointer");
+  if (params->struct_size < sizeof(Params)) {
+    detail::fail(where, "params->struct_size is ", params->struct_size, "; expected sizeof = ",
+                 sizeof(Params), " (set it to sizeof(the struct))");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int ringattn_version(void) { return RINGATTN_VERSION_CODE; }
+const char* ringattn_version_string(void) { return RINGATTN_VERSION_STRING; }
+
+const char* ringattn_status_string(ringattn_status_t status) {
+  switch (status) {
+    case RINGATTN_SUCCESS: return "success";
+    case RINGATTN_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case RINGATTN_ERROR_UNSUPPORTED: return "unsupported";
+    case RINGATTN_ERROR_LIBRARY: return "CUDA, NCCL, MPI or HDF5 call failed";
+    case RINGATTN_ERROR_IO: return "file missing, unreadable or corrupt";
+    case RINGATTN_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+const char* ringattn_last_error(void) { return last_error.c_str(); }
+
+int ringattn_cuda_device_count(void) { return cuda_device_count(); }
+
+ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* params, void* stream) {
+  constexpr const char* kWhere = "ringattn_attention_forward";
+  return guarded([&] {
+    check_params(params, kWhere);
+    ForwardArgs args;
+    args.q = to_view(params->q, "q", kWhere);
+    args.k = to_view(params->k, "k", kWhere);
+    args.v = to_view(params->v, "v", kWhere);
+    args.o = to_view(params->o, "o", kWhere);
+    args.lse = to_view(params->lse, "lse", kWhere);
+    args.scale = params->scale;
+    args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
+    args.combine = params->combine != 0;
+    if (args.q.memory == Memory::device) {
+      cuda::flash_forward(args, stream);
+    } else {
+      cpu::flash_forward(args);
+    }
+  });
+}
+
+ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o,
+                                                      const ringattn_tensor_t* dout,
+                                                      const ringattn_tensor_t* delta, void* stream) {
+  constexpr const char* kWhere = "ringattn_attention_backward_prepare";
+  return guarded([&] {
+    if (o == nullptr || dout == nullptr || delta == nullptr) {
+      detail::fail(kWhere, o == nullptr ? "o" : dout == nullptr ? "dout" : "delta", " is a null pointer");
+    }
+    const TensorView o_view = to_view(*o, "o", kWhere);
+    if (o_view.memory == Memory::device) {
+      cuda::flash_backward_prepare(o_view, to_view(*dout, "dout", kWhere),
+                                   to_view(*delta, "delta", kWhere), stream);
+    } else {
+      cpu::flash_backward_prepare(o_view, to_view(*dout, "dout", kWhere),
+                                  to_view(*delta, "delta", kWhere));
+    }
+  });
+}
+
+ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* params,
+                                              void* stream) {
+  constexpr const char* kWhere = "ringattn_attention_backward";
+  return guarded([&] {
+    check_params(params, kWhere);
+    BackwardArgs args;
+    args.q = to_view(params->q, "q", kWhere);
+    args.k = to_view(params->k, "k", kWhere);
+    args.v = to_view(params->v, "v", kWhere);
+    args.dout = to_view(params->dout, "dout", kWhere);
+    args.lse = to_view(params->lse, "lse", kWhere);
+    args.delta = to_view(params->delta, "delta", kWhere);
+    args.dq = to_view(params->dq, "dq", kWhere);
+    args.dk = to_view(params->dk, "dk", kWhere);
+    args.dv = to_view(params->dv, "dv", kWhere);
+    args.scale = params->scale;
+    args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
+    args.deterministic = params->deterministic != 0;
+    if (args.q.memory == Memory::device) {
+      cuda::flash_backward(args, stream);
+    } else {
+      cpu::flash_backward(args);
+    }
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,337 @@
+// The CUDA flash block against the fp64 oracle with the FlashAttention criterion (TESTING.md),
+// over the shape list that breaks tiling, both dtypes, both head dims, masks by global position,
+// GQA, packed QKV views, combine mode, the deterministic backward, and its argument checks.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ringattn/attention.hpp"
+#include "ringattn/config.h"
+#include "tests/common/attention_testing.hpp"
+#include "tests/common/gpu.hpp"
+#include "tests/common/low_precision_attention.hpp"
+
+#if RINGATTN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "src/cuda/device_buffer.hpp"
+
+namespace ringattn::test {
+namespace {
+
+struct Case {
+  DType dtype;
+  std::int64_t batch, q_len, k_len, q_heads, kv_heads, head_dim;
+  bool causal;
+  std::int64_t q_start = 0, k_start = 0;
+  bool packed = false;      // Q, K, V as views of one [B, S, Hq + 2 Hkv, D] buffer
+  double input_scale = 1.0;  // large values give scores near 1e4
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string name = std::string(dtype_name(c.dtype)) + "_b" + std::to_string(c.batch) + "_sq" +
+                     std::to_string(c.q_len) + "_sk" + std::to_string(c.k_len) + "_h" +
+                     std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_d" +
+                     std::to_string(c.head_dim) + (c.causal ? "_causal" : "_full");
+  if (c.q_start != 0 || c.k_start != 0) name += "_q" + std::to_string(c.q_start) + "k" + std::to_string(c.k_start);
+  if (c.packed) name += "_packed";
+  if (c.input_scale != 1.0) name += "_large";
+  return name;
+}
+
+// A device copy of logical [B, S, H, D] values in a 16-bit dtype, or a view into a shared buffer.
+std::vector<std::uint16_t> to_bits(DType dtype, const std::vector<double>& values) {
+  std::vector<std::uint16_t> bits(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const float f = static_cast<float>(values[i]);
+    bits[i] = dtype == DType::bf16 ? float_to_bf16(f) : float_to_f16(f);
+  }
+  return bits;
+}
+
+std::vector<double> random_rounded(DType dtype, std::size_t count, std::mt19937_64& rng, double scale) {
+  std::vector<double> values = normal_vector<double>(count, rng, scale);
+  for (double& value : values) value = round_to(dtype, value);
+  return values;
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& buffer, std::size_t count) {
+  std::vector<T> host(count);
+  RINGATTN_CUDA_CHECK(cudaMemcpy(host.data(), buffer.data(), count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+std::vector<double> widen(DType dtype, const std::vector<std::uint16_t>& bits) {
+  std::vector<double> out(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    out[i] = dtype == DType::bf16 ? bf16_to_float(bits[i]) : f16_to_float(bits[i]);
+  }
+  return out;
+}
+
+std::vector<double> widen(const std::vector<float>& values) { return {values.begin(), values.end()}; }
+
+// Everything one case needs on the device, and the results brought back.
+struct DeviceProblem {
+  Case c;
+  AttentionShape s;
+  std::vector<double> q, k, v, dout;  // logical values, exactly representable in c.dtype
+  DeviceBuffer qkv, k_only, v_only, dout_buffer, o, lse, delta, dq, dk, dv;
+  TensorView q_view, k_view, v_view, o_view, lse_view, dout_view, delta_view, dq_view, dk_view, dv_view;
+
+  explicit DeviceProblem(const Case& cs, std::uint64_t stream) : c(cs) {
+    s = {c.batch, c.q_len, c.k_len, c.q_heads, c.kv_heads, c.head_dim};
+    std::mt19937_64 rng = make_rng(stream);
+    const std::int64_t B = c.batch, Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
+    q = random_rounded(c.dtype, B * Sq * Hq * D, rng, c.input_scale);
+    k = random_rounded(c.dtype, B * Sk * Hkv * D, rng, c.input_scale);
+    v = random_rounded(c.dtype, B * Sk * Hkv * D, rng, 1.0);
+    dout = random_rounded(c.dtype, B * Sq * Hq * D, rng, 1.0);
+    const std::size_t two = 2;
+    if (c.packed) {
+      // [B, S, Hq + 2 Hkv, D]: Q heads, then K heads, then V heads of each token.
+      const std::int64_t H = Hq + 2 * Hkv;
+      std::vector<std::uint16_t> packed(B * Sq * H * D);
+      const auto qb = to_bits(c.dtype, q), kb = to_bits(c.dtype, k), vb = to_bits(c.dtype, v);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t t = 0; t < Sq; ++t) {
+          std::uint16_t* row = &packed[(b * Sq + t) * H * D];
+          std::memcpy(row, &qb[(b * Sq + t) * Hq * D], Hq * D * two);
+          std::memcpy(row + Hq * D, &kb[(b * Sq + t) * Hkv * D], Hkv * D * two);
+          std::memcpy(row + (Hq + Hkv) * D, &vb[(b * Sq + t) * Hkv * D], Hkv * D * two);
+        }
+      qkv = DeviceBuffer(packed.size() * two);
+      RINGATTN_CUDA_CHECK(cudaMemcpy(qkv.data(), packed.data(), packed.size() * two, cudaMemcpyHostToDevice));
+      const std::int64_t strides[4] = {Sq * H * D, H * D, D, 1};
+      auto view = [&](std::int64_t head_offset, std::int64_t heads) {
+        TensorView t = TensorView::contiguous(qkv.as<std::uint16_t>() + head_offset * D, c.dtype,
+                                              {B, Sq, heads, D}, Memory::device);
+        return t.with_strides({strides[0], strides[1], strides[2], strides[3]});
+      };
+      q_view = view(0, Hq);
+      k_view = view(Hq, Hkv);
+      v_view = view(Hq + Hkv, Hkv);
+    } else {
+      q_view = upload(qkv, q, {B, Sq, Hq, D});
+      k_view = upload(k_only, k, {B, Sk, Hkv, D});
+      v_view = upload(v_only, v, {B, Sk, Hkv, D});
+    }
+    dout_view = upload(dout_buffer, dout, {B, Sq, Hq, D});
+    o = DeviceBuffer(B * Sq * Hq * D * two);
+    o_view = TensorView::contiguous(o.data(), c.dtype, {B, Sq, Hq, D}, Memory::device);
+    lse = DeviceBuffer(B * Hq * Sq * sizeof(float));
+    lse_view = TensorView::contiguous(lse.data(), DType::f32, {B, Hq, Sq}, Memory::device);
+    delta = DeviceBuffer(B * Hq * Sq * sizeof(float));
+    delta_view = TensorView::contiguous(delta.data(), DType::f32, {B, Hq, Sq}, Memory::device);
+    dq = DeviceBuffer(B * Sq * Hq * D * sizeof(float));
+    dk = DeviceBuffer(B * Sk * Hkv * D * sizeof(float));
+    dv = DeviceBuffer(B * Sk * Hkv * D * sizeof(float));
+    dq_view = TensorView::contiguous(dq.data(), DType::f32, {B, Sq, Hq, D}, Memory::device);
+    dk_view = TensorView::contiguous(dk.data(), DType::f32, {B, Sk, Hkv, D}, Memory::device);
+    dv_view = TensorView::contiguous(dv.data(), DType::f32, {B, Sk, Hkv, D}, Memory::device);
+  }
+
+  TensorView upload(DeviceBuffer& buffer, const std::vector<double>& values,
+                    std::initializer_list<std::int64_t> shape) {
+    const auto bits = to_bits(c.dtype, values);
+    buffer = DeviceBuffer(bits.size() * 2);
+    RINGATTN_CUDA_CHECK(cudaMemcpy(buffer.data(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    return TensorView::contiguous(buffer.data(), c.dtype, shape, Memory::device);
+  }
+
+  Mask mask() const { return {c.causal, c.q_start, c.k_start}; }
+  double scale() const { return default_scale(c.head_dim); }
+
+  // Forward, prepare and backward with every output poisoned (NaN) and the gradients zeroed.
+  AttentionResult run(bool deterministic) {
+    RINGATTN_CUDA_CHECK(cudaMemset(o.data(), 0xff, o.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(lse.data(), 0xff, lse.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(delta.data(), 0xff, delta.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(dq.data(), 0, dq.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(dk.data(), 0, dk.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(dv.data(), 0, dv.bytes()));
+    cuda::flash_forward({q_view, k_view, v_view, o_view, lse_view, scale(), mask(), false});
+    cuda::flash_backward_prepare(o_view, dout_view, delta_view);
+    BackwardArgs args{q_view, k_view, v_view, dout_view, lse_view, delta_view,
+                      dq_view, dk_view, dv_view, scale(), mask(), deterministic};
+    cuda::flash_backward(args);
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    AttentionResult r;
+    r.o = widen(c.dtype, download<std::uint16_t>(o, o_view.numel()));
+    r.lse = widen(download<float>(lse, lse_view.numel()));
+    r.dq = widen(download<float>(dq, dq_view.numel()));
+    r.dk = widen(download<float>(dk, dk_view.numel()));
+    r.dv = widen(download<float>(dv, dv_view.numel()));
+    return r;
+  }
+
+  AttentionResult oracle() const {
+    AttentionResult r;
+    const std::int64_t B = c.batch, Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
+    r.o.resize(B * Sq * Hq * D);
+    r.lse.resize(B * Hq * Sq);
+    r.dq.resize(r.o.size());
+    r.dk.resize(B * Sk * Hkv * D);
+    r.dv.resize(r.dk.size());
+    auto view = [](const std::vector<double>& data, std::initializer_list<std::int64_t> shape) {
+      return TensorView::contiguous(const_cast<double*>(data.data()), DType::f64, shape);
+    };
+    reference::attention_forward(view(q, {B, Sq, Hq, D}), view(k, {B, Sk, Hkv, D}), view(v, {B, Sk, Hkv, D}),
+                                 mask(), scale(), view(r.o, {B, Sq, Hq, D}), view(r.lse, {B, Hq, Sq}));
+    reference::attention_backward(view(q, {B, Sq, Hq, D}), view(k, {B, Sk, Hkv, D}), view(v, {B, Sk, Hkv, D}),
+                                  view(dout, {B, Sq, Hq, D}), mask(), scale(), view(r.dq, {B, Sq, Hq, D}),
+                                  view(r.dk, {B, Sk, Hkv, D}), view(r.dv, {B, Sk, Hkv, D}));
+    return r;
+  }
+
+  AttentionResult low() const {
+    return low_precision_attention(s, c.dtype, q, k, v, dout, mask(), scale());
+  }
+};
+
+class FlashCuda : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { RINGATTN_REQUIRE_GPUS(1); }
+};
+
+void expect_within_criterion(const AttentionResult& out, const AttentionResult& low,
+                             const AttentionResult& ref) {
+  EXPECT_TRUE(WithinFlashCriterion("O", out.o, low.o, ref.o));
+  EXPECT_TRUE(WithinFlashCriterion("LSE", out.lse, low.lse, ref.lse));
+  EXPECT_TRUE(WithinFlashCriterion("dQ", out.dq, low.dq, ref.dq));
+  EXPECT_TRUE(WithinFlashCriterion("dK", out.dk, low.dk, ref.dk));
+  EXPECT_TRUE(WithinFlashCriterion("dV", out.dv, low.dv, ref.dv));
+}
+
+TEST_P(FlashCuda, MatchesOracleWithinFlashCriterion) {
+  SCOPED_TRACE(seed_trace());
+  DeviceProblem problem(GetParam(), 1);
+  const AttentionResult ref = problem.oracle();
+  const AttentionResult low = problem.low();
+  {
+    SCOPED_TRACE("atomic dQ");
+    expect_within_criterion(problem.run(false), low, ref);
+  }
+  {
+    SCOPED_TRACE("deterministic");
+    expect_within_criterion(problem.run(true), low, ref);
+  }
+}
+
+std::vector<Case> shape_list() {
+  std::vector<Case> cases;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (std::int64_t d : {64, 128}) {
+      for (bool causal : {false, true}) {
+        cases.push_back({dtype, 2, 1, 1, 2, 2, d, causal});
+        cases.push_back({dtype, 1, 17, 17, 4, 4, d, causal});
+        cases.push_back({dtype, 2, 127, 127, 4, 1, d, causal});      // MQA
+        cases.push_back({dtype, 1, 1000, 1000, 8, 2, d, causal});    // GQA 4
+        cases.push_back({dtype, 1, 100, 300, 8, 1, d, causal});      // GQA 8, Sq < Sk
+      }
+      cases.push_back({dtype, 1, 300, 100, 2, 2, d, true, 200, 0});   // rows past every key
+      cases.push_back({dtype, 1, 130, 200, 2, 1, d, true, 0, 60});    // rows before every key
+      cases.push_back({dtype, 2, 257, 257, 6, 2, d, true, 0, 0, true});   // packed QKV
+      cases.push_back({dtype, 1, 129, 129, 2, 2, d, false, 0, 0, false, 12.0});  // scores ~1e4
+    }
+  }
+  cases.push_back({DType::bf16, 1, 4097, 4097, 1, 1, 64, true});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(ShapeList, FlashCuda, ::testing::ValuesIn(shape_list()), case_name);
+
+TEST(FlashCudaCombine, ChunksMergeToOneShotAttention) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(seed_trace());
+  for (bool causal : {false, true}) {
+    const Case c{DType::bf16, 2, 200, 333, 4, 2, 128, causal, 133, 0};
+    DeviceProblem problem(c, 2);
+    const AttentionResult ref = problem.oracle();
+    const AttentionResult low = problem.low();
+    // Running fp32 (O, LSE) starts at (0, -inf); the keys arrive in three unequal chunks.
+    const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.head_dim;
+    DeviceBuffer running_o(B * Sq * Hq * D * sizeof(float)), running_lse(B * Hq * Sq * sizeof(float));
+    RINGATTN_CUDA_CHECK(cudaMemset(running_o.data(), 0, running_o.bytes()));
+    std::vector<float> neg_inf(B * Hq * Sq, -std::numeric_limits<float>::infinity());
+    RINGATTN_CUDA_CHECK(cudaMemcpy(running_lse.data(), neg_inf.data(), running_lse.bytes(), cudaMemcpyHostToDevice));
+    const TensorView o_acc = TensorView::contiguous(running_o.data(), DType::f32, {B, Sq, Hq, D}, Memory::device);
+    const TensorView lse_acc = TensorView::contiguous(running_lse.data(), DType::f32, {B, Hq, Sq}, Memory::device);
+    const std::int64_t bounds[] = {0, 64, 250, c.k_len};
+    for (int chunk = 0; chunk < 3; ++chunk) {
+      TensorView k = problem.k_view, v = problem.v_view;
+      const std::int64_t first = bounds[chunk], len = bounds[chunk + 1] - first;
+      k.data = static_cast<std::uint16_t*>(k.data) + first * k.strides[1];
+      v.data = static_cast<std::uint16_t*>(v.data) + first * v.strides[1];
+      k.shape[1] = v.shape[1] = len;
+      cuda::flash_forward({problem.q_view, k, v, o_acc, lse_acc, problem.scale(),
+                           {causal, c.q_start, c.k_start + first}, true});
+    }
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto o = widen(download<float>(running_o, o_acc.numel()));
+    const auto lse = widen(download<float>(running_lse, lse_acc.numel()));
+    EXPECT_TRUE(WithinFlashCriterion(causal ? "combined O (causal)" : "combined O", o, low.o, ref.o));
+    EXPECT_TRUE(WithinFlashCriterion(causal ? "combined LSE (causal)" : "combined LSE", lse, low.lse, ref.lse));
+  }
+}
+
+TEST(FlashCudaDeterministic, TwoRunsAreBitwiseEqual) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(seed_trace());
+  DeviceProblem problem({DType::bf16, 2, 1000, 1000, 8, 2, 128, true}, 3);
+  const AttentionResult first = problem.run(true);
+  const AttentionResult second = problem.run(true);
+  EXPECT_EQ(std::memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(double)), 0);
+}
+
+TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
+  RINGATTN_REQUIRE_GPUS(1);
+  DeviceProblem problem({DType::bf16, 1, 64, 64, 2, 2, 64, false}, 4);
+  const double scale = problem.scale();
+  ForwardArgs good{problem.q_view, problem.k_view, problem.v_view, problem.o_view, problem.lse_view, scale, {}, false};
+
+  // Host memory labelled as device memory.
+  std::vector<std::uint16_t> host(problem.q_view.numel());
+  ForwardArgs args = good;
+  args.q.data = host.data();
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"q", "host memory", "device memory"}));
+  // A head dimension without kernels.
+  DeviceBuffer wide(64 * 2 * 96 * 2 * 3);
+  args = good;
+  args.q = TensorView::contiguous(wide.data(), DType::bf16, {1, 64, 2, 96}, Memory::device);
+  args.k = args.q;
+  args.v = args.q;
+  args.o = args.q;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"head_dim 96", "64 or 128"}));
+  // Rows that are not 16-byte aligned.
+  args = good;
+  args.k = args.k.with_strides({64 * 2 * 64, 2 * 64 + 4, 64, 1});
+  args.k.shape[1] = 32;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"k", "stride 132", "multiple of 8"}));
+  // The CPU dtypes.
+  args = good;
+  args.q.dtype = args.k.dtype = args.v.dtype = args.o.dtype = DType::f32;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"dtype f32", "bf16 or f16"}));
+  // GQA divisibility.
+  args = good;
+  args.k.shape[2] = args.v.shape[2] = 3;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"2 heads", "3 heads"}));
+}
+
+}  // namespace
+}  // namespace ringattn::test
+
+#else
+
+TEST(FlashCuda, NeedsTheCudaBackend) { RINGATTN_REQUIRE_GPUS(1); }
+
+#endif
