@@ -1,0 +1,145 @@
+// The C API on host tensors: results equal the C++ CPU block (which the kernel tests check against
+// the oracle), status codes and ringattn_last_error() for each kind of bad call.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ringattn/attention.hpp"
+#include "ringattn/ringattn.h"
+#include "tests/common/random.hpp"
+
+namespace {
+
+ringattn_tensor_t describe(std::vector<double>& data, std::initializer_list<std::int64_t> shape) {
+  ringattn_tensor_t t{};
+  t.data = data.data();
+  t.dtype = RINGATTN_F64;
+  t.memory = RINGATTN_HOST;
+  t.rank = static_cast<int32_t>(shape.size());
+  int axis = 0;
+  for (std::int64_t extent : shape) t.shape[axis++] = extent;
+  std::int64_t stride = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    t.strides[i] = stride;
+    stride *= t.shape[i];
+  }
+  return t;
+}
+
+struct Problem {
+  static constexpr std::int64_t B = 2, S = 33, Hq = 4, Hkv = 2, D = 16;
+  std::mt19937_64 rng = ringattn::test::make_rng(7);
+  std::vector<double> q = ringattn::test::normal_vector<double>(B * S * Hq * D, rng);
+  std::vector<double> k = ringattn::test::normal_vector<double>(B * S * Hkv * D, rng);
+  std::vector<double> v = ringattn::test::normal_vector<double>(B * S * Hkv * D, rng);
+  std::vector<double> o = ringattn::test::nan_vector<double>(B * S * Hq * D);
+  std::vector<double> lse = ringattn::test::nan_vector<double>(B * Hq * S);
+
+  ringattn_forward_params_t params() {
+    ringattn_forward_params_t p{};
+    p.struct_size = sizeof(p);
+    p.q = describe(q, {B, S, Hq, D});
+    p.k = describe(k, {B, S, Hkv, D});
+    p.v = describe(v, {B, S, Hkv, D});
+    p.o = describe(o, {B, S, Hq, D});
+    p.lse = describe(lse, {B, Hq, S});
+    p.scale = 0.25;
+    p.causal = 1;
+    return p;
+  }
+};
+
+TEST(CApi, VersionAndStatusStrings) {
+  EXPECT_EQ(ringattn_version(), RINGATTN_VERSION_CODE);
+  EXPECT_STREQ(ringattn_version_string(), RINGATTN_VERSION_STRING);
+  EXPECT_STREQ(ringattn_status_string(RINGATTN_SUCCESS), "success");
+  EXPECT_STREQ(ringattn_status_string(RINGATTN_ERROR_INVALID_ARGUMENT), "invalid argument");
+}
+
+TEST(CApi, HostForwardAndBackwardEqualTheCppBlock) {
+  SCOPED_TRACE(ringattn::test::seed_trace());
+  Problem problem;
+  ringattn_forward_params_t p = problem.params();
+  ASSERT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+
+  using ringattn::TensorView;
+  auto view = [](std::vector<double>& d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(d.data(), ringattn::DType::f64, shape);
+  };
+  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, Hkv = Problem::Hkv, D = Problem::D;
+  std::vector<double> o(problem.o.size()), lse(problem.lse.size());
+  const ringattn::Mask mask{true, 0, 0};
+  ringattn::cpu::flash_forward({view(problem.q, {B, S, Hq, D}), view(problem.k, {B, S, Hkv, D}),
+                                view(problem.v, {B, S, Hkv, D}), view(o, {B, S, Hq, D}),
+                                view(lse, {B, Hq, S}), 0.25, mask, false});
+  EXPECT_EQ(problem.o, o);
+  EXPECT_EQ(problem.lse, lse);
+
+  std::mt19937_64 rng = ringattn::test::make_rng(8);
+  std::vector<double> dout = ringattn::test::normal_vector<double>(o.size(), rng);
+  std::vector<double> delta(lse.size()), dq(o.size(), 0.0), dk(problem.k.size(), 0.0), dv(dk.size(), 0.0);
+  ringattn_tensor_t o_t = describe(problem.o, {B, S, Hq, D}), do_t = describe(dout, {B, S, Hq, D});
+  ringattn_tensor_t delta_t = describe(delta, {B, Hq, S});
+  ASSERT_EQ(ringattn_attention_backward_prepare(&o_t, &do_t, &delta_t, nullptr), RINGATTN_SUCCESS)
+      << ringattn_last_error();
+  ringattn_backward_params_t bp{};
+  bp.struct_size = sizeof(bp);
+  bp.q = p.q;
+  bp.k = p.k;
+  bp.v = p.v;
+  bp.dout = do_t;
+  bp.lse = p.lse;
+  bp.delta = delta_t;
+  bp.dq = describe(dq, {B, S, Hq, D});
+  bp.dk = describe(dk, {B, S, Hkv, D});
+  bp.dv = describe(dv, {B, S, Hkv, D});
+  bp.scale = 0.25;
+  bp.causal = 1;
+  ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+
+  std::vector<double> delta2(lse.size()), dq2(dq.size(), 0.0), dk2(dk.size(), 0.0), dv2(dv.size(), 0.0);
+  ringattn::cpu::flash_backward_prepare(view(o, {B, S, Hq, D}), view(dout, {B, S, Hq, D}), view(delta2, {B, Hq, S}));
+  ringattn::cpu::flash_backward({view(problem.q, {B, S, Hq, D}), view(problem.k, {B, S, Hkv, D}),
+                                 view(problem.v, {B, S, Hkv, D}), view(dout, {B, S, Hq, D}),
+                                 view(lse, {B, Hq, S}), view(delta2, {B, Hq, S}), view(dq2, {B, S, Hq, D}),
+                                 view(dk2, {B, S, Hkv, D}), view(dv2, {B, S, Hkv, D}), 0.25, mask});
+  EXPECT_EQ(delta, delta2);
+  EXPECT_EQ(dq, dq2);
+  EXPECT_EQ(dk, dk2);
+  EXPECT_EQ(dv, dv2);
+}
+
+TEST(CApi, BadCallsReturnAStatusAndAMessage) {
+  Problem problem;
+  EXPECT_EQ(ringattn_attention_forward(nullptr, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("params is a null pointer"), std::string::npos);
+
+  ringattn_forward_params_t p = problem.params();
+  p.struct_size = 8;
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("struct_size is 8"), std::string::npos);
+
+  p = problem.params();
+  p.k.dtype = 9;
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("k has dtype code 9"), std::string::npos);
+
+  p = problem.params();
+  p.v.shape[3] = 8;
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("v has shape"), std::string::npos);
+
+  p = problem.params();
+  p.scale = -1.0;
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("scale is -1"), std::string::npos);
+
+  // A successful call clears the message.
+  p = problem.params();
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS);
+  EXPECT_STREQ(ringattn_last_error(), "");
+}
+
+}  // namespace
