@@ -3,6 +3,10 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
+# The installed library finds CUDA and NCCL where it was linked against them (outside the system
+# directories on some machines) without LD_LIBRARY_PATH.
+set_target_properties(ringattn PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+
 set(RINGATTN_CMAKE_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/ringattn")
 
 install(TARGETS ringattn EXPORT ringattnTargets

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The checks that need the GPU machine: build with CUDA, the gpu and mpi tests, benchmarks.
+#
+#   tools/gpu-check.sh [--out DIR] [PART...]
+#
+# PART is one of
+#   build        configure build-gpu/ (Ninja, Release, CUDA on, CMAKE_CUDA_ARCHITECTURES from
+#                RINGATTN_GPU_ARCH, default 90a) and build it with every core
+#   tests        ctest -L 'gpu|mpi' in build-gpu/, JUnit report in DIR/tests-junit.xml
+#   bench-NAME   bench/NAME.sh DIR
+#   all          build tests (the default)
+# DIR defaults to $OUT, else ./gpu-check-out. Each part logs to DIR/<part>.log; the end prints a
+# table of parts, status and seconds and writes it to DIR/summary.json. The exit status is 0 when
+# every part passed.
+set -uo pipefail
+self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+cd "$(dirname "$self")/.." || exit 2
+
+# NVLink multicast stays off on the reference machines; every launcher below inherits this.
+export NCCL_NVLS_ENABLE=0
+
+usage() { sed -n '2,16s/^# \{0,1\}//p' "$self"; }
+
+out="${OUT:-./gpu-check-out}"
+parts=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; out="$2"; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    all) parts+=(build tests); shift ;;
+    build|tests|bench-?*) parts+=("$1"); shift ;;
+    *) echo "gpu-check: unknown part '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ ${#parts[@]} -gt 0 ]] || parts=(build tests)
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+part_build() {
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=${RINGATTN_GPU_ARCH:-90a}" &&
+    cmake --build build-gpu -j "$(nproc)"
+}
+
+part_tests() {
+  ctest --test-dir build-gpu -L 'gpu|mpi' --no-tests=error --output-on-failure \
+    --output-junit "$out/tests-junit.xml"
+}
+
+part_bench() {
+  local script="bench/$1.sh"
+  if [[ ! -f "$script" ]]; then
+    echo "gpu-check: no benchmark $script"
+    return 1
+  fi
+  bash "$script" "$out"
+}
+
+names=() statuses=() seconds=()
+build_failed=0
+for part in "${parts[@]}"; do
+  start=$SECONDS
+  if [[ $part != build && $build_failed == 1 ]]; then
+    status="skipped (build failed)"
+  else
+    echo "=== gpu-check: $part (log: $out/$part.log)"
+    if case "$part" in
+         build) part_build ;;
+         tests) part_tests ;;
+         bench-*) part_bench "${part#bench-}" ;;
+       esac 2>&1 | tee "$out/$part.log"; then
+      status=passed
+      # A skipped gpu test on a GPU machine is worth a look: say how many there were.
+      if [[ $part == tests ]]; then
+        skipped="$(grep -m1 -o 'skipped="[0-9]*"' "$out/tests-junit.xml" 2>/dev/null | tr -dc 0-9)"
+        [[ ${skipped:-0} -gt 0 ]] && status="passed, $skipped skipped"
+      fi
+    else
+      status=failed
+      [[ $part == build ]] && build_failed=1
+    fi
+  fi
+  names+=("$part") statuses+=("$status") seconds+=($((SECONDS - start)))
+done
+
+gpu_names="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | paste -sd, -)"
+revision="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+failed=0
+{
+  printf '{\n  "date": "%s",\n  "revision": "%s",\n  "gpus": "%s",\n  "parts": [\n' \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$revision" "${gpu_names:-none}"
+  for i in "${!names[@]}"; do
+    [[ $i -gt 0 ]] && printf ',\n'
+    printf '    {"part": "%s", "status": "%s", "seconds": %d}' \
+      "${names[$i]}" "${statuses[$i]}" "${seconds[$i]}"
+  done
+  printf '\n  ]\n}\n'
+} >"$out/summary.json"
+
+echo
+printf '%-16s %-24s %8s\n' part status seconds
+for i in "${!names[@]}"; do
+  printf '%-16s %-24s %8d\n' "${names[$i]}" "${statuses[$i]}" "${seconds[$i]}"
+  [[ "${statuses[$i]}" == passed* ]] || failed=1
+done
+echo "summary: $out/summary.json"
+exit $failed
