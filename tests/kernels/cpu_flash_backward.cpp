@@ -1,0 +1,468 @@
+// The CPU flash backward (flash_backward_prepare + flash_backward) against the fp64 oracle's
+// textbook backward: the shapes of the forward tests, the add-into contract, the sum over K/V
+// chunks with the final O/LSE (how the ring calls it), determinism across thread counts, and the
+// argument checks.
+//
+// Criteria (tests/TESTING.md): f64 inputs ||out - ref|| / ||ref|| < 1e-12, f32 inputs < 1e-5
+// against the oracle on the same (float) inputs, for dQ, dK, dV (and delta). With logits near
+// 1e4 the f32 problem is ill-conditioned (scores carry ~1e-3 absolute rounding error), so there
+// the bound is twice the error of the naive backward in the input precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ringattn/attention.hpp"
+#include "ringattn/error.hpp"
+#include "tests/common/attention_testing.hpp"
+#include "tests/common/random.hpp"
+
+namespace ringattn {
+namespace {
+
+using test::HostTensor;
+using test::Layout;
+using test::read_view;
+
+template <typename T>
+constexpr double kTolerance = std::is_same_v<T, double> ? 1e-12 : 1e-5;
+
+enum class Logits { normal, large_offset };
+
+struct Case {
+  const char* name;
+  AttentionShape s;
+  Mask mask;
+  Layout layout = Layout::contiguous;
+  Logits logits = Logits::normal;
+};
+
+void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
+
+// The input dtype of a parameterised test (f64 and f32: the dtypes of the CPU block).
+enum class Precision { f64, f32 };
+void PrintTo(Precision p, std::ostream* out) { *out << (p == Precision::f64 ? "f64" : "f32"); }
+std::string precision_name(Precision p) { return p == Precision::f64 ? "f64" : "f32"; }
+
+// Restores the CPU backend's thread count at the end of a scope.
+class ThreadCountGuard {
+ public:
+  ThreadCountGuard() : saved_(cpu::num_threads()) {}
+  ~ThreadCountGuard() { cpu::set_num_threads(saved_); }
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+
+ private:
+  int saved_;
+};
+
+// One problem with its forward done by the kernel (final O in T, LSE in the accumulator dtype,
+// which for f32/f64 is T itself) and dO; gradients go to buffers of `layout`.
+template <typename T>
+struct Problem {
+  AttentionShape s;
+  Mask mask;
+  double scale;
+  test::QkvBuffers<T> qkv;
+  HostTensor<T> dout, o, lse, delta;
+  std::vector<double> q, k, v, g;  // logical values of the inputs
+
+  Problem(const Case& c, std::mt19937_64& rng)
+      : s(c.s), mask(c.mask), scale(default_scale(c.s.head_dim)),
+        qkv(c.s, c.layout, std::numeric_limits<T>::quiet_NaN()),
+        dout({s.batch, s.q_len, s.q_heads, s.head_dim}), o({s.batch, s.q_len, s.q_heads, s.head_dim}),
+        lse({s.batch, s.q_heads, s.q_len}), delta({s.batch, s.q_heads, s.q_len}) {
+    q = test::normal_vector<double>(s.batch * s.q_len * s.q_heads * s.head_dim, rng);
+    k = test::normal_vector<double>(s.batch * s.k_len * s.kv_heads * s.head_dim, rng);
+    v = test::normal_vector<double>(s.batch * s.k_len * s.kv_heads * s.head_dim, rng);
+    g = test::normal_vector<double>(q.size(), rng);
+    if (c.logits == Logits::large_offset) {
+      // Dimension 0 of every q and k about A with A^2 * scale = 1e4: scores = 1e4 + O(1).
+      const double a = std::sqrt(1e4 / scale);
+      std::normal_distribution<double> jitter(0.0, 1e-4);
+      for (std::size_t i = 0; i < q.size(); i += s.head_dim) q[i] = a * (1.0 + jitter(rng));
+      for (std::size_t i = 0; i < k.size(); i += s.head_dim) k[i] = a * (1.0 + jitter(rng));
+    }
+    for (auto* values : {&q, &k, &v, &g}) {
+      for (double& x : *values) x = static_cast<double>(static_cast<T>(x));
+    }
+    test::write_view(qkv.q, q);
+    test::write_view(qkv.k, k);
+    test::write_view(qkv.v, v);
+    test::write_view(dout.view, g);
+  }
+
+  ForwardArgs forward_args() const {
+    ForwardArgs args;
+    args.q = qkv.q;
+    args.k = qkv.k;
+    args.v = qkv.v;
+    args.o = o.view;
+    args.lse = lse.view;
+    args.scale = scale;
+    args.mask = mask;
+    return args;
+  }
+  void forward() {
+    o.poison();
+    lse.poison();
+    cpu::flash_forward(forward_args());
+  }
+  void prepare() {
+    delta.poison();
+    cpu::flash_backward_prepare(o.view, dout.view, delta.view);
+  }
+  BackwardArgs backward_args(const TensorView& dq, const TensorView& dk, const TensorView& dv) const {
+    BackwardArgs args;
+    args.q = qkv.q;
+    args.k = qkv.k;
+    args.v = qkv.v;
+    args.dout = dout.view;
+    args.lse = lse.view;
+    args.delta = delta.view;
+    args.dq = dq;
+    args.dk = dk;
+    args.dv = dv;
+    args.scale = scale;
+    args.mask = mask;
+    return args;
+  }
+
+  struct Grads {
+    std::vector<double> dq, dk, dv;
+  };
+  Grads oracle() const {
+    HostTensor<double> dq({s.batch, s.q_len, s.q_heads, s.head_dim});
+    HostTensor<double> dk({s.batch, s.k_len, s.kv_heads, s.head_dim});
+    HostTensor<double> dv({s.batch, s.k_len, s.kv_heads, s.head_dim});
+    reference::attention_backward(qkv.q, qkv.k, qkv.v, dout.view, mask, scale, dq.view, dk.view, dv.view);
+    return {dq.values(), dk.values(), dv.values()};
+  }
+};
+
+// Gradient buffers in a layout, pre-filled with random values R (the kernel adds into them).
+template <typename T>
+struct GradBuffers {
+  test::QkvBuffers<T> buffers;
+  std::vector<double> r_q, r_k, r_v;
+  GradBuffers(const AttentionShape& s, Layout layout, std::mt19937_64& rng)
+      : buffers(s, layout, std::numeric_limits<T>::quiet_NaN()) {
+    r_q = test::normal_vector<double>(buffers.q.numel(), rng);
+    r_k = test::normal_vector<double>(buffers.k.numel(), rng);
+    r_v = test::normal_vector<double>(buffers.v.numel(), rng);
+    for (auto* values : {&r_q, &r_k, &r_v}) {
+      for (double& x : *values) x = static_cast<double>(static_cast<T>(x));
+    }
+    test::write_view(buffers.q, r_q);
+    test::write_view(buffers.k, r_k);
+    test::write_view(buffers.v, r_v);
+  }
+  // What the kernel added: the buffer minus R.
+  std::vector<double> added_q() const { return test::minus(read_view(buffers.q), r_q); }
+  std::vector<double> added_k() const { return test::minus(read_view(buffers.k), r_k); }
+  std::vector<double> added_v() const { return test::minus(read_view(buffers.v), r_v); }
+};
+
+class FlashBackward : public testing::TestWithParam<std::tuple<Case, Precision>> {};
+
+template <typename T>
+void run_case(const Case& c) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(20);
+  Problem<T> p(c, rng);
+  p.forward();
+  p.prepare();
+
+  // delta = rowsum(dO * O), checked against a long-double sum over the kernel's own O.
+  {
+    std::vector<double> expected(p.delta.storage.size());
+    for (std::int64_t b = 0; b < p.s.batch; ++b)
+      for (std::int64_t h = 0; h < p.s.q_heads; ++h)
+        for (std::int64_t i = 0; i < p.s.q_len; ++i) {
+          long double sum = 0;
+          for (std::int64_t x = 0; x < p.s.head_dim; ++x) {
+            sum += static_cast<long double>(p.o.storage[p.o.view.offset(b, i, h, x)]) *
+                   p.dout.storage[p.dout.view.offset(b, i, h, x)];
+          }
+          expected[p.delta.view.offset(b, h, i)] = static_cast<double>(sum);
+        }
+    EXPECT_TRUE(test::Close("delta", p.delta.values(), expected, kTolerance<T>));
+  }
+
+  GradBuffers<T> grads(p.s, c.layout, rng);
+  cpu::flash_backward(p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v));
+  const auto ref = p.oracle();
+  double tol_q = kTolerance<T>, tol_k = kTolerance<T>, tol_v = kTolerance<T>;
+  if (c.logits != Logits::normal) {
+    std::vector<double> lq, lk, lv;
+    test::naive_backward<T>(p.s, p.q, p.k, p.v, p.g, p.mask, p.scale, lq, lk, lv);
+    const test::Diff dq = test::compare(lq, ref.dq), dk = test::compare(lk, ref.dk),
+                     dv = test::compare(lv, ref.dv);
+    tol_q = std::max(tol_q, 2.0 * dq.rel);
+    tol_k = std::max(tol_k, 2.0 * dk.rel);
+    tol_v = std::max(tol_v, 2.0 * dv.rel);
+    std::printf("  [large logits %s] naive in input precision: dQ %s\n  dK %s\n  dV %s\n", c.name,
+                test::describe(dq).c_str(), test::describe(dk).c_str(), test::describe(dv).c_str());
+  }
+  EXPECT_TRUE(test::Close("dQ", grads.added_q(), ref.dq, tol_q));
+  EXPECT_TRUE(test::Close("dK", grads.added_k(), ref.dk, tol_k));
+  EXPECT_TRUE(test::Close("dV", grads.added_v(), ref.dv, tol_v));
+}
+
+TEST_P(FlashBackward, MatchesReference) {
+  const auto& [c, dtype] = GetParam();
+  if (dtype == Precision::f64) {
+    run_case<double>(c);
+  } else {
+    run_case<float>(c);
+  }
+}
+
+const Case kCases[] = {
+    {"S1", {2, 1, 1, 4, 4, 64}, {}},
+    {"S17CausalGqa4", {2, 17, 17, 4, 1, 64}, {true, 0, 0}},
+    {"S127CausalGqa8D128", {1, 127, 127, 8, 1, 128}, {true, 0, 0}},
+    {"S1000D64", {1, 1000, 1000, 1, 1, 64}, {}},
+    {"S1000CausalGqa4D64", {1, 1000, 1000, 4, 1, 64}, {true, 0, 0}},
+    {"S4097CausalD32", {1, 4097, 4097, 1, 1, 32}, {true, 0, 0}},
+    {"Sq17Sk127Gqa4D32Batch3", {3, 17, 127, 8, 2, 32}, {}},
+    {"Sq127Sk17FullyVisibleChunk", {2, 127, 17, 4, 2, 64}, {true, 100, 50}},
+    {"CausalChunkRowsWithoutKeys", {1, 127, 65, 4, 2, 64}, {true, 64, 100}},
+    {"CausalChunkMaskedTile", {2, 200, 50, 2, 1, 32}, {true, 0, 70}},
+    {"CausalBlockFullyMasked", {1, 127, 17, 2, 2, 64}, {true, 0, 200}},
+    {"Sq65Sk129D128Batch2", {2, 65, 129, 2, 1, 128}, {}},
+    {"HeadDim7", {2, 33, 70, 3, 3, 7}, {true, 37, 0}},
+    {"PackedQkvCausalGqa", {2, 127, 127, 4, 2, 64}, {true, 0, 0}, Layout::packed},
+    {"HeadMajorSqNeSk", {2, 100, 130, 4, 4, 32}, {true, 80, 0}, Layout::head_major},
+    {"LargeOffsetLogitsCausal", {1, 300, 300, 2, 2, 64}, {true, 0, 0}, Layout::contiguous,
+     Logits::large_offset},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FlashBackward, testing::Combine(testing::ValuesIn(kCases), testing::Values(Precision::f64, Precision::f32)),
+    [](const testing::TestParamInfo<std::tuple<Case, Precision>>& info) {
+      return std::string(std::get<0>(info.param).name) + "_" +
+             precision_name(std::get<1>(info.param));
+    });
+
+// ---------------------------------------------------------------------------------------------
+// The add-into contract: a second call adds the gradient again.
+
+template <typename T>
+void run_adds_twice() {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(21);
+  Problem<T> p(Case{"", {2, 70, 90, 4, 2, 32}, {true, 30, 0}}, rng);
+  p.forward();
+  p.prepare();
+  GradBuffers<T> grads(p.s, Layout::contiguous, rng);
+  const BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+  cpu::flash_backward(args);
+  cpu::flash_backward(args);
+  auto ref = p.oracle();
+  for (auto* values : {&ref.dq, &ref.dk, &ref.dv}) {
+    for (double& x : *values) x *= 2.0;
+  }
+  EXPECT_TRUE(test::Close("dQ (R + 2 dQ)", grads.added_q(), ref.dq, kTolerance<T>));
+  EXPECT_TRUE(test::Close("dK (R + 2 dK)", grads.added_k(), ref.dk, kTolerance<T>));
+  EXPECT_TRUE(test::Close("dV (R + 2 dV)", grads.added_v(), ref.dv, kTolerance<T>));
+}
+
+TEST(FlashBackwardContract, AddsIntoGradientsF64) { run_adds_twice<double>(); }
+TEST(FlashBackwardContract, AddsIntoGradientsF32) { run_adds_twice<float>(); }
+
+// ---------------------------------------------------------------------------------------------
+// The ring's use: the final O/LSE of the whole row, K/V in chunks; each chunk's dK/dV lands in
+// its own slice, dQ sums over the chunks. Together: the one-shot gradient.
+
+template <typename T>
+void run_chunked(const Case& c, const std::vector<std::int64_t>& bounds, const std::vector<int>& order) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(22);
+  Problem<T> p(c, rng);
+  p.forward();  // one-shot forward over every key: the final O and LSE
+  p.prepare();
+  GradBuffers<T> grads(p.s, Layout::contiguous, rng);
+  ASSERT_EQ(bounds.back(), p.s.k_len);
+  for (int chunk : order) {
+    const std::int64_t first = bounds[chunk], len = bounds[chunk + 1] - first;
+    BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+    for (TensorView* t : {&args.k, &args.v, &args.dk, &args.dv}) {
+      t->data = static_cast<T*>(t->data) + first * t->strides[1];
+      t->shape[1] = len;
+    }
+    args.mask.k_start = c.mask.k_start + first;
+    cpu::flash_backward(args);
+  }
+  const auto ref = p.oracle();
+  EXPECT_TRUE(test::Close("dQ", grads.added_q(), ref.dq, kTolerance<T>));
+  EXPECT_TRUE(test::Close("dK", grads.added_k(), ref.dk, kTolerance<T>));
+  EXPECT_TRUE(test::Close("dV", grads.added_v(), ref.dv, kTolerance<T>));
+}
+
+TEST(FlashBackwardChunks, NonCausalTwoChunksF64) {
+  run_chunked<double>(Case{"", {2, 60, 173, 4, 2, 64}, {}}, {0, 45, 173}, {1, 0});
+}
+TEST(FlashBackwardChunks, NonCausalTwoChunksF32) {
+  run_chunked<float>(Case{"", {2, 60, 173, 4, 2, 64}, {}}, {0, 45, 173}, {1, 0});
+}
+// Rows at 100..219; chunk 1 (keys 130..219) masked for rows 0..29, chunk 2 for every row.
+TEST(FlashBackwardChunks, CausalMaskedChunksF64) {
+  run_chunked<double>(Case{"", {2, 120, 300, 4, 2, 64}, {true, 100, 0}}, {0, 130, 220, 300}, {2, 0, 1});
+}
+TEST(FlashBackwardChunks, CausalMaskedChunksF32) {
+  run_chunked<float>(Case{"", {2, 120, 300, 4, 2, 64}, {true, 100, 0}}, {0, 130, 220, 300}, {2, 0, 1});
+}
+// Keys from 50: rows 0..49 see nothing (LSE = -inf), chunk 2 is masked for every row.
+TEST(FlashBackwardChunks, CausalRowsWithoutKeysF64) {
+  run_chunked<double>(Case{"", {1, 100, 150, 2, 2, 32}, {true, 0, 50}}, {0, 20, 90, 150}, {0, 1, 2});
+}
+TEST(FlashBackwardChunks, CausalRowsWithoutKeysF32) {
+  run_chunked<float>(Case{"", {1, 100, 150, 2, 2, 32}, {true, 0, 50}}, {0, 20, 90, 150}, {0, 1, 2});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism: the thread count does not change a bit of O, LSE, delta, dQ, dK, dV.
+
+template <typename T>
+void run_determinism() {
+  SCOPED_TRACE(test::seed_trace());
+  ThreadCountGuard guard;
+  const Case c{"", {2, 200, 300, 4, 2, 64}, {true, 100, 0}};
+  std::vector<std::vector<unsigned char>> first;
+  for (int threads : {1, 3, 2}) {
+    cpu::set_num_threads(threads);
+    ASSERT_EQ(cpu::num_threads(), threads);
+    std::mt19937_64 rng = test::make_rng(23);  // the same inputs every time
+    Problem<T> p(c, rng);
+    p.forward();
+    p.prepare();
+    GradBuffers<T> grads(p.s, Layout::contiguous, rng);
+    cpu::flash_backward(p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v));
+    std::vector<std::vector<unsigned char>> bytes;
+    for (const TensorView* t : {&p.o.view, &p.lse.view, &p.delta.view, &grads.buffers.q,
+                                &grads.buffers.k, &grads.buffers.v}) {
+      bytes.push_back(test::view_bytes(*t));
+    }
+    if (first.empty()) {
+      first = bytes;
+      continue;
+    }
+    const char* names[] = {"O", "LSE", "delta", "dQ", "dK", "dV"};
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      EXPECT_TRUE(bytes[i] == first[i]) << names[i] << " with " << threads
+                                        << " threads differs from 1 thread";
+    }
+  }
+}
+
+TEST(FlashBackwardDeterminism, BitwiseAcrossThreadCountsF64) { run_determinism<double>(); }
+TEST(FlashBackwardDeterminism, BitwiseAcrossThreadCountsF32) { run_determinism<float>(); }
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks.
+
+class FlashBackwardValidation : public testing::Test {
+ protected:
+  FlashBackwardValidation()
+      : rng(test::make_rng(24)), p(Case{"", {2, 5, 6, 4, 2, 8}, {}}, rng),
+        grads(p.s, Layout::contiguous, rng) {
+    p.forward();
+    p.prepare();
+  }
+  BackwardArgs good() const { return p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v); }
+
+  std::mt19937_64 rng;
+  Problem<double> p;
+  GradBuffers<double> grads;
+};
+
+TEST_F(FlashBackwardValidation, ValidCallSucceeds) { EXPECT_NO_THROW(cpu::flash_backward(good())); }
+
+TEST_F(FlashBackwardValidation, GradientsInAccumulatorDtype) {
+  HostTensor<float> dq32({2, 5, 4, 8}, 0.0f);
+  BackwardArgs args = good();
+  args.dq = dq32.view;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"cpu::flash_backward", "dq has dtype f32", "expected f64"}));
+  for (float value : dq32.storage) ASSERT_EQ(value, 0.0f);
+  const std::vector<unsigned char> dk_before = test::view_bytes(grads.buffers.k);
+  args = good();
+  args.dv = TensorView::contiguous(dq32.storage.data(), DType::f32, {2, 6, 2, 8});
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"dv has dtype f32"}));
+  EXPECT_TRUE(test::view_bytes(grads.buffers.k) == dk_before) << "dk written before the check failed";
+}
+
+TEST_F(FlashBackwardValidation, ShapesAndPointers) {
+  BackwardArgs args = good();
+  args.delta = TensorView::contiguous(p.delta.storage.data(), DType::f64, {2, 5, 4});
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"delta has shape [2, 5, 4]", "expected [2, 4, 5]"}));
+  args = good();
+  args.lse.shape[2] = 4;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"lse has shape [2, 4, 4]"}));
+  args = good();
+  args.dk.shape[1] = 5;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"dk has shape [2, 5, 2, 8]"}));
+  args = good();
+  args.dout.data = nullptr;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"dout is a null pointer"}));
+  args = good();
+  args.dq.memory = Memory::device;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"dq is in device memory"}));
+  args = good();
+  args.scale = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"scale is", "nan"}));
+}
+
+TEST_F(FlashBackwardValidation, Prepare) {
+  HostTensor<float> delta32({2, 4, 5});
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward_prepare(p.o.view, p.dout.view, delta32.view); },
+                                 {"cpu::flash_backward_prepare", "delta has dtype f32", "expected f64"}));
+  EXPECT_EQ(test::count_nan(delta32.storage), delta32.storage.size());
+  const TensorView delta_t = TensorView::contiguous(p.delta.storage.data(), DType::f64, {2, 5, 4});
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward_prepare(p.o.view, p.dout.view, delta_t); },
+                                 {"delta has shape [2, 5, 4]"}));
+  TensorView dout = p.dout.view;
+  dout.shape[1] = 4;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward_prepare(p.o.view, dout, p.delta.view); },
+                                 {"dout has shape [2, 4, 4, 8]"}));
+}
+
+TEST(FlashBackwardValidationBf16, Bf16IsNotACpuDtype) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(25);
+  std::normal_distribution<float> normal;
+  std::vector<std::uint16_t> q(5 * 2 * 8), k(6 * 8), v(6 * 8), g(5 * 2 * 8), o(5 * 2 * 8);
+  for (auto* t : {&q, &k, &v, &g, &o}) {
+    for (auto& x : *t) x = float_to_bf16(normal(rng));
+  }
+  HostTensor<float> lse({1, 2, 5}, 0.5f), delta({1, 2, 5}, 0.25f);
+  HostTensor<float> dq({1, 5, 2, 8}, 0.0f), dk({1, 6, 1, 8}, 0.0f), dv({1, 6, 1, 8}, 0.0f);
+  BackwardArgs args;
+  args.q = TensorView::contiguous(q.data(), DType::bf16, {1, 5, 2, 8});
+  args.k = TensorView::contiguous(k.data(), DType::bf16, {1, 6, 1, 8});
+  args.v = TensorView::contiguous(v.data(), DType::bf16, {1, 6, 1, 8});
+  args.dout = TensorView::contiguous(g.data(), DType::bf16, {1, 5, 2, 8});
+  args.lse = lse.view;
+  args.delta = delta.view;
+  args.dq = dq.view;
+  args.dk = dk.view;
+  args.dv = dv.view;
+  args.scale = 0.25;
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"cpu::flash_backward", "q has dtype bf16", "f32 or f64"}));
+  const TensorView o_view = TensorView::contiguous(o.data(), DType::bf16, {1, 5, 2, 8});
+  const TensorView delta16 = TensorView::contiguous(o.data(), DType::bf16, {1, 2, 5});
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward_prepare(o_view, args.dout, delta16); },
+                                 {"cpu::flash_backward_prepare", "o has dtype bf16"}));
+}
+
+}  // namespace
+}  // namespace ringattn
