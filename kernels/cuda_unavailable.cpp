@@ -19,5 +19,14 @@ void flash_backward_prepare(const TensorView&, const TensorView&, const TensorVi
   unavailable("cuda::flash_backward_prepare");
 }
 void flash_backward(const BackwardArgs&, void*) { unavailable("cuda::flash_backward"); }
+void reference_forward(const TensorView&, const TensorView&, const TensorView&, const Mask&, double,
+                       const TensorView&, const TensorView&, void*) {
+  unavailable("cuda::reference_forward");
+}
+void reference_backward(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                        const TensorView&, const TensorView&, const Mask&, double, const TensorView&,
+                        const TensorView&, const TensorView&, const TensorView&, void*) {
+  unavailable("cuda::reference_backward");
+}
 }  // namespace ringattn::cuda
 #endif

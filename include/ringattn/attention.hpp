@@ -107,6 +107,19 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
 // dQ is summed with fp32 atomics, or in a second pass over the keys when args.deterministic
 // (bitwise-reproducible; about 1.3x the time).
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);
+
+// Streaming reference on the GPU for long sequences: fp32 arithmetic on CUDA cores, O(S) memory,
+// one warp a row. Inputs f32, bf16 or f16 (any strides), head_dim up to 256; outputs fp32
+// (o [B, Sq, Hq, D], lse and delta [B, Hq, Sq], dq/dk/dv overwritten). The backward takes the
+// reference's own o and lse and writes delta = rowsum(dout * o) on the way.
+void reference_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                       const Mask& mask, double scale, const TensorView& o, const TensorView& lse,
+                       void* stream = nullptr);
+void reference_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& o, const TensorView& lse, const TensorView& dout,
+                        const Mask& mask, double scale, const TensorView& delta,
+                        const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                        void* stream = nullptr);
 }  // namespace cuda
 
 }  // namespace ringattn

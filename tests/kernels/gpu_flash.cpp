@@ -316,6 +316,7 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   args = good;
   args.k = args.k.with_strides({64 * 2 * 64, 2 * 64 + 4, 64, 1});
   args.k.shape[1] = 32;
+  args.v = args.k;
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"k", "stride 132", "multiple of 8"}));
   // The CPU dtypes.
   args = good;
