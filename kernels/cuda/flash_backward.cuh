@@ -22,6 +22,17 @@ namespace ringattn::cuda_detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// dQ's atomics are the costliest instructions of the backward: sm_90 adds two floats in one
+// (8-byte aligned: quad_col is even and dQ rows have even strides).
+__device__ __forceinline__ void add_pair_atomic(float* address, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(address), make_float2(x, y));
+#else
+  atomicAdd(address, x);
+  atomicAdd(address + 1, y);
+#endif
+}
+
 // delta[b, h, i] = sum_d dO * O in fp32; one warp a row.
 template <typename T, int kHeadDim>
 __global__ void flash_backward_prepare_kernel(const FlashParams p) {
@@ -245,8 +256,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
         float* out = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] + head * p.dq_strides[2];
 #pragma unroll
         for (int dt = 0; dt < kBandDims / 8; ++dt) {
-          atomicAdd(out + d0 + dt * 8 + quad_col, dq[dt][2 * half] * p.scale);
-          atomicAdd(out + d0 + dt * 8 + quad_col + 1, dq[dt][2 * half + 1] * p.scale);
+          add_pair_atomic(out + d0 + dt * 8 + quad_col, dq[dt][2 * half] * p.scale,
+                          dq[dt][2 * half + 1] * p.scale);
         }
       }
     }
@@ -275,11 +286,18 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 }
 
 // Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.
-// The layout of the forward: each warp holds 16 rows' Q and dO fragments in registers.
+// Each warp holds 16 rows' Q and dO fragments and their fp32 dQ in registers.
+struct DqTiles {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 16 * kWarps;
+  static constexpr int kKeys = 64;
+};
+
 template <typename T, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(ForwardTiles::kThreads) flash_dq_kernel(const FlashParams p) {
-  constexpr int kRows = ForwardTiles::kRows, kKeys = ForwardTiles::kKeys;
-  constexpr int kThreads = ForwardTiles::kThreads;
+__global__ void __launch_bounds__(DqTiles::kThreads) flash_dq_kernel(const FlashParams p) {
+  constexpr int kRows = DqTiles::kRows, kKeys = DqTiles::kKeys;
+  constexpr int kThreads = DqTiles::kThreads;
   constexpr int kDimSteps = kHeadDim / 16, kKeyTiles = kKeys / 8;
   constexpr float kNegInf = -kInfinity;
   constexpr float kPosInf = kInfinity;
@@ -422,7 +440,7 @@ __global__ void __launch_bounds__(ForwardTiles::kThreads) flash_dq_kernel(const 
 
 template <int kHeadDim>
 constexpr int dq_smem_bytes() {
-  return (2 * ForwardTiles::kRows + 4 * ForwardTiles::kKeys) * kHeadDim * 2;
+  return (2 * DqTiles::kRows + 4 * DqTiles::kKeys) * kHeadDim * 2;
 }
 
 }  // namespace ringattn::cuda_detail

@@ -1,7 +1,7 @@
 // The CUDA local block, forward: FlashAttention-2's algorithm on mma.sync tensor cores.
 //
-// One CTA of 4 warps owns 64 query rows of one (batch, head); each warp owns 16 of them and
-// keeps its Q fragments, its fp32 O accumulator and its softmax statistics in registers. K and V
+// One CTA of 4 warps owns 128 query rows of one (batch, head); each warp owns 32 of them and
+// keeps its fp32 O accumulator and its softmax statistics in registers. K and V
 // stream through two shared-memory stages: the next tile's cp.async copies run while the tensor
 // cores work on the current one. The softmax runs in the exp2 domain (one FFMA and one EX2 per
 // score) with the running maximum in raw score units.
@@ -17,18 +17,23 @@
 
 namespace ringattn::cuda_detail {
 
+// Each warp owns kMTiles m16 tiles of query rows, so every K and V fragment read from shared
+// memory feeds kMTiles MMAs: with one tile a warp, the shared-memory reads (16 FLOPs a byte) and
+// not the tensor cores bounded the kernel. At head_dim 128 the two tiles' fp32 O accumulators
+// take 128 registers, so the Q fragments are re-read from shared memory for each K/V tile
+// instead of living in registers.
+template <int kHeadDim>
 struct ForwardTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = 16 * kWarps;  // query rows per CTA
-  static constexpr int kKeys = 64;           // keys per K/V stage
+  static constexpr int kMTiles = 2;
+  static constexpr int kRows = 16 * kMTiles * kWarps;  // query rows per CTA
+  // Keys per K/V stage: 64, or 32 at head_dim 128 where the scores of 64 keys would spill.
+  static constexpr int kKeys = kHeadDim <= 64 ? 64 : 32;
+  static constexpr bool kQInRegisters = kHeadDim <= 64;
+  // Q, then two stages of K and V: 64 KiB at either head_dim (up to three CTAs an SM).
+  static constexpr int kSmemBytes = (kRows + 4 * kKeys) * kHeadDim * 2;
 };
-
-// Shared memory of one CTA: Q, then two stages of K and V.
-template <int kHeadDim>
-constexpr int forward_smem_bytes() {
-  return (ForwardTiles::kRows + 4 * ForwardTiles::kKeys) * kHeadDim * 2;
-}
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -39,11 +44,20 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Rows of the 16-row tile at `row` of a swizzled [rows, head_dim] tile, as A fragments.
+template <int kHeadDim, typename T>
+__device__ __forceinline__ void load_a_fragment(std::uint32_t (&frag)[4], const T* tile, int row,
+                                                int step, int lane) {
+  const int r = row + (lane % 8) + ((lane / 8) % 2) * 8;
+  ldmatrix_x4(frag, tile + swizzled<kHeadDim>(r, step * 16 + (lane / 16) * 8));
+}
+
 template <typename T, int kHeadDim, bool kCausal, bool kCombine>
-__global__ void __launch_bounds__(ForwardTiles::kThreads)
+__global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     flash_forward_kernel(const FlashParams p) {
-  using Tiles = ForwardTiles;
+  using Tiles = ForwardTiles<kHeadDim>;
   constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kThreads = Tiles::kThreads;
+  constexpr int kMTiles = Tiles::kMTiles;
   constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T, n-tile pairs of P V
   constexpr int kKeyTiles = kKeys / 8;      // n-tiles of S
   constexpr float kNegInf = -kInfinity;
@@ -56,6 +70,7 @@ __global__ void __launch_bounds__(ForwardTiles::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const int row0 = blockIdx.x * kRows;
+  const int warp_row = warp * 16 * kMTiles;  // first row of this warp within the CTA
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
 
   const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
@@ -77,20 +92,32 @@ __global__ void __launch_bounds__(ForwardTiles::kThreads)
   }
   cp_async_commit();
 
-  float acc[kHeadDim / 8][4] = {};
-  float row_max[2] = {kNegInf, kNegInf};
-  float row_sum[2] = {0.f, 0.f};
-  std::uint32_t q_frag[kDimSteps][4];
-  // The two rows this thread holds, as local query indices.
-  const int my_rows[2] = {row0 + warp * 16 + group_row, row0 + warp * 16 + group_row + 8};
+  float acc[kMTiles][kHeadDim / 8][4] = {};
+  float row_max[kMTiles][2], row_sum[kMTiles][2];
+  // The rows this thread holds, as local query indices: tile mt, half r (+0 or +8).
+  int my_rows[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[mt][r] = kNegInf;
+      row_sum[mt][r] = 0.f;
+      my_rows[mt][r] = row0 + warp_row + mt * 16 + group_row + 8 * r;
+    }
+  }
+  std::uint32_t q_frag[Tiles::kQInRegisters ? kMTiles : 1][Tiles::kQInRegisters ? kDimSteps : 1][4];
 
   cp_async_wait<0>();
   __syncthreads();
-  if (key_tiles > 0) {
+  if constexpr (Tiles::kQInRegisters) {
+    if (key_tiles > 0) {
 #pragma unroll
-    for (int step = 0; step < kDimSteps; ++step) {
-      const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-      ldmatrix_x4(q_frag[step], q_tile + swizzled<kHeadDim>(r, step * 16 + (lane / 16) * 8));
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int step = 0; step < kDimSteps; ++step) {
+          load_a_fragment<kHeadDim>(q_frag[mt][step], q_tile, warp_row + mt * 16, step, lane);
+        }
+      }
     }
   }
 
@@ -107,82 +134,112 @@ __global__ void __launch_bounds__(ForwardTiles::kThreads)
     }
     cp_async_commit();
 
-    // S = Q K^T for this warp's 16 rows and the tile's keys.
-    float s[kKeyTiles][4] = {};
+    // S = Q K^T for this warp's rows and the tile's keys.
+    float s[kMTiles][kKeyTiles][4] = {};
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
+      std::uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (Tiles::kQInRegisters) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[mt][i] = q_frag[mt][step][i];
+        } else {
+          load_a_fragment<kHeadDim>(a[mt], q_tile, warp_row + mt * 16, step, lane);
+        }
+      }
 #pragma unroll
       for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
         std::uint32_t b[4];
         const int key = pair * 16 + (lane % 8) + (lane / 16) * 8;
         ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(key, step * 16 + ((lane / 8) % 2) * 8));
-        mma_16816<T>(s[2 * pair], q_frag[step], b[0], b[1]);
-        mma_16816<T>(s[2 * pair + 1], q_frag[step], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<T>(s[mt][2 * pair], a[mt], b[0], b[1]);
+          mma_16816<T>(s[mt][2 * pair + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
     // Mask keys past the end and, when causal, keys after the row's position. Tiles that every
-    // row sees in full skip this.
+    // row of the CTA sees in full skip this.
     const int key0 = tile * kKeys;
     const bool partial = key0 + kKeys > p.k_len;
     const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
     if (partial || diagonal) {
 #pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + nt * 8 + quad_col + (e & 1);
-          const bool hidden = key >= p.k_len ||
-                              (kCausal && static_cast<std::int64_t>(key) > my_rows[e / 2] + p.shift);
-          if (hidden) s[nt][e] = kNegInf;
+        for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + nt * 8 + quad_col + (e & 1);
+            const bool hidden =
+                key >= p.k_len ||
+                (kCausal && static_cast<std::int64_t>(key) > my_rows[mt][e / 2] + p.shift);
+            if (hidden) s[mt][nt][e] = kNegInf;
+          }
         }
       }
     }
 
     // Online softmax: new maximum, rescale what was accumulated, exponentiate in place.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float tile_max = kNegInf;
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      tile_max = quad_max(tile_max);
-      const float new_max = fmaxf(row_max[r], tile_max);
-      // A row that has seen nothing yet keeps zeros: subtract 0 instead of -inf (no NaN).
-      const float base = new_max == kNegInf ? 0.f : new_max * p.scale_log2;
-      const float correction = row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * p.scale_log2 - base);
-      row_max[r] = new_max;
-      float partial_sum = 0.f;
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = kNegInf;
 #pragma unroll
-      for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float& x = s[nt][2 * r + c];
-          x = fast_exp2(x * p.scale_log2 - base);
-          partial_sum += x;
+        for (int nt = 0; nt < kKeyTiles; ++nt) {
+          tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
         }
-      }
-      row_sum[r] = row_sum[r] * correction + partial_sum;
+        tile_max = quad_max(tile_max);
+        const float new_max = fmaxf(row_max[mt][r], tile_max);
+        // A row that has seen nothing yet keeps zeros: subtract 0 instead of -inf (no NaN).
+        const float base = new_max == kNegInf ? 0.f : new_max * p.scale_log2;
+        const float correction =
+            row_max[mt][r] == kNegInf ? 0.f : fast_exp2(row_max[mt][r] * p.scale_log2 - base);
+        row_max[mt][r] = new_max;
+        float partial_sum = 0.f;
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        acc[dt][2 * r] *= correction;
-        acc[dt][2 * r + 1] *= correction;
+        for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[mt][nt][2 * r + c];
+            x = fast_exp2(x * p.scale_log2 - base);
+            partial_sum += x;
+          }
+        }
+        row_sum[mt][r] = row_sum[mt][r] * correction + partial_sum;
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+          acc[mt][dt][2 * r] *= correction;
+          acc[mt][dt][2 * r + 1] *= correction;
+        }
       }
     }
 
     // O += P V: the S accumulators become A fragments without leaving registers.
 #pragma unroll
     for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-      const std::uint32_t a[4] = {pack2<T>(s[2 * kstep][0], s[2 * kstep][1]),
-                                  pack2<T>(s[2 * kstep][2], s[2 * kstep][3]),
-                                  pack2<T>(s[2 * kstep + 1][0], s[2 * kstep + 1][1]),
-                                  pack2<T>(s[2 * kstep + 1][2], s[2 * kstep + 1][3])};
+      std::uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * kstep][0], s[mt][2 * kstep][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * kstep][2], s[mt][2 * kstep][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * kstep + 1][0], s[mt][2 * kstep + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * kstep + 1][2], s[mt][2 * kstep + 1][3]);
+      }
 #pragma unroll
       for (int pair = 0; pair < kDimSteps; ++pair) {
         std::uint32_t b[4];
         const int key = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
         ldmatrix_x4_trans(b, v_tile + swizzled<kHeadDim>(key, pair * 16 + (lane / 16) * 8));
-        mma_16816<T>(acc[2 * pair], a, b[0], b[1]);
-        mma_16816<T>(acc[2 * pair + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<T>(acc[mt][2 * pair], a[mt], b[0], b[1]);
+          mma_16816<T>(acc[mt][2 * pair + 1], a[mt], b[2], b[3]);
+        }
       }
     }
     cp_async_wait<0>();
@@ -191,46 +248,50 @@ __global__ void __launch_bounds__(ForwardTiles::kThreads)
 
   // Epilogue: normalise, then write O and LSE, or merge them into the running fp32 pair.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = my_rows[r];
-    const bool valid = row < p.q_len;
-    const float total = quad_sum(row_sum[r]);
-    const bool empty = !(total > 0.f);
-    const float block_lse = empty ? kNegInf : row_max[r] * p.scale + __logf(total);
-    float* lse = p.lse + batch * p.lse_strides[0] + head * p.lse_strides[1] +
-                 static_cast<std::int64_t>(valid ? row : 0) * p.lse_strides[2];
-    if constexpr (kCombine) {
-      // One lane of the quad reads and writes the running LSE; the others get it by shuffle.
-      float old_lse = (valid && lane % 4 == 0) ? *lse : kNegInf;
-      old_lse = __shfl_sync(0xffffffffu, old_lse, lane & ~3);
-      if (!valid || empty) continue;
-      float* o = static_cast<float*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
-                 head * p.o_strides[2];
-      const float merged =
-          old_lse == kNegInf ? block_lse
-                             : fmaxf(old_lse, block_lse) + log1pf(__expf(-fabsf(old_lse - block_lse)));
-      const float keep = old_lse == kNegInf ? 0.f : __expf(old_lse - merged);
-      const float add = __expf(block_lse - merged) / total;
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        float2* out = reinterpret_cast<float2*>(o + dt * 8 + quad_col);
-        float2 value = *out;
-        value.x = value.x * keep + acc[dt][2 * r] * add;
-        value.y = value.y * keep + acc[dt][2 * r + 1] * add;
-        *out = value;
-      }
-      if (lane % 4 == 0) *lse = merged;
-    } else {
-      if (!valid) continue;
-      T* o = static_cast<T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
-             head * p.o_strides[2];
-      const float inv = empty ? 0.f : 1.f / total;
+    for (int r = 0; r < 2; ++r) {
+      const int row = my_rows[mt][r];
+      const bool valid = row < p.q_len;
+      const float total = quad_sum(row_sum[mt][r]);
+      const bool empty = !(total > 0.f);
+      const float block_lse = empty ? kNegInf : row_max[mt][r] * p.scale + __logf(total);
+      float* lse = p.lse + batch * p.lse_strides[0] + head * p.lse_strides[1] +
+                   static_cast<std::int64_t>(valid ? row : 0) * p.lse_strides[2];
+      if constexpr (kCombine) {
+        // One lane of the quad reads and writes the running LSE; the others get it by shuffle.
+        float old_lse = (valid && lane % 4 == 0) ? *lse : kNegInf;
+        old_lse = __shfl_sync(0xffffffffu, old_lse, lane & ~3);
+        if (!valid || empty) continue;
+        float* o = static_cast<float*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
+                   head * p.o_strides[2];
+        const float merged =
+            old_lse == kNegInf
+                ? block_lse
+                : fmaxf(old_lse, block_lse) + log1pf(__expf(-fabsf(old_lse - block_lse)));
+        const float keep = old_lse == kNegInf ? 0.f : __expf(old_lse - merged);
+        const float add = __expf(block_lse - merged) / total;
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        *reinterpret_cast<std::uint32_t*>(o + dt * 8 + quad_col) =
-            pack2<T>(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+          float2* out = reinterpret_cast<float2*>(o + dt * 8 + quad_col);
+          float2 value = *out;
+          value.x = value.x * keep + acc[mt][dt][2 * r] * add;
+          value.y = value.y * keep + acc[mt][dt][2 * r + 1] * add;
+          *out = value;
+        }
+        if (lane % 4 == 0) *lse = merged;
+      } else {
+        if (!valid) continue;
+        T* o = static_cast<T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
+               head * p.o_strides[2];
+        const float inv = empty ? 0.f : 1.f / total;
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+          *reinterpret_cast<std::uint32_t*>(o + dt * 8 + quad_col) =
+              pack2<T>(acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
+        }
+        if (lane % 4 == 0) *lse = block_lse;
       }
-      if (lane % 4 == 0) *lse = block_lse;
     }
   }
 }

@@ -35,9 +35,10 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 template <DType kDtype, int kHeadDim>
 void launch_forward(const FlashParams& p, bool combine, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  const dim3 grid((p.q_len + ForwardTiles::kRows - 1) / ForwardTiles::kRows, p.q_heads, p.batch);
-  constexpr int kSmem = forward_smem_bytes<kHeadDim>();
-  constexpr int kThreads = ForwardTiles::kThreads;
+  using Tiles = ForwardTiles<kHeadDim>;
+  const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
+  constexpr int kSmem = Tiles::kSmemBytes;
+  constexpr int kThreads = Tiles::kThreads;
   if (p.causal) {
     if (combine) launch(flash_forward_kernel<T, kHeadDim, true, true>, grid, kThreads, kSmem, stream, p);
     else launch(flash_forward_kernel<T, kHeadDim, true, false>, grid, kThreads, kSmem, stream, p);
@@ -65,10 +66,10 @@ void launch_backward(const FlashParams& p, bool deterministic, cudaStream_t stre
   if (deterministic) {
     if (p.causal) launch(flash_backward_kernel<T, kHeadDim, true, false>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
     else launch(flash_backward_kernel<T, kHeadDim, false, false>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
-    const dim3 dq_grid((p.q_len + ForwardTiles::kRows - 1) / ForwardTiles::kRows, p.q_heads, p.batch);
+    const dim3 dq_grid((p.q_len + DqTiles::kRows - 1) / DqTiles::kRows, p.q_heads, p.batch);
     constexpr int kDqSmem = dq_smem_bytes<kHeadDim>();
-    if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, ForwardTiles::kThreads, kDqSmem, stream, p);
-    else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, ForwardTiles::kThreads, kDqSmem, stream, p);
+    if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, DqTiles::kThreads, kDqSmem, stream, p);
+    else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, DqTiles::kThreads, kDqSmem, stream, p);
   } else {
     if (p.causal) launch(flash_backward_kernel<T, kHeadDim, true, true>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
     else launch(flash_backward_kernel<T, kHeadDim, false, true>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
