@@ -1,0 +1,91 @@
+#include "parallel/cuda/nccl_communicator.hpp"
+
+#include <string>
+
+#include "ringattn/error.hpp"
+#include "src/cuda/cuda_check.hpp"
+#include "src/mpi_check.hpp"
+
+namespace ringattn {
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+  }
+  detail::fail("NcclCommunicator", "unknown dtype value ", static_cast<int>(dtype));
+}
+
+}  // namespace
+
+int select_node_local_device(const MpiCommunicator& comm) {
+  int devices = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (devices == 0) detail::fail_as(ErrorKind::unsupported, "select_node_local_device", "no CUDA GPU on this node");
+  const int device = node_local_rank(comm) % devices;
+  RINGATTN_CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(std::move(mpi)) {
+  if (!mpi_) detail::fail("NcclCommunicator", "the MPI communicator is null");
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device_));
+  ncclUniqueId id{};
+  if (mpi_->rank() == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+  RINGATTN_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_->handle()));
+  RINGATTN_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->size(), id, mpi_->rank()));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
+}
+
+void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, void* recv,
+                                      std::size_t recv_bytes, void* stream) {
+  const auto compute = static_cast<cudaStream_t>(stream);
+  compute_ready_.record(compute);
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), compute_ready_.get(), 0));
+  const int n = size(), next = (rank() + 1) % n, previous = (rank() + n - 1) % n;
+  if (n == 1) {
+    if (send_bytes != recv_bytes) {
+      detail::fail("NcclCommunicator::exchange_start", "one rank sends ", send_bytes,
+                   " bytes to itself but receives ", recv_bytes);
+    }
+    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(recv, send, send_bytes, cudaMemcpyDeviceToDevice, comm_stream_.get()));
+  } else {
+    RINGATTN_NCCL_CHECK(ncclGroupStart());
+    RINGATTN_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, next, comm_, comm_stream_.get()));
+    RINGATTN_NCCL_CHECK(ncclRecv(recv, recv_bytes, ncclUint8, previous, comm_, comm_stream_.get()));
+    RINGATTN_NCCL_CHECK(ncclGroupEnd());
+  }
+  // comm_stream_ runs in order: the last record covers every exchange started so far.
+  transfer_done_.record(comm_stream_.get());
+}
+
+void NcclCommunicator::exchange_wait(void* stream) {
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), transfer_done_.get(), 0));
+}
+
+void NcclCommunicator::all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) {
+  RINGATTN_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(dtype), ncclSum, comm_,
+                                    static_cast<cudaStream_t>(stream)));
+}
+
+void NcclCommunicator::barrier() { mpi_->barrier(); }
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const {
+  std::unique_ptr<Communicator> group = mpi_->split(color, key);
+  auto* mpi_group = dynamic_cast<MpiCommunicator*>(group.get());
+  if (mpi_group == nullptr) detail::fail("NcclCommunicator::split", "the MPI split gave no MPI communicator");
+  group.release();
+  return std::make_unique<NcclCommunicator>(std::unique_ptr<MpiCommunicator>(mpi_group));
+}
+
+void NcclCommunicator::host_all_gather(const void* send, std::size_t bytes, void* recv) const {
+  mpi_->host_all_gather(send, bytes, recv);
+}
+
+}  // namespace ringattn

@@ -1,0 +1,52 @@
+// NcclCommunicator: the Communicator of device memory. Ring exchanges run on a dedicated
+// communication stream, ordered after the caller's compute stream by an event and waited for by
+// another event, so the ring loop never synchronises the host. Bootstrapped from MPI: rank 0
+// creates the NCCL unique id and broadcasts it; metadata and splits go through MPI.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <memory>
+
+#include "parallel/communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "src/cuda/device_buffer.hpp"
+
+namespace ringattn {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `mpi`'s ranks. The CUDA device of this rank must be current (see
+  // select_node_local_device); the communicator stays on it.
+  explicit NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return mpi_->rank(); }
+  int size() const override { return mpi_->size(); }
+  Memory memory() const override { return Memory::device; }
+  void exchange_start(const void* send, std::size_t send_bytes, void* recv,
+                      std::size_t recv_bytes, void* stream) override;
+  void exchange_wait(void* stream) override;
+  void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) const override;
+  void host_all_gather(const void* send, std::size_t bytes, void* recv) const override;
+
+  int device() const { return device_; }
+
+ private:
+  std::unique_ptr<MpiCommunicator> mpi_;
+  ncclComm_t comm_ = nullptr;
+  int device_ = 0;
+  CudaStream comm_stream_;
+  CudaEvent compute_ready_;  // recorded on the caller's stream, waited on by comm_stream_
+  CudaEvent transfer_done_;  // recorded on comm_stream_, waited on by the caller's stream
+};
+
+// Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;
+// throws Error when the node has no GPU.
+int select_node_local_device(const MpiCommunicator& comm);
+
+}  // namespace ringattn
