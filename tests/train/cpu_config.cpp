@@ -1,0 +1,399 @@
+// TrainConfig: YAML round trip (every key, numbers bit for bit), --set overrides, and the message
+// of every error: unknown keys with their suggestion, wrong types, out-of-range values and
+// impossible combinations, each naming the key and the value.
+#include "train/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/common/random.hpp"
+#include "tests/train/expect_error.hpp"
+#include "tests/train/temp_dir.hpp"
+
+namespace ringattn::train {
+namespace {
+
+using test::throws_error_with;
+
+TEST(Config, DefaultsAreValidOnTwoRanks) {
+  EXPECT_NO_THROW(validate(TrainConfig{}, 2));
+  EXPECT_EQ(TrainConfig{}.model.resolved_head_dim(), 16);
+}
+
+TEST(Config, EveryKeyIsListedOnce) {
+  const std::vector<std::string>& keys = config_keys();
+  EXPECT_EQ(keys.size(), 44u);
+  for (const char* key :
+       {"model.head_dim", "train.lr", "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
+    EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
+  }
+}
+
+// A config in which every key differs from its default; doubles are random bit patterns so that
+// a dump that rounds (say to 6 digits) fails.
+TrainConfig random_config(std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  auto real = [&](double scale) { return scale * (0.5 + unit(rng)); };
+  auto integer = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  TrainConfig c;
+  c.model = {integer(300, 5000), integer(65, 999), integer(3, 9),     integer(5, 9),
+             integer(3, 4),      integer(17, 99),  integer(177, 999), false,
+             real(1e5),          real(1e-6),       real(1e-2)};
+  c.train.seq_len = integer(257, 9999);
+  c.train.batch_size = integer(9, 99);
+  c.train.grad_accum = integer(2, 9);
+  c.train.steps = integer(101, 9999);
+  c.train.lr = real(1e-4);
+  c.train.min_lr = real(1e-6);
+  c.train.warmup_steps = integer(11, 99);
+  c.train.weight_decay = real(0.01);
+  c.train.beta1 = real(0.5);
+  c.train.beta2 = real(0.6);
+  c.train.adam_eps = real(1e-9);
+  c.train.grad_clip = real(2.0);
+  c.train.seed = rng();
+  c.train.recompute = true;
+  c.train.deterministic = true;
+  c.train.log_every = integer(11, 99);
+  c.train.eval_every = integer(51, 999);
+  c.train.eval_batches = integer(5, 99);
+  c.train.checkpoint_every = integer(1, 999);
+  c.train.keep_checkpoints = integer(4, 9);
+  c.parallel = {integer(2, 8), integer(3, 8), ShardLayout::contiguous};
+  c.data.source = DataSource::hdf5;
+  c.data.train_path = "dir with space/train: \"quoted\" #not-a-comment.h5";
+  c.data.val_path = "null";  // a YAML null when unquoted: must stay the string
+  c.data.retrieval = {integer(9, 99), integer(2, 4), integer(2, 4), integer(9, 99)};
+  c.run.dir = "~";
+  c.run.backend = Backend::cpu;
+  c.run.resume = "latest";
+  return c;
+}
+
+TEST(Config, DumpLoadRoundTripKeepsEveryValueBitwise) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng();
+  for (int trial = 0; trial < 20; ++trial) {
+    const TrainConfig original = random_config(rng);
+    const std::string yaml = dump_config(original);
+    const TrainConfig loaded = load_config_string(yaml, "<dump>");
+    EXPECT_TRUE(loaded == original) << yaml;
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(loaded.train.lr),
+              std::bit_cast<std::uint64_t>(original.train.lr));
+    EXPECT_EQ(dump_config(loaded), yaml);
+  }
+}
+
+TEST(Config, DumpOmitsAnUnsetHeadDimAndKeepsEmptyStrings) {
+  const TrainConfig defaults;
+  const std::string yaml = dump_config(defaults);
+  EXPECT_EQ(yaml.find("head_dim"), std::string::npos) << yaml;
+  // Exponent forms carry a '.', so that YAML 1.1 readers (PyYAML) see floats.
+  EXPECT_NE(yaml.find("min_lr: 3.0e-04"), std::string::npos) << yaml;
+  const TrainConfig loaded = load_config_string(yaml, "<dump>");
+  EXPECT_FALSE(loaded.model.head_dim.has_value());
+  EXPECT_EQ(loaded.run.resume, "");
+  EXPECT_TRUE(loaded == defaults) << yaml;
+}
+
+TEST(Config, FileSetsOnlyWhatItNames) {
+  const test::TempDir dir;
+  const auto path = dir / "c.yaml";
+  std::ofstream(path) << "# a comment\ntrain:\n  lr: 1.5e-4\n  steps: 7\ndata:\n  retrieval:\n"
+                         "    pairs: 5\nrun:\n  resume:\n";
+  const TrainConfig c = load_config_file(path);
+  TrainConfig expected;
+  expected.train.lr = 1.5e-4;
+  expected.train.steps = 7;
+  expected.data.retrieval.pairs = 5;
+  EXPECT_TRUE(c == expected) << dump_config(c);
+  EXPECT_TRUE(load_config_string("", "<empty>") == TrainConfig{});
+}
+
+TEST(Config, OverridesSetEveryKind) {
+  TrainConfig c;
+  apply_overrides(c, std::vector<std::string>{
+                         "train.lr=3e-4", "train.steps=20", "model.head_dim=32",
+                         "train.recompute=true", "parallel.layout=contiguous",
+                         "data.retrieval.pairs=16", "run.resume=latest", "data.train_path=a=b.h5",
+                         "train.seed=18446744073709551615", "run.backend=cpu", "data.source=hdf5"});
+  EXPECT_EQ(c.train.lr, 3e-4);
+  EXPECT_EQ(c.train.steps, 20);
+  EXPECT_EQ(c.model.head_dim, 32);
+  EXPECT_EQ(c.model.resolved_head_dim(), 32);
+  EXPECT_TRUE(c.train.recompute);
+  EXPECT_EQ(c.parallel.layout, ShardLayout::contiguous);
+  EXPECT_EQ(c.data.retrieval.pairs, 16);
+  EXPECT_EQ(c.run.resume, "latest");
+  EXPECT_EQ(c.data.train_path, "a=b.h5");
+  EXPECT_EQ(c.train.seed, 18446744073709551615ull);
+  EXPECT_EQ(c.run.backend, Backend::cpu);
+  EXPECT_EQ(c.data.source, DataSource::hdf5);
+  apply_override(c, "run.resume=");
+  EXPECT_EQ(c.run.resume, "");
+}
+
+// ---- errors while reading ---------------------------------------------------------------------
+
+struct ReadCase {
+  const char* name;
+  const char* yaml;
+  std::vector<std::string_view> parts;
+};
+
+void PrintTo(const ReadCase& c, std::ostream* out) {
+  *out << c.name;
+}
+
+class ConfigReadError : public ::testing::TestWithParam<ReadCase> {};
+
+TEST_P(ConfigReadError, NamesTheKeyAndWhatWasExpected) {
+  const ReadCase& c = GetParam();
+  try {
+    load_config_string(c.yaml, "my.yaml");
+    FAIL() << "no error for:\n" << c.yaml;
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const std::string_view part : c.parts) {
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "missing \"" << part << "\" in: " << message;
+    }
+    EXPECT_EQ(error.kind(), ErrorKind::invalid_argument);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ConfigReadError,
+    ::testing::Values(
+        ReadCase{"typo",
+                 "train:\n  lr: 1e-3\n  stpes: 10\n",
+                 {"my.yaml:3: ", "unknown key 'train.stpes'", "did you mean 'train.steps'?"}},
+        ReadCase{"wrong_section",
+                 "model:\n  seq_len: 128\n",
+                 {"unknown key 'model.seq_len'", "did you mean 'train.seq_len'?"}},
+        ReadCase{"initials",
+                 "train:\n  learning_rate: 1\n",
+                 {"unknown key 'train.learning_rate'", "did you mean 'train.lr'?"}},
+        ReadCase{"section_typo",
+                 "trian:\n  steps: 1\n",
+                 {"my.yaml:1: ", "unknown key 'trian'", "did you mean 'train'?"}},
+        ReadCase{"nested_typo",
+                 "data:\n  retrieval:\n    pairz: 3\n",
+                 {"unknown key 'data.retrieval.pairz'", "did you mean 'data.retrieval.pairs'?"}},
+        ReadCase{"not_integer",
+                 "train:\n  steps: abc\n",
+                 {"my.yaml:2: ", "train.steps is 'abc'; expected an integer"}},
+        ReadCase{"fraction_for_integer",
+                 "train:\n  batch_size: 1.5\n",
+                 {"train.batch_size is '1.5'; expected an integer"}},
+        ReadCase{"negative_seed",
+                 "train:\n  seed: -1\n",
+                 {"train.seed is '-1'; expected a non-negative integer"}},
+        ReadCase{"not_number", "train:\n  lr: fast\n", {"train.lr is 'fast'; expected a number"}},
+        ReadCase{"infinite", "train:\n  lr: .inf\n", {"train.lr is '.inf'; expected a number"}},
+        ReadCase{"not_bool",
+                 "train:\n  recompute: yes\n",
+                 {"train.recompute is 'yes'; expected true or false"}},
+        ReadCase{"not_choice",
+                 "parallel:\n  layout: zigzg\n",
+                 {"parallel.layout is 'zigzg'; expected one of zigzag, contiguous"}},
+        ReadCase{"backend",
+                 "run:\n  backend: gpu\n",
+                 {"run.backend is 'gpu'; expected one of auto, cuda, cpu"}},
+        ReadCase{
+            "map_for_value", "train:\n  lr: {a: 1}\n", {"train.lr is a map; expected a number"}},
+        ReadCase{"list_for_value",
+                 "parallel:\n  cp: [1, 2]\n",
+                 {"parallel.cp is a list; expected an integer"}},
+        ReadCase{
+            "empty_number", "train:\n  steps:\n", {"train.steps is empty; expected an integer"}},
+        ReadCase{"scalar_section",
+                 "train: 5\n",
+                 {"train is '5'; expected a map of keys such as 'train.seq_len'"}},
+        ReadCase{"top_level_list", "- 1\n- 2\n", {"the document is a list"}},
+        ReadCase{"duplicate",
+                 "train:\n  lr: 1e-3\n  lr: 2e-3\n",
+                 {"my.yaml:3: ", "key 'train.lr' is given twice (first on line 2)"}},
+        ReadCase{"syntax", "train: [1, 2\n", {"my.yaml:", "YAML syntax error"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Config, MissingFileIsAnIoErrorNamingIt) {
+  const test::TempDir dir;
+  EXPECT_TRUE(throws_error_with([&] { load_config_file(dir / "nope.yaml"); },
+                                {"config file '", "nope.yaml' does not exist"}, ErrorKind::io));
+  EXPECT_TRUE(
+      throws_error_with([&] { load_config_file(dir.path()); }, {"is a directory"}, ErrorKind::io));
+}
+
+TEST(Config, OverrideErrorsNameTheAssignment) {
+  TrainConfig c;
+  EXPECT_TRUE(throws_error_with([&] { apply_override(c, "train.lr"); },
+                                {"--set 'train.lr' is not of the form key=value"}));
+  EXPECT_TRUE(throws_error_with([&] { apply_override(c, "=3"); }, {"not of the form key=value"}));
+  EXPECT_TRUE(throws_error_with([&] { apply_override(c, "train.stpes=1"); },
+                                {"unknown key 'train.stpes'", "did you mean 'train.steps'?"}));
+  EXPECT_TRUE(throws_error_with([&] { apply_override(c, "train=1"); },
+                                {"'train' is a section", "'train.seq_len'"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { apply_override(c, "train.steps=abc"); },
+                        {"--set train.steps=abc", "train.steps is 'abc'; expected an integer"}));
+  EXPECT_TRUE(throws_error_with([&] { apply_override(c, "lr=1"); }, {"did you mean 'train.lr'?"}));
+  EXPECT_TRUE(c == TrainConfig{}) << "a failed override must not change the config";
+}
+
+// ---- validation ---------------------------------------------------------------------------------
+
+struct ValidateCase {
+  const char* name;
+  std::function<void(TrainConfig&)> change;
+  int world_size;
+  std::vector<std::string_view> parts;
+};
+
+void PrintTo(const ValidateCase& c, std::ostream* out) {
+  *out << c.name;
+}
+
+class ConfigValidateError : public ::testing::TestWithParam<ValidateCase> {};
+
+TEST_P(ConfigValidateError, NamesTheKeysAndValues) {
+  const ValidateCase& c = GetParam();
+  TrainConfig config;
+  c.change(config);
+  try {
+    validate(config, c.world_size);
+    FAIL() << "no error for:\n" << dump_config(config);
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("validate_config: "), std::string::npos) << message;
+    for (const std::string_view part : c.parts) {
+      EXPECT_NE(message.find(part), std::string::npos)
+          << "missing \"" << part << "\" in: " << message;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ConfigValidateError,
+    ::testing::Values(
+        ValidateCase{"kv_heads",
+                     [](TrainConfig& c) { c.model.n_kv_heads = 3; },
+                     2,
+                     {"model.n_heads (4) is not a multiple of model.n_kv_heads (3)"}},
+        ValidateCase{"d_model_heads",
+                     [](TrainConfig& c) {
+                       c.model.n_heads = 3;
+                       c.model.n_kv_heads = 1;
+                     },
+                     2,
+                     {"model.d_model (64) is not a multiple of model.n_heads (3)", "head_dim"}},
+        ValidateCase{"odd_head_dim",
+                     [](TrainConfig& c) { c.model.head_dim = 15; },
+                     2,
+                     {"head dimension 15 (model.head_dim) is odd", "RoPE"}},
+        ValidateCase{"zigzag_seq_len",
+                     [](TrainConfig& c) { c.train.seq_len = 250; },
+                     2,
+                     {"train.seq_len (250) is not a multiple of 2 * parallel.cp = 4", "zigzag"}},
+        ValidateCase{"contiguous_seq_len",
+                     [](TrainConfig& c) {
+                       c.parallel.layout = ShardLayout::contiguous;
+                       c.parallel.cp = 3;
+                       c.train.seq_len = 250;
+                     },
+                     3,
+                     {"train.seq_len (250) is not a multiple of parallel.cp = 3", "contiguous"}},
+        ValidateCase{"world_size",
+                     [](TrainConfig&) {},
+                     4,
+                     {"parallel.dp x parallel.cp = 1 x 2 = 2 ranks, but the job has 4"}},
+        ValidateCase{"vocab",
+                     [](TrainConfig& c) { c.model.vocab_size = 1; },
+                     2,
+                     {"model.vocab_size is 1; expected at least 2"}},
+        ValidateCase{"steps",
+                     [](TrainConfig& c) { c.train.steps = 0; },
+                     2,
+                     {"train.steps is 0; expected at least 1"}},
+        ValidateCase{"lr",
+                     [](TrainConfig& c) { c.train.lr = 0.0; },
+                     2,
+                     {"train.lr is 0; expected a number > 0"}},
+        ValidateCase{"min_lr",
+                     [](TrainConfig& c) { c.train.min_lr = 0.01; },
+                     2,
+                     {"train.min_lr is 0.01; expected 0 <= min_lr <= train.lr (0.003)"}},
+        ValidateCase{"beta2",
+                     [](TrainConfig& c) { c.train.beta2 = 1.0; },
+                     2,
+                     {"train.beta2 is 1; expected 0 <= beta2 < 1"}},
+        ValidateCase{"warmup",
+                     [](TrainConfig& c) { c.train.warmup_steps = 101; },
+                     2,
+                     {"train.warmup_steps (101) is more than train.steps (100)"}},
+        ValidateCase{"grad_clip",
+                     [](TrainConfig& c) { c.train.grad_clip = -1.0; },
+                     2,
+                     {"train.grad_clip is -1; expected at least 0"}},
+        ValidateCase{"keep",
+                     [](TrainConfig& c) { c.train.keep_checkpoints = 0; },
+                     2,
+                     {"train.keep_checkpoints is 0; expected at least 1"}},
+        ValidateCase{"cp",
+                     [](TrainConfig& c) { c.parallel.cp = 0; },
+                     2,
+                     {"parallel.cp is 0; expected at least 1"}},
+        ValidateCase{"hdf5_paths",
+                     [](TrainConfig& c) { c.data.source = DataSource::hdf5; },
+                     2,
+                     {"2 problems", "data.train_path is empty", "data.val_path is empty",
+                      "train.eval_every = 50"}},
+        ValidateCase{"retrieval_keys",
+                     [](TrainConfig& c) {
+                       c.data.retrieval.pairs = 64;
+                       c.data.retrieval.queries = 1;
+                     },
+                     2,
+                     {"data.retrieval.pairs (64) is more than the 63 distinct keys"}},
+        ValidateCase{"retrieval_fit",
+                     [](TrainConfig& c) { c.train.seq_len = 32; },
+                     2,
+                     {"need 40 tokens", "train.seq_len + 1 = 33"}},
+        ValidateCase{"retrieval_queries",
+                     [](TrainConfig& c) { c.data.retrieval.queries = 9; },
+                     2,
+                     {"data.retrieval.queries (9) is more than data.retrieval.pairs (8)"}},
+        ValidateCase{"run_dir", [](TrainConfig& c) { c.run.dir.clear(); }, 2, {"run.dir is empty"}},
+        ValidateCase{"several",
+                     [](TrainConfig& c) {
+                       c.train.lr = -1.0;
+                       c.model.n_kv_heads = 3;
+                       c.train.seq_len = 250;
+                     },
+                     2,
+                     {"problems in the config:\n  ", "train.lr is -1", "model.n_kv_heads (3)",
+                      "train.seq_len (250)"}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Config, HeadDimGivenLiftsTheDivisibilityRule) {
+  TrainConfig c;
+  c.model.n_heads = 3;
+  c.model.n_kv_heads = 1;
+  c.model.head_dim = 32;
+  EXPECT_NO_THROW(validate(c, 2));
+  c.parallel.layout = ShardLayout::contiguous;
+  c.parallel.cp = 3;
+  c.train.seq_len = 255;
+  EXPECT_NO_THROW(validate(c, 3));
+}
+
+}  // namespace
+}  // namespace ringattn::train

@@ -1,0 +1,663 @@
+// Every key is one row of a table (its dotted name and an accessor into TrainConfig); reading a
+// file, `--set`, dumping and the unknown-key suggestions all walk that table, so a new key is one
+// new row plus its range check in validate().
+#include "train/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "ringattn/error.hpp"
+#include "train/retrieval_task.hpp"
+
+namespace ringattn::train {
+namespace {
+
+// ---- values: text <-> typed, one overload set per type --------------------------------------
+
+template <typename Enum>
+struct EnumName {
+  std::string_view name;
+  Enum value;
+};
+
+constexpr EnumName<ShardLayout> kLayoutNames[] = {{"zigzag", ShardLayout::zigzag},
+                                                  {"contiguous", ShardLayout::contiguous}};
+constexpr EnumName<DataSource> kSourceNames[] = {{"hdf5", DataSource::hdf5},
+                                                 {"retrieval", DataSource::retrieval}};
+constexpr EnumName<Backend> kBackendNames[] = {
+    {"auto", Backend::automatic}, {"cuda", Backend::cuda}, {"cpu", Backend::cpu}};
+
+std::span<const EnumName<ShardLayout>> enum_names(ShardLayout) {
+  return kLayoutNames;
+}
+std::span<const EnumName<DataSource>> enum_names(DataSource) {
+  return kSourceNames;
+}
+std::span<const EnumName<Backend>> enum_names(Backend) {
+  return kBackendNames;
+}
+
+template <typename T>
+bool parse_integer(std::string_view text, T& out) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return false;
+  out = value;
+  return true;
+}
+
+bool parse_value(std::string_view text, int& out) {
+  return parse_integer(text, out);
+}
+bool parse_value(std::string_view text, std::uint64_t& out) {
+  return parse_integer(text, out);
+}
+bool parse_value(std::string_view text, std::optional<int>& out) {
+  int value = 0;
+  if (!parse_integer(text, value)) return false;
+  out = value;
+  return true;
+}
+bool parse_value(std::string_view text, double& out) {
+  double value = 0.0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty() ||
+      !std::isfinite(value)) {
+    return false;
+  }
+  out = value;
+  return true;
+}
+bool parse_value(std::string_view text, bool& out) {
+  // YAML 1.2's core schema spellings.
+  if (text == "true" || text == "True" || text == "TRUE") {
+    out = true;
+    return true;
+  }
+  if (text == "false" || text == "False" || text == "FALSE") {
+    out = false;
+    return true;
+  }
+  return false;
+}
+bool parse_value(std::string_view text, std::string& out) {
+  out = std::string(text);
+  return true;
+}
+template <typename Enum, std::enable_if_t<std::is_enum_v<Enum>, int> = 0>
+bool parse_value(std::string_view text, Enum& out) {
+  for (const auto& entry : enum_names(Enum{})) {
+    if (entry.name == text) {
+      out = entry.value;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string format_value(int value) {
+  return std::to_string(value);
+}
+std::string format_value(std::uint64_t value) {
+  return std::to_string(value);
+}
+std::string format_value(bool value) {
+  return value ? "true" : "false";
+}
+std::string format_value(const std::string& value) {
+  return value;
+}
+// The shortest text that reads back as the same double, with a '.' in the mantissa of the
+// exponent form ("3.0e-04", not "3e-04"), which YAML 1.1 readers (PyYAML) need to see a float.
+std::string format_value(double value) {
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  std::string text(buffer, result.ptr);
+  const auto exponent = text.find('e');
+  if (exponent != std::string::npos && text.find('.') == std::string::npos) {
+    text.insert(exponent, ".0");
+  }
+  return text;
+}
+template <typename Enum>
+std::string_view enum_name(Enum value) {
+  for (const auto& entry : enum_names(Enum{})) {
+    if (entry.value == value) return entry.name;
+  }
+  return "?";
+}
+template <typename Enum, std::enable_if_t<std::is_enum_v<Enum>, int> = 0>
+std::string format_value(Enum value) {
+  return std::string(enum_name(value));
+}
+
+template <typename T>
+std::string expected_text() {
+  if constexpr (std::is_same_v<T, int> || std::is_same_v<T, std::optional<int>>) {
+    return "an integer";
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    return "a non-negative integer";
+  } else if constexpr (std::is_same_v<T, double>) {
+    return "a number";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return "true or false";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return "a string";
+  } else {
+    std::string text = "one of";
+    const char* separator = " ";
+    for (const auto& entry : enum_names(T{})) {
+      text += separator;
+      text += entry.name;
+      separator = ", ";
+    }
+    return text;
+  }
+}
+
+// ---- the key table ------------------------------------------------------------------------------
+
+struct KeyInfo {
+  std::string key;
+  std::string expected;  // "an integer", "one of zigzag, contiguous", ...
+  bool is_text = false;  // a string: YAML null reads as "", dumps are always quoted
+  std::function<bool(TrainConfig&, std::string_view)> parse;             // false: not of the type
+  std::function<std::optional<std::string>(const TrainConfig&)> format;  // nullopt: unset
+};
+
+template <typename Access>
+KeyInfo make_key(std::string key, Access access) {
+  using Value = std::remove_cvref_t<decltype(access(std::declval<TrainConfig&>()))>;
+  KeyInfo info;
+  info.key = std::move(key);
+  info.expected = expected_text<Value>();
+  info.is_text = std::is_same_v<Value, std::string>;
+  info.parse = [access](TrainConfig& config, std::string_view text) {
+    return parse_value(text, access(config));
+  };
+  info.format = [access](const TrainConfig& config) -> std::optional<std::string> {
+    const auto& value = access(config);
+    if constexpr (std::is_same_v<Value, std::optional<int>>) {
+      if (!value) return std::nullopt;
+      return format_value(*value);
+    } else {
+      return format_value(value);
+    }
+  };
+  return info;
+}
+
+// One row: the key's dotted name is also its member path in TrainConfig, so it is written once.
+// clang-format off
+#define RINGATTN_CONFIG_KEY(path) make_key(#path, [](auto& c) -> auto& { return c.path; })
+// clang-format on
+
+const std::vector<KeyInfo>& key_table() {
+  static const std::vector<KeyInfo> table = {
+      RINGATTN_CONFIG_KEY(model.vocab_size),
+      RINGATTN_CONFIG_KEY(model.d_model),
+      RINGATTN_CONFIG_KEY(model.n_layers),
+      RINGATTN_CONFIG_KEY(model.n_heads),
+      RINGATTN_CONFIG_KEY(model.n_kv_heads),
+      RINGATTN_CONFIG_KEY(model.head_dim),
+      RINGATTN_CONFIG_KEY(model.ffn_hidden),
+      RINGATTN_CONFIG_KEY(model.tied_embeddings),
+      RINGATTN_CONFIG_KEY(model.rope_theta),
+      RINGATTN_CONFIG_KEY(model.norm_eps),
+      RINGATTN_CONFIG_KEY(model.init_std),
+      RINGATTN_CONFIG_KEY(train.seq_len),
+      RINGATTN_CONFIG_KEY(train.batch_size),
+      RINGATTN_CONFIG_KEY(train.grad_accum),
+      RINGATTN_CONFIG_KEY(train.steps),
+      RINGATTN_CONFIG_KEY(train.lr),
+      RINGATTN_CONFIG_KEY(train.min_lr),
+      RINGATTN_CONFIG_KEY(train.warmup_steps),
+      RINGATTN_CONFIG_KEY(train.weight_decay),
+      RINGATTN_CONFIG_KEY(train.beta1),
+      RINGATTN_CONFIG_KEY(train.beta2),
+      RINGATTN_CONFIG_KEY(train.adam_eps),
+      RINGATTN_CONFIG_KEY(train.grad_clip),
+      RINGATTN_CONFIG_KEY(train.seed),
+      RINGATTN_CONFIG_KEY(train.recompute),
+      RINGATTN_CONFIG_KEY(train.deterministic),
+      RINGATTN_CONFIG_KEY(train.log_every),
+      RINGATTN_CONFIG_KEY(train.eval_every),
+      RINGATTN_CONFIG_KEY(train.eval_batches),
+      RINGATTN_CONFIG_KEY(train.checkpoint_every),
+      RINGATTN_CONFIG_KEY(train.keep_checkpoints),
+      RINGATTN_CONFIG_KEY(parallel.dp),
+      RINGATTN_CONFIG_KEY(parallel.cp),
+      RINGATTN_CONFIG_KEY(parallel.layout),
+      RINGATTN_CONFIG_KEY(data.source),
+      RINGATTN_CONFIG_KEY(data.train_path),
+      RINGATTN_CONFIG_KEY(data.val_path),
+      RINGATTN_CONFIG_KEY(data.retrieval.pairs),
+      RINGATTN_CONFIG_KEY(data.retrieval.key_tokens),
+      RINGATTN_CONFIG_KEY(data.retrieval.value_tokens),
+      RINGATTN_CONFIG_KEY(data.retrieval.queries),
+      RINGATTN_CONFIG_KEY(run.dir),
+      RINGATTN_CONFIG_KEY(run.backend),
+      RINGATTN_CONFIG_KEY(run.resume),
+  };
+  return table;
+}
+
+#undef RINGATTN_CONFIG_KEY
+
+const KeyInfo* find_key(std::string_view key) {
+  for (const KeyInfo& info : key_table()) {
+    if (info.key == key) return &info;
+  }
+  return nullptr;
+}
+
+// A section is a strict prefix of keys: "train", "data", "data.retrieval".
+bool is_section(std::string_view name) {
+  return std::any_of(key_table().begin(), key_table().end(), [&](const KeyInfo& info) {
+    return info.key.size() > name.size() && info.key.starts_with(name) &&
+           info.key[name.size()] == '.';
+  });
+}
+
+std::string first_key_of(std::string_view section) {
+  for (const KeyInfo& info : key_table()) {
+    if (info.key.starts_with(std::string(section) + ".")) return info.key;
+  }
+  return {};
+}
+
+// ---- unknown keys: the nearest known one --------------------------------------------------------
+
+// Optimal string alignment distance: edits are insertions, deletions, substitutions and swaps
+// of neighbours (the usual typos).
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::string_view leaf_of(std::string_view key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string_view::npos ? key : key.substr(dot + 1);
+}
+
+// "learning_rate" -> "lr": the first letter of each word.
+std::string initials(std::string_view name) {
+  std::string letters;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] != '_' && (i == 0 || name[i - 1] == '_')) letters += name[i];
+  }
+  return letters;
+}
+
+// A key whose last part is the same as the unknown one's (in another section: "model.seq_len" ->
+// "train.seq_len") or its initials ("train.learning_rate" -> "train.lr") first, else the key or
+// section with the fewest edits.
+std::string nearest_name(std::string_view unknown) {
+  const std::string_view leaf = leaf_of(unknown);
+  for (const KeyInfo& info : key_table()) {
+    if (leaf_of(info.key) == leaf) return info.key;
+  }
+  for (const KeyInfo& info : key_table()) {
+    if (leaf.find('_') != std::string_view::npos && leaf_of(info.key) == initials(leaf)) {
+      return info.key;
+    }
+  }
+  std::vector<std::string> names;
+  for (const KeyInfo& info : key_table()) {
+    names.push_back(info.key);
+    for (auto dot = info.key.find('.'); dot != std::string::npos;
+         dot = info.key.find('.', dot + 1)) {
+      names.push_back(info.key.substr(0, dot));
+    }
+  }
+  std::string best;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (const std::string& name : names) {
+    const std::size_t distance = edit_distance(unknown, name);
+    if (distance < best_distance) {
+      best = name;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::string unknown_key_message(std::string_view key) {
+  return detail::concat("unknown key '", key, "'; did you mean '", nearest_name(key), "'?");
+}
+
+// ---- reading YAML -------------------------------------------------------------------------------
+
+std::string node_kind(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "empty";
+    default:
+      return "'" + node.Scalar() + "'";
+  }
+}
+
+class YamlReader {
+ public:
+  YamlReader(std::string source, TrainConfig& config)
+      : source_(std::move(source)), config_(config) {}
+
+  void read_document(const YAML::Node& root) {
+    if (root.IsNull()) return;  // an empty document: every key keeps its default
+    if (!root.IsMap()) {
+      fail_at(root, "the document is ", node_kind(root),
+              "; expected a map of sections (model, "
+              "train, parallel, data, run)");
+    }
+    read_map(root, "");
+  }
+
+ private:
+  template <typename... Parts>
+  [[noreturn]] void fail_at(const YAML::Node& node, const Parts&... parts) {
+    detail::fail("load_config", source_, ":", node.Mark().line + 1, ": ", parts...);
+  }
+
+  void read_map(const YAML::Node& map, const std::string& prefix) {
+    for (const auto& entry : map) {
+      const std::string name =
+          prefix.empty() ? entry.first.Scalar() : prefix + "." + entry.first.Scalar();
+      const YAML::Node& value = entry.second;
+      const auto [previous, inserted] = lines_.emplace(name, entry.first.Mark().line + 1);
+      if (!inserted) {
+        fail_at(entry.first, "key '", name, "' is given twice (first on line ", previous->second,
+                ")");
+      }
+      if (const KeyInfo* info = find_key(name)) {
+        read_value(*info, value);
+      } else if (is_section(name)) {
+        if (value.IsMap()) {
+          read_map(value, name);
+        } else if (!value.IsNull()) {
+          fail_at(value, name, " is ", node_kind(value), "; expected a map of keys such as '",
+                  first_key_of(name), "'");
+        }
+      } else {
+        fail_at(entry.first, unknown_key_message(name));
+      }
+    }
+  }
+
+  void read_value(const KeyInfo& info, const YAML::Node& value) {
+    if (value.IsNull() && info.is_text) {
+      info.parse(config_, "");
+      return;
+    }
+    if (!value.IsScalar()) {
+      fail_at(value, info.key, " is ", node_kind(value), "; expected ", info.expected);
+    }
+    if (!info.parse(config_, value.Scalar())) {
+      fail_at(value, info.key, " is '", value.Scalar(), "'; expected ", info.expected);
+    }
+  }
+
+  std::string source_;
+  TrainConfig& config_;
+  std::map<std::string, int> lines_;  // key -> line where it was first given
+};
+
+// ---- validation ---------------------------------------------------------------------------------
+
+class Problems {
+ public:
+  template <typename T>
+  void at_least(std::string_view key, T value, T min) {
+    if (!(value >= min))
+      add(key, " is ", format_value(value), "; expected at least ", format_value(min));
+  }
+  void positive(std::string_view key, double value) {
+    if (!(value > 0.0)) add(key, " is ", format_value(value), "; expected a number > 0");
+  }
+  void unit_interval(std::string_view key, double value) {
+    if (!(value >= 0.0 && value < 1.0)) {
+      add(key, " is ", format_value(value), "; expected 0 <= ", leaf_of(key), " < 1");
+    }
+  }
+  template <typename... Parts>
+  void add(const Parts&... parts) {
+    lines_.push_back(detail::concat(parts...));
+  }
+  void throw_if_any() const {
+    if (lines_.empty()) return;
+    if (lines_.size() == 1) detail::fail("validate_config", lines_.front());
+    std::string text = std::to_string(lines_.size()) + " problems in the config:";
+    for (const std::string& line : lines_) text += "\n  " + line;
+    detail::fail("validate_config", text);
+  }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+}  // namespace
+
+// ---- public -------------------------------------------------------------------------------------
+
+std::string_view source_name(DataSource source) {
+  return enum_name(source);
+}
+std::string_view backend_name(Backend backend) {
+  return enum_name(backend);
+}
+
+const std::vector<std::string>& config_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> names;
+    for (const KeyInfo& info : key_table()) names.push_back(info.key);
+    return names;
+  }();
+  return keys;
+}
+
+TrainConfig load_config_string(std::string_view yaml, std::string_view source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& error) {
+    detail::fail("load_config", source, ":", error.mark.line + 1, ":", error.mark.column + 1,
+                 ": YAML syntax error: ", error.msg);
+  }
+  TrainConfig config;
+  YamlReader(std::string(source), config).read_document(root);
+  return config;
+}
+
+TrainConfig load_config_file(const std::filesystem::path& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) {
+    detail::fail_as(ErrorKind::io, "load_config", "config file '", path.string(),
+                    "' does not exist");
+  }
+  if (std::filesystem::is_directory(path, error)) {
+    detail::fail_as(ErrorKind::io, "load_config", "config file '", path.string(),
+                    "' is a directory; expected a YAML file");
+  }
+  std::ifstream file(path, std::ios::binary);
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (!file) {
+    detail::fail_as(ErrorKind::io, "load_config", "config file '", path.string(),
+                    "' could not be read");
+  }
+  return load_config_string(text.str(), path.string());
+}
+
+void apply_override(TrainConfig& config, std::string_view assignment) {
+  const auto equals = assignment.find('=');
+  if (equals == std::string_view::npos || equals == 0) {
+    detail::fail("apply_override", "--set '", assignment,
+                 "' is not of the form key=value (e.g. "
+                 "train.lr=3e-4)");
+  }
+  const std::string_view key = assignment.substr(0, equals);
+  const std::string_view text = assignment.substr(equals + 1);
+  const KeyInfo* info = find_key(key);
+  if (info == nullptr) {
+    if (is_section(key)) {
+      detail::fail("apply_override", "--set ", assignment, ": '", key,
+                   "' is a section; --set takes a whole key such as '", first_key_of(key), "'");
+    }
+    detail::fail("apply_override", "--set ", assignment, ": ", unknown_key_message(key));
+  }
+  if (!info->parse(config, text)) {
+    detail::fail("apply_override", "--set ", assignment, ": ", key, " is '", text, "'; expected ",
+                 info->expected);
+  }
+}
+
+void apply_overrides(TrainConfig& config, std::span<const std::string> assignments) {
+  for (const std::string& assignment : assignments) apply_override(config, assignment);
+}
+
+std::string dump_config(const TrainConfig& config) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::vector<std::string> open;  // the sections now open, outermost first
+  for (const KeyInfo& info : key_table()) {
+    const std::optional<std::string> text = info.format(config);
+    if (!text) continue;
+    std::vector<std::string> parts;
+    std::stringstream stream(info.key);
+    for (std::string part; std::getline(stream, part, '.');) parts.push_back(part);
+    const std::vector<std::string> sections(parts.begin(), parts.end() - 1);
+    std::size_t common = 0;
+    while (common < open.size() && common < sections.size() && open[common] == sections[common]) {
+      ++common;
+    }
+    for (; open.size() > common; open.pop_back()) out << YAML::EndMap;
+    for (; open.size() < sections.size(); open.push_back(sections[open.size()])) {
+      out << YAML::Key << sections[open.size()] << YAML::Value << YAML::BeginMap;
+    }
+    out << YAML::Key << parts.back() << YAML::Value;
+    // Quoted, so that a path like "null", "~" or "true" stays a string.
+    if (info.is_text) out << YAML::DoubleQuoted;
+    out << *text;
+  }
+  for (; !open.empty(); open.pop_back()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+void validate(const TrainConfig& config, int world_size) {
+  Problems p;
+  const ModelConfig& m = config.model;
+  p.at_least("model.vocab_size", m.vocab_size, 2);
+  p.at_least("model.d_model", m.d_model, 1);
+  p.at_least("model.n_layers", m.n_layers, 1);
+  p.at_least("model.n_heads", m.n_heads, 1);
+  p.at_least("model.n_kv_heads", m.n_kv_heads, 1);
+  if (m.n_heads >= 1 && m.n_kv_heads >= 1 && m.n_heads % m.n_kv_heads != 0) {
+    p.add("model.n_heads (", m.n_heads, ") is not a multiple of model.n_kv_heads (", m.n_kv_heads,
+          "); grouped-query attention shares each K/V head among n_heads / n_kv_heads query heads");
+  }
+  if (m.head_dim) {
+    p.at_least("model.head_dim", *m.head_dim, 1);
+  } else if (m.d_model >= 1 && m.n_heads >= 1 && m.d_model % m.n_heads != 0) {
+    p.add("model.d_model (", m.d_model, ") is not a multiple of model.n_heads (", m.n_heads,
+          "); set model.head_dim or choose n_heads dividing d_model");
+  }
+  if (m.n_heads >= 1 && m.resolved_head_dim() >= 1 && m.resolved_head_dim() % 2 != 0) {
+    p.add("the head dimension ", m.resolved_head_dim(),
+          m.head_dim ? " (model.head_dim)" : " (model.d_model / model.n_heads)",
+          " is odd; RoPE rotates pairs of dimensions, so it must be even");
+  }
+  p.at_least("model.ffn_hidden", m.ffn_hidden, 1);
+  p.positive("model.rope_theta", m.rope_theta);
+  p.positive("model.norm_eps", m.norm_eps);
+  p.positive("model.init_std", m.init_std);
+
+  const TrainingConfig& t = config.train;
+  p.at_least("train.seq_len", t.seq_len, 1);
+  p.at_least("train.batch_size", t.batch_size, 1);
+  p.at_least("train.grad_accum", t.grad_accum, 1);
+  p.at_least("train.steps", t.steps, 1);
+  p.positive("train.lr", t.lr);
+  if (!(t.min_lr >= 0.0 && t.min_lr <= t.lr)) {
+    p.add("train.min_lr is ", format_value(t.min_lr), "; expected 0 <= min_lr <= train.lr (",
+          format_value(t.lr), ")");
+  }
+  p.at_least("train.warmup_steps", t.warmup_steps, 0);
+  if (t.warmup_steps > t.steps) {
+    p.add("train.warmup_steps (", t.warmup_steps, ") is more than train.steps (", t.steps, ")");
+  }
+  p.at_least("train.weight_decay", t.weight_decay, 0.0);
+  p.unit_interval("train.beta1", t.beta1);
+  p.unit_interval("train.beta2", t.beta2);
+  p.positive("train.adam_eps", t.adam_eps);
+  p.at_least("train.grad_clip", t.grad_clip, 0.0);
+  p.at_least("train.log_every", t.log_every, 1);
+  p.at_least("train.eval_every", t.eval_every, 0);
+  p.at_least("train.eval_batches", t.eval_batches, 1);
+  p.at_least("train.checkpoint_every", t.checkpoint_every, 0);
+  p.at_least("train.keep_checkpoints", t.keep_checkpoints, 1);
+
+  const ParallelConfig& par = config.parallel;
+  p.at_least("parallel.dp", par.dp, 1);
+  p.at_least("parallel.cp", par.cp, 1);
+  if (par.dp >= 1 && par.cp >= 1 && std::int64_t{par.dp} * par.cp != world_size) {
+    p.add("parallel.dp x parallel.cp = ", par.dp, " x ", par.cp, " = ",
+          std::int64_t{par.dp} * par.cp, " ranks, but the job has ", world_size,
+          "; choose dp and cp with dp * cp = ", world_size);
+  }
+  if (par.cp >= 1 && t.seq_len >= 1) {
+    const int chunks = chunk_count(par.cp, par.layout);
+    if (t.seq_len % chunks != 0) {
+      p.add("train.seq_len (", t.seq_len, ") is not a multiple of ",
+            par.layout == ShardLayout::zigzag ? "2 * parallel.cp = " : "parallel.cp = ", chunks,
+            ", which the ", layout_name(par.layout), " layout needs");
+    }
+  }
+
+  const DataConfig& d = config.data;
+  if (d.source == DataSource::hdf5) {
+    if (d.train_path.empty()) p.add("data.train_path is empty; data.source hdf5 needs a dataset");
+    if (t.eval_every > 0 && d.val_path.empty()) {
+      p.add("data.val_path is empty; evaluation (train.eval_every = ", t.eval_every,
+            ") needs a validation dataset; set it or set train.eval_every to 0");
+    }
+  } else {
+    const RetrievalSpec spec{m.vocab_size,
+                             t.seq_len,
+                             d.retrieval.pairs,
+                             d.retrieval.key_tokens,
+                             d.retrieval.value_tokens,
+                             d.retrieval.queries,
+                             t.seed};
+    for (const std::string& line : check_retrieval_spec(spec)) p.add(line);
+  }
+
+  if (config.run.dir.empty()) p.add("run.dir is empty; expected the run's directory");
+  p.throw_if_any();
+}
+
+}  // namespace ringattn::train

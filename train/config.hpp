@@ -1,0 +1,157 @@
+// TrainConfig: everything a training run is told, read from YAML, changed by `--set key=value`,
+// checked before any work starts, and written back into every checkpoint.
+//
+// A config file has five sections; every key has a default (the defaults are the tiny-cpu run,
+// configs/tiny-cpu.yaml, so `TrainConfig{}` is the embedded default), a file sets only what it
+// changes:
+//
+//   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim ffn_hidden tied_embeddings
+//             rope_theta norm_eps init_std
+//   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
+//             adam_eps grad_clip seed recompute deterministic log_every eval_every eval_batches
+//             checkpoint_every keep_checkpoints
+//   parallel: dp cp layout
+//   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
+//   run:      dir backend resume
+//
+// Keys are named by their dotted path (`train.lr`, `data.retrieval.pairs`), in files, in `--set`
+// and in every message. All errors are ringattn::Error: a file that cannot be read is
+// ErrorKind::io, everything else ErrorKind::invalid_argument; the message names the file (and
+// line), the key, the value and what was expected.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "train/shard_ranges.hpp"
+
+namespace ringattn::train {
+
+struct ModelConfig {
+  int vocab_size = 256;
+  int d_model = 64;
+  int n_layers = 2;
+  int n_heads = 4;
+  int n_kv_heads = 2;           // grouped-query attention: n_heads % n_kv_heads == 0
+  std::optional<int> head_dim;  // absent: d_model / n_heads
+  int ffn_hidden = 176;         // SwiGLU hidden width
+  bool tied_embeddings = true;  // the output head reuses the token embedding
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;  // RMSNorm epsilon
+  double init_std = 0.02;  // standard deviation of the initial weights
+
+  int resolved_head_dim() const { return head_dim ? *head_dim : d_model / n_heads; }
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+// The `train` section.
+struct TrainingConfig {
+  int seq_len = 256;     // tokens per sequence (the whole context, over all cp ranks)
+  int batch_size = 8;    // sequences per data-parallel rank per micro-step
+  int grad_accum = 1;    // micro-steps per optimizer step
+  int steps = 100;       // optimizer steps
+  double lr = 3e-3;      // peak learning rate, after linear warmup
+  double min_lr = 3e-4;  // the end of the cosine decay
+  int warmup_steps = 10;
+  double weight_decay = 0.1;  // AdamW, decoupled
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double grad_clip = 1.0;      // the largest global gradient norm; 0 turns clipping off
+  std::uint64_t seed = 1234;   // initial weights and data order
+  bool recompute = false;      // recompute each block's activations in backward
+  bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
+  int log_every = 10;          // steps between log lines
+  int eval_every = 50;         // steps between evaluations; 0: never
+  int eval_batches = 4;        // batches per evaluation
+  int checkpoint_every = 0;    // steps between checkpoints; 0: only at the end and on a signal
+  int keep_checkpoints = 3;    // the newest this many are kept
+
+  friend bool operator==(const TrainingConfig&, const TrainingConfig&) = default;
+};
+
+struct ParallelConfig {
+  int dp = 1;  // data-parallel groups
+  int cp = 2;  // context-parallel ranks per group (the ring)
+  ShardLayout layout = ShardLayout::zigzag;
+
+  friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
+};
+
+enum class DataSource { hdf5, retrieval };
+
+// The synthetic key-value retrieval task (train/retrieval_task.hpp).
+struct RetrievalConfig {
+  int pairs = 8;         // key-value pairs scattered through each sequence
+  int key_tokens = 1;    // tokens per key
+  int value_tokens = 1;  // tokens per value (the answer of a query)
+  int queries = 8;       // queries at the end of each sequence, distinct pairs
+
+  friend bool operator==(const RetrievalConfig&, const RetrievalConfig&) = default;
+};
+
+struct DataConfig {
+  DataSource source = DataSource::retrieval;
+  std::string train_path;  // HDF5 token dataset (train/token_dataset.hpp), source hdf5
+  std::string val_path;    // the same for evaluation; needed when train.eval_every > 0
+  RetrievalConfig retrieval;
+
+  friend bool operator==(const DataConfig&, const DataConfig&) = default;
+};
+
+enum class Backend { automatic, cuda, cpu };  // YAML: auto, cuda, cpu
+
+struct RunConfig {
+  std::string dir = "runs/tiny-cpu";  // checkpoints and metrics.jsonl
+  Backend backend = Backend::automatic;
+  std::string resume;  // "": start fresh; "latest": newest checkpoint in dir; a path
+
+  friend bool operator==(const RunConfig&, const RunConfig&) = default;
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  TrainingConfig train;
+  ParallelConfig parallel;
+  DataConfig data;
+  RunConfig run;
+
+  friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
+};
+
+// Reads a YAML file: keys it does not set keep their defaults. Throws on a missing or unreadable
+// file (io), a YAML syntax error, an unknown key (with the nearest known key), a key given twice
+// or a value of the wrong type. Ranges and combinations are validate()'s job.
+TrainConfig load_config_file(const std::filesystem::path& path);
+
+// The same from YAML text; `source` names it in messages (e.g. "<embedded tiny-cpu>").
+TrainConfig load_config_string(std::string_view yaml, std::string_view source);
+
+// Applies one `--set` assignment "key=value" (`train.lr=3e-4`, `run.resume=latest`,
+// `run.resume=` for the empty string). Throws for a missing '=', an unknown key or a value of the
+// wrong type.
+void apply_override(TrainConfig& config, std::string_view assignment);
+void apply_overrides(TrainConfig& config, std::span<const std::string> assignments);
+
+// YAML that load_config_string reads back into an equal config (numbers keep every bit).
+std::string dump_config(const TrainConfig& config);
+
+// Checks ranges and combinations for a job of `world_size` ranks: positive sizes, n_heads %
+// n_kv_heads, d_model % n_heads (when head_dim is not given), an even head_dim (RoPE), seq_len a
+// multiple of the layout's chunk count (2 cp for zigzag, cp for contiguous), dp * cp ==
+// world_size, paths the data source needs, the retrieval task fitting in a sequence, ... Every
+// problem is reported, one per line, each naming its key(s) and value(s).
+void validate(const TrainConfig& config, int world_size);
+
+// Every key, dotted, in file order.
+const std::vector<std::string>& config_keys();
+
+std::string_view source_name(DataSource source);
+std::string_view backend_name(Backend backend);
+
+}  // namespace ringattn::train

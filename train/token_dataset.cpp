@@ -1,0 +1,139 @@
+#include "train/token_dataset.hpp"
+
+#include <vector>
+
+#include "ringattn/error.hpp"
+#include "src/hdf5_check.hpp"
+
+namespace ringattn::train {
+namespace {
+
+constexpr const char* kWhere = "TokenDataset";
+
+template <typename... Parts>
+[[noreturn]] void fail_file(const std::string& file, const Parts&... parts) {
+  detail::fail_as(ErrorKind::io, kWhere, "token dataset '", file, "': ", parts...);
+}
+
+}  // namespace
+
+TokenDataset::TokenDataset(const std::filesystem::path& path, int model_vocab_size,
+                           std::int64_t seq_len)
+    : path_(path), name_(path.string()), seq_len_(seq_len) {
+  if (seq_len < 1) detail::fail(kWhere, "seq_len is ", seq_len, "; expected at least 1");
+  file_ = open_hdf5_file(path, "token dataset", kWhere);
+
+  if (H5Lexists(file_.get(), "tokens", H5P_DEFAULT) <= 0) {
+    fail_file(name_, "no dataset 'tokens' (expected a 1-D uint16 or uint32 array of token ids)");
+  }
+  tokens_ = Hdf5Id(H5Dopen2(file_.get(), "tokens", H5P_DEFAULT), H5Dclose);
+  if (!tokens_) {
+    H5Eclear2(H5E_DEFAULT);
+    fail_file(name_, "'tokens' is not a dataset (expected a 1-D uint16 or uint32 array)");
+  }
+
+  const Hdf5Id type(RINGATTN_HDF5_CHECK(H5Dget_type(tokens_.get()), name_), H5Tclose);
+  token_type_ = describe_hdf5_type(type.get());
+  if (token_type_ != "uint16" && token_type_ != "uint32") {
+    fail_file(name_, "'tokens' has type ", token_type_, "; expected uint16 or uint32");
+  }
+  const Hdf5Id space(RINGATTN_HDF5_CHECK(H5Dget_space(tokens_.get()), name_), H5Sclose);
+  const int rank = RINGATTN_HDF5_CHECK(H5Sget_simple_extent_ndims(space.get()), name_);
+  if (rank != 1) {
+    std::vector<hsize_t> dims(rank);
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    std::string shape;
+    for (const hsize_t d : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    fail_file(name_, "'tokens' has ", rank, " dimensions [", shape, "]; expected 1");
+  }
+  hsize_t size = 0;
+  H5Sget_simple_extent_dims(space.get(), &size, nullptr);
+  num_tokens_ = static_cast<std::int64_t>(size);
+
+  const H5T_class_t vocab_class = attribute_class(tokens_.get(), "vocab_size");
+  if (vocab_class == H5T_NO_CLASS) {
+    fail_file(name_, "'tokens' has no attribute 'vocab_size' (expected an integer)");
+  }
+  if (vocab_class != H5T_INTEGER) {
+    fail_file(name_, "attribute 'vocab_size' of 'tokens' is not an integer");
+  }
+  const std::int64_t vocab = read_int_attribute(tokens_.get(), "vocab_size", name_);
+  const std::int64_t type_limit =
+      token_type_ == "uint16" ? std::int64_t{1} << 16 : std::int64_t{1} << 31;
+  if (vocab < 1 || vocab > type_limit) {
+    fail_file(name_, "attribute 'vocab_size' is ", vocab, "; expected 1 to ", type_limit, " for ",
+              token_type_, " tokens");
+  }
+  vocab_size_ = static_cast<int>(vocab);
+
+  const H5T_class_t tokenizer_class = attribute_class(tokens_.get(), "tokenizer");
+  if (tokenizer_class == H5T_NO_CLASS) {
+    fail_file(name_, "'tokens' has no attribute 'tokenizer' (expected a string such as \"byte\")");
+  }
+  if (tokenizer_class != H5T_STRING) {
+    fail_file(name_, "attribute 'tokenizer' of 'tokens' is not a string");
+  }
+  tokenizer_ = read_string_attribute(tokens_.get(), "tokenizer", name_);
+
+  if (vocab_size_ > model_vocab_size) {
+    detail::fail(kWhere, "token dataset '", name_, "' has vocab_size ", vocab_size_,
+                 " (tokenizer '", tokenizer_, "'), more than model.vocab_size ", model_vocab_size);
+  }
+  if (num_tokens_ < seq_len + 1) {
+    detail::fail(kWhere, "token dataset '", name_, "' holds ", num_tokens_,
+                 " tokens; one sequence of train.seq_len = ", seq_len, " needs ", seq_len + 1);
+  }
+}
+
+void TokenDataset::read_tokens(std::int64_t begin, std::span<std::int32_t> out) const {
+  const auto count = static_cast<std::int64_t>(out.size());
+  if (begin < 0 || begin + count > num_tokens_) {
+    detail::fail(kWhere, "read of tokens [", begin, ", ", begin + count, ") of '", name_,
+                 "', which holds ", num_tokens_);
+  }
+  if (count == 0) return;
+  const Hdf5Id file_space(RINGATTN_HDF5_CHECK(H5Dget_space(tokens_.get()), name_), H5Sclose);
+  const hsize_t start = static_cast<hsize_t>(begin), size = static_cast<hsize_t>(count);
+  RINGATTN_HDF5_CHECK(
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &size, nullptr),
+      name_);
+  const Hdf5Id memory_space(RINGATTN_HDF5_CHECK(H5Screate_simple(1, &size, nullptr), name_),
+                            H5Sclose);
+  // HDF5 widens uint16 to uint32 on the way; the values then fit int32 (vocab_size <= 2^31).
+  std::vector<std::uint32_t> raw(out.size());
+  RINGATTN_HDF5_CHECK(H5Dread(tokens_.get(), H5T_NATIVE_UINT32, memory_space.get(),
+                              file_space.get(), H5P_DEFAULT, raw.data()),
+                      name_);
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] >= static_cast<std::uint32_t>(vocab_size_)) {
+      fail_file(name_, "token ", raw[i], " at position ", begin + static_cast<std::int64_t>(i),
+                " is outside the vocabulary [0, ", vocab_size_, ")");
+    }
+    out[i] = static_cast<std::int32_t>(raw[i]);
+  }
+}
+
+TokenShard TokenDataset::read_shard(std::int64_t sequence,
+                                    std::span<const TokenRange> ranges) const {
+  if (sequence < 0 || sequence >= num_sequences()) {
+    detail::fail(kWhere, "sequence ", sequence, " of '", name_, "' does not exist; it has ",
+                 num_sequences(), " of train.seq_len = ", seq_len_);
+  }
+  const std::int64_t start = sequence * seq_len_;
+  TokenShard shard;
+  std::vector<std::int32_t> window;
+  for (const TokenRange& range : ranges) {
+    if (range.begin < 0 || range.end > seq_len_ || range.begin >= range.end) {
+      detail::fail(kWhere, "range [", range.begin, ", ", range.end,
+                   ") is not a non-empty part of a sequence of ", seq_len_, " tokens");
+    }
+    window.resize(static_cast<std::size_t>(range.size() + 1));
+    read_tokens(start + range.begin, window);
+    shard.inputs.insert(shard.inputs.end(), window.begin(), window.end() - 1);
+    shard.targets.insert(shard.targets.end(), window.begin() + 1, window.end());
+  }
+  shard.loss_mask.assign(shard.inputs.size(), 1.0f);
+  return shard;
+}
+
+}  // namespace ringattn::train

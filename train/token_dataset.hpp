@@ -1,0 +1,64 @@
+// The HDF5 token dataset the trainer reads: one file holding
+//
+//   /tokens                      1-D dataset, uint16 or uint32, the token ids of a corpus
+//   /tokens attribute vocab_size  integer: every token is < vocab_size
+//   /tokens attribute tokenizer   string: how text became tokens ("byte": one token per byte)
+//
+// (tools/data.cpp, `ringattn-data`, writes it from text files; train/token_dataset_writer.hpp.)
+// Sequences are windows of seq_len + 1 tokens (train/sequence_sampler.hpp says which one is read
+// when), and a context-parallel rank reads only its shard of each, by hyperslab: for every range
+// of its layout (train/shard_ranges.hpp) the range plus the one token after it.
+//
+// Every problem with the file is a ringattn::Error naming the file and what is wrong with it,
+// never a crash: missing file, not HDF5, corrupt, no `tokens`, wrong type or rank, a missing or
+// mistyped attribute (ErrorKind::io); a vocabulary larger than the model's, or fewer tokens than
+// one sequence (ErrorKind::invalid_argument); a token >= vocab_size found by a read (io).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+
+#include "train/hdf5_objects.hpp"
+#include "train/shard_ranges.hpp"
+
+namespace ringattn::train {
+
+class TokenDataset {
+ public:
+  // Opens `path` for sequences of seq_len + 1 tokens, for a model whose vocabulary has
+  // model_vocab_size tokens (the dataset's vocab_size may be smaller: a model may pad its
+  // vocabulary, never cut it).
+  TokenDataset(const std::filesystem::path& path, int model_vocab_size, std::int64_t seq_len);
+
+  const std::filesystem::path& path() const { return path_; }
+  std::int64_t num_tokens() const { return num_tokens_; }
+  int vocab_size() const { return vocab_size_; }
+  const std::string& tokenizer() const { return tokenizer_; }
+  const std::string& token_type() const { return token_type_; }  // "uint16" or "uint32"
+  std::int64_t seq_len() const { return seq_len_; }
+  // Windows of seq_len + 1 tokens starting at multiples of seq_len: (num_tokens - 1) / seq_len.
+  std::int64_t num_sequences() const { return (num_tokens_ - 1) / seq_len_; }
+
+  // Tokens [begin, begin + out.size()) of the file.
+  void read_tokens(std::int64_t begin, std::span<std::int32_t> out) const;
+
+  // This rank's shard of sequence `sequence` (0 <= sequence < num_sequences()): for each range
+  // [b, e) of `ranges` (global positions within the sequence), inputs = tokens b..e-1 and
+  // targets = tokens b+1..e of the sequence; the loss mask is all ones.
+  TokenShard read_shard(std::int64_t sequence, std::span<const TokenRange> ranges) const;
+
+ private:
+  std::filesystem::path path_;
+  std::string name_;  // path_ as text, for messages
+  Hdf5Id file_;
+  Hdf5Id tokens_;
+  std::int64_t num_tokens_ = 0;
+  int vocab_size_ = 0;
+  std::string tokenizer_;
+  std::string token_type_;
+  std::int64_t seq_len_ = 0;
+};
+
+}  // namespace ringattn::train

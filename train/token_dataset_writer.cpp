@@ -1,0 +1,92 @@
+#include "train/token_dataset_writer.hpp"
+
+#include <vector>
+
+#include "ringattn/error.hpp"
+#include "src/hdf5_check.hpp"
+#include "train/atomic_file.hpp"
+
+namespace ringattn::train {
+namespace {
+
+constexpr const char* kWhere = "TokenDatasetWriter";
+
+}  // namespace
+
+TokenDatasetWriter::TokenDatasetWriter(const std::filesystem::path& path, std::int64_t num_tokens,
+                                       int vocab_size, const std::string& tokenizer)
+    : path_(path),
+      temporary_(path.string() + ".tmp"),
+      name_(path.string()),
+      num_tokens_(num_tokens),
+      vocab_size_(vocab_size) {
+  if (num_tokens < 0) detail::fail(kWhere, "num_tokens is ", num_tokens, "; expected >= 0");
+  if (vocab_size < 1) detail::fail(kWhere, "vocab_size is ", vocab_size, "; expected >= 1");
+  file_ = create_hdf5_file(temporary_, kWhere);
+  const hid_t type = vocab_size <= (1 << 16) ? H5T_STD_U16LE : H5T_STD_U32LE;
+  const hsize_t size = static_cast<hsize_t>(num_tokens);
+  const Hdf5Id space(RINGATTN_HDF5_CHECK(H5Screate_simple(1, &size, nullptr), name_), H5Sclose);
+  tokens_ = Hdf5Id(RINGATTN_HDF5_CHECK(H5Dcreate2(file_.get(), "tokens", type, space.get(),
+                                                  H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                       name_),
+                   H5Dclose);
+  write_attribute(tokens_.get(), "vocab_size", std::int64_t{vocab_size}, name_);
+  write_attribute(tokens_.get(), "tokenizer", tokenizer, name_);
+}
+
+TokenDatasetWriter::~TokenDatasetWriter() {
+  if (finished_) return;
+  tokens_.reset();
+  file_.reset();
+  std::error_code ignored;
+  std::filesystem::remove(temporary_, ignored);
+}
+
+void TokenDatasetWriter::append(std::span<const std::int32_t> tokens) {
+  const auto count = static_cast<std::int64_t>(tokens.size());
+  if (written_ + count > num_tokens_) {
+    detail::fail(kWhere, "'", name_, "': appending ", count, " tokens after ", written_,
+                 " would pass the ", num_tokens_, " the dataset was created for");
+  }
+  if (count == 0) return;
+  std::vector<std::uint32_t> values(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size_) {
+      detail::fail(kWhere, "'", name_, "': token ", tokens[i], " at position ",
+                   written_ + static_cast<std::int64_t>(i), " is outside the vocabulary [0, ",
+                   vocab_size_, ")");
+    }
+    values[i] = static_cast<std::uint32_t>(tokens[i]);
+  }
+  const Hdf5Id file_space(RINGATTN_HDF5_CHECK(H5Dget_space(tokens_.get()), name_), H5Sclose);
+  const hsize_t start = static_cast<hsize_t>(written_), size = static_cast<hsize_t>(count);
+  RINGATTN_HDF5_CHECK(
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &size, nullptr),
+      name_);
+  const Hdf5Id memory_space(RINGATTN_HDF5_CHECK(H5Screate_simple(1, &size, nullptr), name_),
+                            H5Sclose);
+  RINGATTN_HDF5_CHECK(H5Dwrite(tokens_.get(), H5T_NATIVE_UINT32, memory_space.get(),
+                               file_space.get(), H5P_DEFAULT, values.data()),
+                      name_);
+  written_ += count;
+}
+
+void TokenDatasetWriter::finish() {
+  if (written_ != num_tokens_) {
+    detail::fail(kWhere, "'", name_, "': finish() after ", written_, " of ", num_tokens_,
+                 " tokens");
+  }
+  tokens_.reset();
+  RINGATTN_HDF5_CHECK(H5Fclose(file_.release()), name_);
+  publish_file(temporary_, path_);
+  finished_ = true;
+}
+
+void write_token_dataset(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
+                         int vocab_size, const std::string& tokenizer) {
+  TokenDatasetWriter writer(path, static_cast<std::int64_t>(tokens.size()), vocab_size, tokenizer);
+  writer.append(tokens);
+  writer.finish();
+}
+
+}  // namespace ringattn::train
