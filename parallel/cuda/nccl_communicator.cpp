@@ -1,8 +1,10 @@
 #include "parallel/cuda/nccl_communicator.hpp"
 
+#include <cstdio>
 #include <string>
 
 #include "ringattn/error.hpp"
+#include "ringattn/ring.hpp"
 #include "src/cuda/cuda_check.hpp"
 #include "src/mpi_check.hpp"
 
@@ -40,7 +42,12 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  // Transfers still queued must finish before the communicator goes; destructors only log.
+  RINGATTN_CUDA_LOG(cudaStreamSynchronize(comm_stream_.get()));
+  if (comm_ != nullptr) {
+    const ncclResult_t status = ncclCommDestroy(comm_);
+    if (status != ncclSuccess) std::fprintf(stderr, "ringattn: ncclCommDestroy failed: %s\n", ncclGetErrorString(status));
+  }
 }
 
 void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, void* recv,
@@ -86,6 +93,12 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const 
 
 void NcclCommunicator::host_all_gather(const void* send, std::size_t bytes, void* recv) const {
   mpi_->host_all_gather(send, bytes, recv);
+}
+
+std::shared_ptr<Communicator> nccl_world_communicator() {
+  std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world();
+  select_node_local_device(*world);
+  return std::make_shared<NcclCommunicator>(std::move(world));
 }
 
 }  // namespace ringattn

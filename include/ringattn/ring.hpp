@@ -1,0 +1,129 @@
+// Ring attention: exact attention over a sequence split across the ranks of a communicator.
+//
+// Each of N ranks holds S/N tokens of Q, K and V (its shard, laid out by a SequenceLayoutKind).
+// K/V shards rotate around the ring while every rank runs the local block (ringattn/attention.hpp)
+// of its Q against each visiting shard, merging partial results through the online-softmax
+// statistics (LSE) in the accumulator dtype; the backward rotates K/V again together with the
+// dK/dV accumulators. The result is the attention of the whole sequence, sharded like the inputs.
+//
+//   auto comm = ringattn::mpi_world_communicator();      // after MPI_Init
+//   ringattn::RingAttention ring(comm, ringattn::SequenceLayoutKind::zigzag);
+//   ring.shard(q_full, q);                               // or load this rank's tokens directly
+//   ring.forward({.q = q, .k = k, .v = v, .o = o, .lse = lse, .scale = 0.125, .causal = true});
+//
+// Backends: host tensors (f32, f64) run the CPU block and move over MPI; device tensors (bf16,
+// f16; head_dim 64 or 128) run the CUDA block and move over NCCL, queued on a CUDA stream. The
+// communicator's memory must be the tensors' memory.
+//
+// Errors: every call validates its arguments on every rank and compares shapes, dtypes, layout,
+// mask and scale across the ranks before the first transfer, so a mismatch or a bad argument on
+// one rank throws ringattn::Error with the same message on every rank instead of hanging. A
+// failure inside the ring itself (a CUDA, MPI or NCCL error) leaves transfers unfinished: the
+// communicator is then unusable, as the job usually is.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "ringattn/tensor.hpp"
+
+namespace ringattn {
+
+// A group of ranks that exchange data (MPI for host memory, NCCL for device memory). Opaque here;
+// made by the factories below, shared by everything that uses the group.
+class Communicator;
+
+// MPI_COMM_WORLD (duplicated), moving host memory. MPI must be initialised by the caller and
+// finalised after the last communicator is gone.
+std::shared_ptr<Communicator> mpi_world_communicator();
+// MPI_COMM_WORLD over NCCL, moving device memory: each rank uses the GPU of its node-local rank
+// (modulo the GPUs it sees) and bootstraps NCCL through MPI. MPI must be initialised. A library
+// built without CUDA throws Error (unsupported).
+std::shared_ptr<Communicator> nccl_world_communicator();
+// The ranks of `comm` with the same color (>= 0) as a new communicator, ordered by key: a dp x cp
+// mesh gives each data-parallel replica the ring of its context-parallel ranks
+// (color = rank / cp, key = rank % cp). Collective over `comm`.
+std::shared_ptr<Communicator> split_communicator(const Communicator& comm, int color, int key);
+int communicator_rank(const Communicator& comm);
+int communicator_size(const Communicator& comm);
+
+// How a sequence of S tokens is split over N ranks.
+//   contiguous: rank r holds tokens [r*S/N, (r+1)*S/N); S % N == 0. Under a causal mask rank 0
+//               has almost nothing to do and rank N-1 everything.
+//   zigzag:     2N chunks of S/(2N) tokens; rank r holds chunk r then chunk 2N-1-r; S % 2N == 0.
+//               Under a causal mask every rank does the same work at every step.
+enum class SequenceLayoutKind : int { contiguous = 0, zigzag = 1 };
+std::string_view sequence_layout_name(SequenceLayoutKind kind);
+SequenceLayoutKind parse_sequence_layout(std::string_view name);  // "contiguous" or "zigzag"
+
+// The local shards of one forward call (Sl = S/N tokens on every rank):
+//   q     [batch, Sl, q_heads, head_dim]       k, v  [batch, Sl, kv_heads, head_dim]
+//   o     [batch, Sl, q_heads, head_dim]       input dtype, overwritten
+//   lse   [batch, q_heads, Sl]                 accumulator dtype (f64 for f64, f32 otherwise),
+//                                              overwritten; keep it for the backward
+// Any strides (packed QKV views work). `causal` masks by global position: the token at position i
+// sees the keys at positions <= i, whichever ranks hold them.
+struct RingForwardArgs {
+  TensorView q{}, k{}, v{};
+  TensorView o{};
+  TensorView lse{};
+  double scale = 0.0;  // > 0, typically 1/sqrt(head_dim)
+  bool causal = false;
+  void* stream = nullptr;  // cudaStream_t for device tensors (nullptr: the default stream)
+};
+
+// The local shards of one backward call: q, k, v, scale and causal as in the forward, o and lse
+// its outputs, dout the gradient of o (input dtype). dq [batch, Sl, q_heads, head_dim] and dk, dv
+// [batch, Sl, kv_heads, head_dim] are in the accumulator dtype and overwritten with the gradients
+// of this rank's q, k and v over the whole sequence.
+struct RingBackwardArgs {
+  TensorView q{}, k{}, v{};
+  TensorView o{}, lse{};
+  TensorView dout{};
+  TensorView dq{}, dk{}, dv{};
+  double scale = 0.0;
+  bool causal = false;
+  bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
+  void* stream = nullptr;
+};
+
+// The ring schedule over one communicator. It keeps its workspaces (two K/V buffers, the running
+// output, the travelling dK/dV accumulators) between calls, growing them to the largest call.
+// Calls are collective: every rank of the communicator makes the same calls in the same order.
+// One object serves one stream at a time.
+class RingAttention {
+ public:
+  RingAttention(std::shared_ptr<Communicator> comm, SequenceLayoutKind layout);
+  ~RingAttention();
+  RingAttention(RingAttention&&) noexcept;
+  RingAttention& operator=(RingAttention&&) noexcept;
+  RingAttention(const RingAttention&) = delete;
+  RingAttention& operator=(const RingAttention&) = delete;
+
+  int rank() const;
+  int size() const;
+  SequenceLayoutKind layout() const;
+  const Communicator& communicator() const;
+
+  void forward(const RingForwardArgs& args);
+  void backward(const RingBackwardArgs& args);
+
+  // This rank's tokens of a sequence of `total_length`: their global positions (for RoPE), and
+  // copies between a whole host tensor and this rank's shard, for any dtype and strides. Rank 4:
+  // [batch, S, heads, head_dim] <-> [batch, S/N, heads, head_dim]; rank 3: [batch, heads, S] <->
+  // [batch, heads, S/N] (LSE). unshard writes only this rank's tokens of `full`. Throws Error
+  // when S is not a multiple of N (contiguous) or 2N (zigzag).
+  std::vector<std::int64_t> global_positions(std::int64_t total_length) const;
+  void shard(const TensorView& full, const TensorView& local) const;
+  void unshard(const TensorView& local, const TensorView& full) const;
+
+ private:
+  struct Workspace;
+  std::shared_ptr<Communicator> comm_;
+  SequenceLayoutKind layout_;
+  std::unique_ptr<Workspace> workspace_;
+};
+
+}  // namespace ringattn

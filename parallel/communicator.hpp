@@ -1,0 +1,79 @@
+// Communicator: the one interface the ring schedule talks to. Two implementations: MPI on host
+// memory (mpi_communicator.hpp) and NCCL on device memory with CUDA streams; the ring is written
+// once against this class, so the CPU ranks of the tests run the schedule of the GPU ranks.
+//
+// Every call is collective over the communicator's ranks unless it says otherwise: all ranks make
+// the same calls in the same order with matching sizes.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ringattn/dtype.hpp"
+#include "ringattn/error.hpp"
+#include "ringattn/tensor.hpp"
+
+namespace ringattn {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The memory the data calls move: host for MPI, device for NCCL.
+  virtual Memory memory() const = 0;
+
+  // One step of a ring: send `send_bytes` to rank + 1 and receive `recv_bytes` from rank - 1
+  // (modulo size), asynchronously. On a stream backend the transfer starts after the work already
+  // queued on `stream` (a cudaStream_t; the MPI backend ignores it). Several exchanges may be in
+  // flight; they complete in the order they were started. Neither buffer may be touched until
+  // exchange_wait.
+  virtual void exchange_start(const void* send, std::size_t send_bytes, void* recv,
+                              std::size_t recv_bytes, void* stream) = 0;
+  // Completes every exchange started since the last wait: host code after this call (MPI), or
+  // work queued on `stream` after it (NCCL: the stream waits on an event, the host does not),
+  // sees the received data and may reuse the send buffers.
+  virtual void exchange_wait(void* stream) = 0;
+
+  // In place: data[i] = sum over ranks of data[i], `count` elements of `dtype`, ordered on
+  // `stream` like exchange_start.
+  virtual void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) = 0;
+  // Returns when every rank has entered it (host side).
+  virtual void barrier() = 0;
+  // Groups of a dp x cp mesh: ranks with the same `color` (>= 0) form one communicator, ordered
+  // by `key` then by rank here, so ranks with adjacent keys are ring neighbours.
+  virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+
+  // Small metadata on the host, whatever memory() is (NCCL goes through the MPI communicator it
+  // was bootstrapped from): every rank sends `bytes` and receives size() * bytes, in rank order.
+  virtual void host_all_gather(const void* send, std::size_t bytes, void* recv) const = 0;
+};
+
+// Every rank's text, in rank order (two host_all_gather: the lengths, then the bytes).
+std::vector<std::string> all_gather_text(const Communicator& comm, std::string_view text);
+
+// Throws Error(where, ...) on every rank, with the same message, when `description` differs
+// between ranks; returns on every rank otherwise. A description made of items separated by "; "
+// ("q [1, 512, 8, 64] bf16; k [1, 512, 8, 64] bf16; causal true") is compared item by item and
+// the message names the items that differ and which ranks hold which value, the odd ones out
+// first when most ranks agree, else in rank order:
+//   rank 1 has q [1, 512, 8, 64] bf16 but ranks 0, 2, 3 have q [1, 512, 4, 64] bf16
+//   rank 0 has causal false but rank 1 has causal true
+// Collective, so that a mismatch fails everywhere instead of leaving ranks waiting for a peer.
+void check_same_on_all_ranks(const Communicator& comm, const char* where,
+                             const std::string& description);
+
+// Throws Error(where, ...) on every rank, with the same message, when any rank passes a
+// `local_error` (a check that failed there; nullptr where none did): the message names the ranks
+// that failed and their messages, the kind is that of the lowest failing rank. Returns on every
+// rank when none failed.
+void check_no_rank_failed(const Communicator& comm, const char* where, const Error* local_error);
+
+}  // namespace ringattn

@@ -1,0 +1,422 @@
+// The ring schedule, written once against Communicator and the backend switch of local_block.hpp.
+//
+// Forward. K and V travel together in one contiguous buffer (only the kv_heads heads, in the input
+// dtype), double buffered: at step s a rank starts sending the shard it holds to rank + 1 while
+// receiving the next one from rank - 1, computes its Q against the shard it holds, then waits. The
+// running (O, LSE) stays in the accumulator dtype (the block's combine mode merges into it; LSE is
+// the caller's output itself) and O is written in the input dtype once, after the last step.
+//
+// Backward. K/V rotate again, in the same order, and the dK/dV accumulator of each shard travels
+// one step behind them in a second message (accumulator dtype). Two messages rather than one
+// packed K|V|dK|dV: a shard's accumulator is complete for this rank only after its step's compute,
+// whereas K/V can leave before it. So at step s a rank starts sending K/V, computes its
+// contribution for the visiting shard into a zeroed step buffer, waits (the next K/V and the
+// visiting shard's accumulator, sent by rank - 1 after its step s - 1, have arrived meanwhile),
+// adds the step buffer into the accumulator and sends it on. Both transfers hide behind a step of
+// compute. After N steps every accumulator has collected all N contributions and arrived at the
+// shard's owner (N sends of dK/dV, N - 1 of K/V); dQ stays local, added into by every step.
+//
+// No step waits on the host for device work: the communicator orders transfers on the stream.
+#include "parallel/ring_attention.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <initializer_list>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "parallel/communicator.hpp"
+#include "parallel/local_block.hpp"
+#include "ringattn/attention.hpp"
+#include "ringattn/error.hpp"
+#include "ringattn/ring.hpp"
+#include "src/attention_checks.hpp"
+#include "src/owned_buffer.hpp"
+
+namespace ringattn {
+
+// ---------------------------------------------------------------------------------------------
+// The plan of a step.
+
+namespace {
+
+// Merges pairs that are fully visible, share one side and are adjacent on the other.
+bool try_merge(BlockPair& into, const BlockPair& next) {
+  if (into.causal || next.causal) return false;
+  if (into.q_local_start == next.q_local_start && into.q_length == next.q_length &&
+      into.k_local_start + into.k_length == next.k_local_start) {
+    into.k_length += next.k_length;
+    return true;
+  }
+  if (into.k_local_start == next.k_local_start && into.k_length == next.k_length &&
+      into.q_local_start + into.q_length == next.q_local_start) {
+    into.q_length += next.q_length;
+    return true;
+  }
+  return false;
+}
+
+void merge_adjacent(std::vector<BlockPair>& pairs) {
+  for (bool merged = true; merged;) {
+    merged = false;
+    for (std::size_t i = 0; i < pairs.size() && !merged; ++i) {
+      for (std::size_t j = 0; j < pairs.size() && !merged; ++j) {
+        if (i != j && try_merge(pairs[i], pairs[j])) {
+          pairs.erase(pairs.begin() + static_cast<std::ptrdiff_t>(j));
+          merged = true;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
+                                     bool causal) {
+  if (!causal) {
+    return {{0, queries.local_length(), 0, 0, keys.local_length(), 0, false}};
+  }
+  std::vector<BlockPair> pairs;
+  for (const SequenceChunk& q : queries.chunks()) {
+    for (const SequenceChunk& k : keys.chunks()) {
+      const std::int64_t last_query = q.global_start + q.length - 1;
+      const std::int64_t last_key = k.global_start + k.length - 1;
+      if (k.global_start > last_query) continue;  // every key after every query
+      const bool diagonal = last_key > q.global_start;
+      pairs.push_back({q.local_start, q.length, q.global_start, k.local_start, k.length,
+                       k.global_start, diagonal});
+    }
+  }
+  merge_adjacent(pairs);
+  return pairs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views and workspaces.
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Rows [start, start + length) of a [batch, seq, heads, head_dim] view.
+TensorView rows(const TensorView& t, std::int64_t start, std::int64_t length) {
+  TensorView v = t;
+  v.data = static_cast<unsigned char*>(t.data) +
+           start * t.strides[1] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  v.shape[1] = length;
+  return v;
+}
+
+// Columns [start, start + length) of a [batch, heads, seq] view (LSE, delta).
+TensorView columns(const TensorView& t, std::int64_t start, std::int64_t length) {
+  TensorView v = t;
+  v.data = static_cast<unsigned char*>(t.data) +
+           start * t.strides[2] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  v.shape[2] = length;
+  return v;
+}
+
+// A K half and a V half of [batch, Sl, kv_heads, head_dim] back to back in one buffer: the message
+// of a step. The V half starts at an offset of batch * Sl * kv_heads * head_dim elements, which
+// keeps the alignment the CUDA block needs (head_dim is a multiple of 8 there).
+struct PairedViews {
+  TensorView k, v;
+  TensorView both;  // [2 * batch, Sl, kv_heads, head_dim]: both halves, for fill and add
+  std::size_t bytes = 0;
+};
+
+std::size_t paired_bytes(const AttentionShape& s, DType dtype) {
+  return 2 * static_cast<std::size_t>(s.batch * s.k_len * s.kv_heads * s.head_dim) *
+         dtype_size(dtype);
+}
+
+PairedViews paired_views(const OwnedBuffer& buffer, const AttentionShape& s, DType dtype) {
+  PairedViews p;
+  p.bytes = paired_bytes(s, dtype);
+  p.k = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim});
+  p.v = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim}, p.bytes / 2);
+  p.both = buffer.view(dtype, {2 * s.batch, s.k_len, s.kv_heads, s.head_dim});
+  return p;
+}
+
+using NamedView = std::pair<const char*, const TensorView*>;
+using NamedViews = std::initializer_list<NamedView>;
+
+// "q [2, 96, 4, 32] f64; k [...] f64; ...; layout zigzag; causal true; scale 0.125": what the ranks
+// must agree on (strides may differ), as items for check_same_on_all_ranks.
+std::string describe_call(NamedViews views, SequenceLayoutKind layout, bool causal, double scale) {
+  std::string text;
+  for (const auto& [name, t] : views) {
+    text += std::string(name) + " [";
+    const int rank = std::clamp(t->rank, 0, TensorView::kMaxRank);
+    for (int i = 0; i < rank; ++i) text += (i ? ", " : "") + std::to_string(t->shape[i]);
+    text += "] " + std::string(dtype_name(t->dtype)) + "; ";
+  }
+  char scale_text[32];
+  std::snprintf(scale_text, sizeof(scale_text), "%.17g", scale);
+  return text + detail::concat("layout ", sequence_layout_name(layout), "; ", "causal ",
+                               causal ? "true" : "false", "; scale ", scale_text);
+}
+
+// The local checks of a ring call beyond the block's argument checks: equal lengths of q and k,
+// a dtype and layout the block of this memory runs.
+void check_ring_inputs(const AttentionShape& s, const TensorView& q, Memory memory,
+                       const char* where) {
+  if (s.k_len != s.q_len) {
+    detail::fail(where, "k has ", s.k_len, " tokens but q has ", s.q_len,
+                 "; every rank holds the same tokens of q, k and v");
+  }
+  detail::check_block_dtype(q.dtype, s.head_dim, memory, where);
+}
+
+// Runs the local checks of a call on this rank, then compares and agrees across the ranks, so
+// that every rank returns or every rank throws the same Error.
+template <typename LocalChecks>
+void validate_collectively(const Communicator& comm, const char* where,
+                           const std::string& description, LocalChecks&& local_checks) {
+  std::optional<Error> local_error;
+  try {
+    local_checks();
+  } catch (const Error& error) {
+    local_error = error;
+  } catch (const std::exception& error) {  // e.g. std::bad_alloc of a workspace
+    local_error = Error(where, error.what(), ErrorKind::library);
+  }
+  check_same_on_all_ranks(comm, where, description);
+  check_no_rank_failed(comm, where, local_error ? &*local_error : nullptr);
+}
+
+}  // namespace
+
+struct RingAttention::Workspace {
+  OwnedBuffer kv[2];      // K|V in the input dtype, double buffered
+  OwnedBuffer running_o;  // forward: the running output, accumulator dtype
+  OwnedBuffer dkv[2];     // backward: travelling dK|dV accumulators
+  OwnedBuffer dkv_step;   // backward: this step's contribution
+  OwnedBuffer delta;      // backward: rowsum(dO * O)
+};
+
+// ---------------------------------------------------------------------------------------------
+// RingAttention.
+
+RingAttention::RingAttention(std::shared_ptr<Communicator> comm, SequenceLayoutKind layout)
+    : comm_(std::move(comm)), layout_(layout), workspace_(std::make_unique<Workspace>()) {
+  if (comm_ == nullptr) detail::fail("RingAttention", "the communicator is null");
+  if (layout != SequenceLayoutKind::contiguous && layout != SequenceLayoutKind::zigzag) {
+    detail::fail("RingAttention", "layout kind ", static_cast<int>(layout),
+                 " is neither contiguous nor zigzag");
+  }
+}
+
+RingAttention::~RingAttention() = default;
+RingAttention::RingAttention(RingAttention&&) noexcept = default;
+RingAttention& RingAttention::operator=(RingAttention&&) noexcept = default;
+
+int RingAttention::rank() const {
+  return comm_->rank();
+}
+int RingAttention::size() const {
+  return comm_->size();
+}
+SequenceLayoutKind RingAttention::layout() const {
+  return layout_;
+}
+const Communicator& RingAttention::communicator() const {
+  return *comm_;
+}
+
+void RingAttention::forward(const RingForwardArgs& args) {
+  constexpr const char* kWhere = "RingAttention::forward";
+  Communicator& comm = *comm_;
+  const int ranks = comm.size(), rank = comm.rank();
+  Workspace& w = *workspace_;
+  const std::string description = describe_call(
+      {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}, {"lse", &args.lse}}, layout_,
+      args.causal, args.scale);
+
+  AttentionShape s;
+  std::optional<SequenceLayout> layout;
+  validate_collectively(comm, kWhere, description, [&] {
+    ForwardArgs whole{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
+    s = check_forward_args(whole, comm.memory(), kWhere);
+    check_ring_inputs(s, args.q, comm.memory(), kWhere);
+    for (const auto& [name, view] :
+         NamedViews{{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}}) {
+      detail::check_block_layout(*view, name, kWhere);
+    }
+    layout.emplace(layout_, ranks, rank, s.q_len * ranks);
+    w.kv[0].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
+    w.kv[1].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
+    w.running_o.reserve(comm.memory(), static_cast<std::size_t>(args.o.numel()) *
+                                           dtype_size(accumulator_dtype(args.q.dtype)));
+  });
+
+  void* stream = args.stream;
+  const DType acc = accumulator_dtype(args.q.dtype);
+  const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
+                             paired_views(w.kv[1], s, args.q.dtype)};
+  const TensorView running = w.running_o.view(acc, {s.batch, s.q_len, s.q_heads, s.head_dim});
+  detail::copy(args.k, kv[0].k, stream);
+  detail::copy(args.v, kv[0].v, stream);
+  detail::fill(running, 0.0, stream);
+  detail::fill(args.lse, kNegInf, stream);
+
+  int held = 0;  // the kv buffer holding the visiting shard
+  for (int step = 0; step < ranks; ++step) {
+    const bool more = step + 1 < ranks;
+    if (more) {
+      comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
+                          kv[1 - held].bytes, stream);
+    }
+    const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
+    for (const BlockPair& p : visible_pairs(*layout, visiting, args.causal)) {
+      ForwardArgs block;
+      block.q = rows(args.q, p.q_local_start, p.q_length);
+      block.k = rows(kv[held].k, p.k_local_start, p.k_length);
+      block.v = rows(kv[held].v, p.k_local_start, p.k_length);
+      block.o = rows(running, p.q_local_start, p.q_length);
+      block.lse = columns(args.lse, p.q_local_start, p.q_length);
+      block.scale = args.scale;
+      block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
+      block.combine = true;
+      detail::block_forward(block, stream);
+    }
+    if (more) {
+      comm.exchange_wait(stream);
+      held = 1 - held;
+    }
+  }
+  detail::copy(running, args.o, stream);
+}
+
+void RingAttention::backward(const RingBackwardArgs& args) {
+  constexpr const char* kWhere = "RingAttention::backward";
+  Communicator& comm = *comm_;
+  const int ranks = comm.size(), rank = comm.rank();
+  Workspace& w = *workspace_;
+  const std::string description =
+      describe_call({{"q", &args.q},
+                     {"k", &args.k},
+                     {"v", &args.v},
+                     {"o", &args.o},
+                     {"lse", &args.lse},
+                     {"dout", &args.dout},
+                     {"dq", &args.dq},
+                     {"dk", &args.dk},
+                     {"dv", &args.dv}},
+                    layout_, args.causal, args.scale) +
+      (args.deterministic ? "; deterministic true" : "; deterministic false");
+
+  AttentionShape s;
+  std::optional<SequenceLayout> layout;
+  validate_collectively(comm, kWhere, description, [&] {
+    ForwardArgs forward{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
+    s = check_forward_args(forward, comm.memory(), kWhere);
+    BackwardArgs whole{args.q,  args.k,  args.v,  args.dout,  args.lse, args.lse,
+                       args.dq, args.dk, args.dv, args.scale, Mask{},   args.deterministic};
+    check_backward_args(whole, comm.memory(), kWhere);
+    check_ring_inputs(s, args.q, comm.memory(), kWhere);
+    for (const auto& [name, view] : NamedViews{{"q", &args.q},
+                                               {"k", &args.k},
+                                               {"v", &args.v},
+                                               {"o", &args.o},
+                                               {"dout", &args.dout},
+                                               {"dq", &args.dq},
+                                               {"dk", &args.dk},
+                                               {"dv", &args.dv}}) {
+      detail::check_block_layout(*view, name, kWhere);
+    }
+    layout.emplace(layout_, ranks, rank, s.q_len * ranks);
+    const DType acc = accumulator_dtype(args.q.dtype);
+    for (OwnedBuffer& buffer : w.kv) buffer.reserve(comm.memory(), paired_bytes(s, args.q.dtype));
+    for (OwnedBuffer& buffer : w.dkv) buffer.reserve(comm.memory(), paired_bytes(s, acc));
+    if (ranks > 1) w.dkv_step.reserve(comm.memory(), paired_bytes(s, acc));
+    w.delta.reserve(comm.memory(), static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
+  });
+
+  void* stream = args.stream;
+  const DType acc = accumulator_dtype(args.q.dtype);
+  const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
+                             paired_views(w.kv[1], s, args.q.dtype)};
+  const PairedViews dkv[2] = {paired_views(w.dkv[0], s, acc), paired_views(w.dkv[1], s, acc)};
+  const PairedViews dkv_step = ranks > 1 ? paired_views(w.dkv_step, s, acc) : dkv[0];
+  const TensorView delta = w.delta.view(acc, {s.batch, s.q_heads, s.q_len});
+  detail::block_backward_prepare(args.o, args.dout, delta, stream);
+  detail::fill(args.dq, 0.0, stream);
+  detail::copy(args.k, kv[0].k, stream);
+  detail::copy(args.v, kv[0].v, stream);
+
+  int held = 0;     // the kv buffer holding the visiting shard
+  int arrived = 0;  // the dkv buffer holding the visiting shard's accumulator
+  for (int step = 0; step < ranks; ++step) {
+    const bool more = step + 1 < ranks;
+    if (more) {
+      comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
+                          kv[1 - held].bytes, stream);
+    }
+    // The owner's own contribution starts its accumulator; later ones go to the step buffer and
+    // join the accumulator once it has arrived.
+    const PairedViews& target = step == 0 ? dkv[arrived] : dkv_step;
+    const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
+    const std::vector<BlockPair> pairs = visible_pairs(*layout, visiting, args.causal);
+    if (step == 0 || !pairs.empty()) detail::fill(target.both, 0.0, stream);
+    for (const BlockPair& p : pairs) {
+      BackwardArgs block;
+      block.q = rows(args.q, p.q_local_start, p.q_length);
+      block.k = rows(kv[held].k, p.k_local_start, p.k_length);
+      block.v = rows(kv[held].v, p.k_local_start, p.k_length);
+      block.dout = rows(args.dout, p.q_local_start, p.q_length);
+      block.lse = columns(args.lse, p.q_local_start, p.q_length);
+      block.delta = columns(delta, p.q_local_start, p.q_length);
+      block.dq = rows(args.dq, p.q_local_start, p.q_length);
+      block.dk = rows(target.k, p.k_local_start, p.k_length);
+      block.dv = rows(target.v, p.k_local_start, p.k_length);
+      block.scale = args.scale;
+      block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
+      block.deterministic = args.deterministic;
+      detail::block_backward(block, stream);
+    }
+    if (ranks == 1) break;  // the accumulator is already at its owner
+    comm.exchange_wait(stream);
+    if (step > 0 && !pairs.empty()) detail::add(dkv_step.both, dkv[arrived].both, stream);
+    comm.exchange_start(w.dkv[arrived].data(), dkv[arrived].bytes, w.dkv[1 - arrived].data(),
+                        dkv[1 - arrived].bytes, stream);
+    arrived = 1 - arrived;
+    if (more) held = 1 - held;
+  }
+  comm.exchange_wait(stream);
+  detail::copy(dkv[arrived].k, args.dk, stream);
+  detail::copy(dkv[arrived].v, args.dv, stream);
+}
+
+std::vector<std::int64_t> RingAttention::global_positions(std::int64_t total_length) const {
+  return SequenceLayout(layout_, comm_->size(), comm_->rank(), total_length).global_positions();
+}
+
+namespace {
+
+std::int64_t sequence_extent(const TensorView& full, const char* where) {
+  if (full.rank == 4) return full.shape[1];
+  if (full.rank == 3) return full.shape[2];
+  detail::fail(where, "full has rank ", full.rank,
+               "; expected 4 ([batch, S, heads, head_dim]) or 3 ([batch, heads, S])");
+}
+
+}  // namespace
+
+void RingAttention::shard(const TensorView& full, const TensorView& local) const {
+  SequenceLayout(layout_, comm_->size(), comm_->rank(),
+                 sequence_extent(full, "RingAttention::shard"))
+      .shard(full, local);
+}
+
+void RingAttention::unshard(const TensorView& local, const TensorView& full) const {
+  SequenceLayout(layout_, comm_->size(), comm_->rank(),
+                 sequence_extent(full, "RingAttention::unshard"))
+      .unshard(local, full);
+}
+
+}  // namespace ringattn
