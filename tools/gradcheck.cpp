@@ -47,6 +47,7 @@ struct Options {
   bool causal = false;
   std::string layout = "zigzag", dtype = "f32", backend = "cpu", oracle = "auto", json;
   std::uint64_t seed = 1234;
+  int timed = 0;  // extra forward+backward runs to time (ring and one device)
 };
 
 // Deterministic N(0, 1) from (seed, tensor, index): every rank draws the same values for the
@@ -130,10 +131,19 @@ struct Shapes {
   std::int64_t B, S, Hq, Hkv, D;
 };
 
+void synchronize(Memory memory) {
+#if RINGATTN_WITH_CUDA
+  if (memory == Memory::device) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+#else
+  (void)memory;
+#endif
+}
+
 // The local block (or the GPU reference) on the whole sequence, in `memory`.
+// With `seconds` set, also times `opt.timed` more forward+backward runs of the block.
 Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memory, bool gpu_reference,
                   const std::vector<double>& q, const std::vector<double>& k,
-                  const std::vector<double>& v, const std::vector<double>& g) {
+                  const std::vector<double>& v, const std::vector<double>& g, double* seconds = nullptr) {
   const DType acc = accumulator_dtype(dtype);
   // The GPU reference writes fp32 outputs from inputs of any supported dtype.
   const DType out_dtype = gpu_reference ? DType::f32 : dtype;
@@ -153,20 +163,30 @@ Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memor
   if (gpu_reference) {
     cuda::reference_forward(qv, kv, vv, mask, scale, ov, lv);
     cuda::reference_backward(qv, kv, vv, ov, lv, gv, mask, scale, dl, dqv, dkv, dvv);
-  } else if (memory == Memory::device) {
-    for (const OwnedBuffer* b : {&dq, &dk, &dv}) {
-#if RINGATTN_WITH_CUDA
-      RINGATTN_CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
-#endif
-    }
-    cuda::flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
-    cuda::flash_backward_prepare(ov, gv, dl);
-    cuda::flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
   } else {
-    for (OwnedBuffer* b : {&dq, &dk, &dv}) std::memset(b->data(), 0, b->bytes());
-    cpu::flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
-    cpu::flash_backward_prepare(ov, gv, dl);
-    cpu::flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
+    auto run_block = [&] {
+      if (memory == Memory::device) {
+#if RINGATTN_WITH_CUDA
+        for (const OwnedBuffer* b : {&dq, &dk, &dv}) RINGATTN_CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes()));
+#endif
+        cuda::flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
+        cuda::flash_backward_prepare(ov, gv, dl);
+        cuda::flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
+      } else {
+        for (OwnedBuffer* b : {&dq, &dk, &dv}) std::memset(b->data(), 0, b->bytes());
+        cpu::flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
+        cpu::flash_backward_prepare(ov, gv, dl);
+        cpu::flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
+      }
+    };
+    run_block();
+    if (seconds != nullptr && opt.timed > 0) {
+      synchronize(memory);
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < opt.timed; ++i) run_block();
+      synchronize(memory);
+      *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / opt.timed;
+    }
   }
 #if RINGATTN_WITH_CUDA
   if (memory == Memory::device) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -281,6 +301,18 @@ int run(const Options& opt) {
   if (cuda_backend) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
   const double ring_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double ring_step_s = 0.0;
+  if (opt.timed > 0) {
+    comm->barrier();
+    start = std::chrono::steady_clock::now();
+    for (int i = 0; i < opt.timed; ++i) {
+      ring.forward(fwd);
+      ring.backward(bwd);
+    }
+    synchronize(memory);
+    comm->barrier();
+    ring_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / opt.timed;
+  }
 
   Result ring_result{
       gather_whole(download(ob, dtype, q.size()), positions, s, s.Hq, s.D, false, rank, size),
@@ -301,7 +333,16 @@ int run(const Options& opt) {
     start = std::chrono::steady_clock::now();
     const Result ref = use_fp64 ? fp64_oracle(opt, s, fq, fk, fv, fg) : one_device(opt, s, DType::f32, memory, true, fq, fk, fv, fg);
     const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const Result single = one_device(opt, s, dtype, memory, false, fq, fk, fv, fg);
+    double single_s = 0.0;
+    const Result single = one_device(opt, s, dtype, memory, false, fq, fk, fv, fg, &single_s);
+    if (opt.timed > 0) {
+      // FlashAttention's count: 4 b h s^2 d forward (half when causal), backward 2.5x.
+      const double flop = 3.5 * 4.0 * s.B * s.Hq * double(s.S) * s.S * s.D * (opt.causal ? 0.5 : 1.0);
+      std::printf("timing (mean of %d): ring forward+backward %.2f ms (%.0f TFLOP/s per rank), one device %.2f ms "
+                  "(%.0f TFLOP/s); efficiency one-device / (%d x ring) = %.3f\n",
+                  opt.timed, ring_step_s * 1e3, flop / size / ring_step_s * 1e-12, single_s * 1e3,
+                  flop / single_s * 1e-12, size, single_s / (size * ring_step_s));
+    }
 
     const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};
     const std::vector<double>* rings[] = {&ring_result.o, &ring_result.lse, &ring_result.dq, &ring_result.dk, &ring_result.dv};
@@ -365,6 +406,7 @@ int main(int argc, char** argv) {
   app.add_option("--oracle", opt.oracle, "auto, fp64 (CPU) or gpu (fp32 streaming)")->check(CLI::IsMember({"auto", "fp64", "gpu"}));
   app.add_option("--seed", opt.seed, "random seed");
   app.add_option("--json", opt.json, "write the result as JSON (rank 0)");
+  app.add_option("--time", opt.timed, "also time this many forward+backward runs of the ring and of one device");
   int code = 0;
   try {
     app.parse(argc, argv);

@@ -12,6 +12,7 @@
 
 #include "ringattn/attention.hpp"
 #include "ringattn/dtype.hpp"
+#include "src/thread_pool.hpp"
 #include "tests/common/attention_testing.hpp"
 
 namespace ringattn::test {
@@ -49,10 +50,11 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
   std::vector<double> dk_sum(B * Sk * Hkv * D, 0.0), dv_sum(B * Sk * Hkv * D, 0.0);
   auto qi = [&](std::int64_t b, std::int64_t i, std::int64_t h) { return ((b * Sq + i) * Hq + h) * D; };
   auto kj = [&](std::int64_t b, std::int64_t j, std::int64_t g) { return ((b * Sk + j) * Hkv + g) * D; };
-  std::vector<float> qs(Sq * D), p(Sq * Sk), ds(Sq * Sk);
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t h = 0; h < Hq; ++h) {
-      const std::int64_t g = h / group;
+  // One task per (batch, kv head): it owns that head's dK/dV sums and its query heads' outputs.
+  ringattn::detail::parallel_for(B * Hkv, [&](std::int64_t task) {
+    const std::int64_t b = task / Hkv, g = task % Hkv;
+    std::vector<float> qs(Sq * D), p(Sq * Sk), ds(Sq * Sk);
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (std::int64_t i = 0; i < Sq; ++i) {
         for (std::int64_t x = 0; x < D; ++x) qs[i * D + x] = r(q[qi(b, i, h) + x] * scale);
       }
@@ -109,7 +111,7 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
         }
       }
     }
-  }
+  });
   // GQA: the group's per-head gradients are summed, then rounded once more.
   out.dk.resize(dk_sum.size());
   out.dv.resize(dv_sum.size());
