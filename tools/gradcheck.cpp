@@ -314,6 +314,7 @@ int run(const Options& opt) {
     ring_step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / opt.timed;
   }
 
+  if (rank == 0) std::fprintf(stderr, "gradcheck: ring forward+backward done (%.1f s)\n", ring_s);
   Result ring_result{
       gather_whole(download(ob, dtype, q.size()), positions, s, s.Hq, s.D, false, rank, size),
       gather_whole(download(lse, acc, s.B * s.Hq * len), positions, s, s.Hq, 1, true, rank, size),
@@ -333,6 +334,7 @@ int run(const Options& opt) {
     start = std::chrono::steady_clock::now();
     const Result ref = use_fp64 ? fp64_oracle(opt, s, fq, fk, fv, fg) : one_device(opt, s, DType::f32, memory, true, fq, fk, fv, fg);
     const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "gradcheck: reference done (%.1f s)\n", ref_s);
     double single_s = 0.0;
     const Result single = one_device(opt, s, dtype, memory, false, fq, fk, fv, fg, &single_s);
     if (opt.timed > 0) {
