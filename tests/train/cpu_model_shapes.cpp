@@ -1,0 +1,114 @@
+// The transformer's parameter list (train/model_shapes): names, shapes and order; the parameter
+// count of the 188M shape against the formula written out here; validation.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ringattn/error.hpp"
+#include "tests/common/attention_testing.hpp"
+#include "train/model_shapes.hpp"
+
+namespace ringattn::train {
+namespace {
+
+// d_model 1024, 12 layers, 8 heads of 128, 8 kv heads, SwiGLU 2816, vocab 32768
+// (../shared/GPU_MACHINE.md).
+ModelShape shape_188m(bool tied) {
+  return {.vocab = 32768,
+          .d_model = 1024,
+          .layers = 12,
+          .q_heads = 8,
+          .kv_heads = 8,
+          .head_dim = 128,
+          .ffn_hidden = 2816,
+          .tied_embeddings = tied};
+}
+
+// The count written out term by term.
+std::int64_t formula(const ModelShape& s) {
+  const std::int64_t d = s.d_model, hd = s.head_dim;
+  const std::int64_t per_layer = d                                        // attn_norm
+                                 + (s.q_heads + 2 * s.kv_heads) * hd * d  // wqkv
+                                 + d * s.q_heads * hd                     // wo
+                                 + d                                      // mlp_norm
+                                 + 2 * s.ffn_hidden * d                   // w_gate_up
+                                 + d * s.ffn_hidden;                      // w_down
+  const std::int64_t embeddings = s.vocab * d * (s.tied_embeddings ? 1 : 2);
+  return embeddings + s.layers * per_layer + d;  // + final_norm
+}
+
+TEST(ModelShapes, Count188M) {
+  const ModelShape tied = shape_188m(true), untied = shape_188m(false);
+  const std::int64_t tied_count = parameter_count(tied), untied_count = parameter_count(untied);
+  std::printf(
+      "188M shape: %lld parameters with the output head tied to the embedding, %lld "
+      "untied\n",
+      static_cast<long long>(tied_count), static_cast<long long>(untied_count));
+  EXPECT_EQ(tied_count, formula(tied));
+  EXPECT_EQ(untied_count, formula(untied));
+  EXPECT_EQ(untied_count - tied_count, 32768 * 1024);
+  // "188M" is the tied model; untied, the separate lm_head adds 33.5M.
+  EXPECT_GE(tied_count, 185'000'000);
+  EXPECT_LE(tied_count, 192'000'000);
+}
+
+TEST(ModelShapes, ListsEveryTensorInOrder) {
+  const ModelShape s{.vocab = 11,
+                     .d_model = 6,
+                     .layers = 2,
+                     .q_heads = 4,
+                     .kv_heads = 2,
+                     .head_dim = 3,
+                     .ffn_hidden = 5};
+  const std::vector<ParameterInfo> list = parameter_list(s);
+  struct Expected {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    bool decay;
+  };
+  std::vector<Expected> expected{{"tok_embedding", {11, 6}, false}};
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    expected.push_back({p + "attn_norm", {6}, false});
+    expected.push_back({p + "wqkv", {24, 6}, true});  // (4 + 2 * 2) * 3
+    expected.push_back({p + "wo", {6, 12}, true});
+    expected.push_back({p + "mlp_norm", {6}, false});
+    expected.push_back({p + "w_gate_up", {10, 6}, true});
+    expected.push_back({p + "w_down", {6, 5}, true});
+  }
+  expected.push_back({"final_norm", {6}, false});
+  expected.push_back({"lm_head", {11, 6}, true});
+  ASSERT_EQ(list.size(), expected.size());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    EXPECT_EQ(list[i].name, expected[i].name) << "parameter " << i;
+    EXPECT_EQ(list[i].shape, expected[i].shape) << list[i].name;
+    EXPECT_EQ(list[i].weight_decay, expected[i].decay) << list[i].name;
+    std::int64_t elements = 1;
+    for (std::int64_t extent : expected[i].shape) elements *= extent;
+    EXPECT_EQ(list[i].elements, elements) << list[i].name;
+    total += elements;
+  }
+  EXPECT_EQ(parameter_count(s), total);
+  EXPECT_EQ(parameter_count(s), formula(s));
+
+  ModelShape tied = s;
+  tied.tied_embeddings = true;
+  EXPECT_EQ(parameter_list(tied).back().name, "final_norm");
+}
+
+TEST(ModelShapes, RejectsBadShapes) {
+  ModelShape s = shape_188m(false);
+  s.kv_heads = 3;
+  EXPECT_TRUE(
+      test::ThrowsNaming([&] { parameter_count(s); }, {"kv_heads is 3", "divisor of q_heads (8)"}));
+  s.kv_heads = 8;
+  s.ffn_hidden = 0;
+  EXPECT_TRUE(test::ThrowsNaming([&] { validate(s); }, {"ffn_hidden is 0", "expected > 0"}));
+}
+
+}  // namespace
+}  // namespace ringattn::train
