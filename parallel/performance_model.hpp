@@ -1,0 +1,42 @@
+// DESIGN.md's performance model of the ring, as functions: when does a step's K/V transfer hide
+// behind its attention compute, and how long a sequence fits in a GPU's memory. ringattn-plan
+// prints it for a user's cluster; bench/results/ holds the measurements it is checked against.
+#pragma once
+
+#include <cstdint>
+
+namespace ringattn {
+
+struct RingPlanInput {
+  int ranks = 2;                    // N, the context-parallel group
+  std::int64_t seq = 131072;        // total tokens
+  std::int64_t heads = 16;          // query heads
+  std::int64_t kv_heads = 16;       // key/value heads (only these travel)
+  std::int64_t head_dim = 128;
+  bool causal = true;
+  bool zigzag = true;
+  double attention_tflops = 220;    // achieved by the local block on full blocks
+  double link_gbytes_per_s = 205;   // one direction, per rank (NVLink pair: ~205 at 64 MiB)
+  double memory_gib = 139;          // free device memory per rank
+  int element_bytes = 2;            // bf16 / f16
+};
+
+struct RingPlan {
+  std::int64_t tokens_per_rank = 0;
+  // One ring step; zigzag causal steps after the first compute half a block.
+  double forward_compute_ms = 0, forward_transfer_ms = 0;
+  double backward_compute_ms = 0, backward_transfer_ms = 0;  // K/V plus fp32 dK/dV
+  bool forward_hidden = false, backward_hidden = false;
+  // The fewest tokens per rank at which each transfer hides: c >= F h_kv / (h B) (x2 zigzag
+  // causal, x1.2 backward: three times the bytes over 2.5 times the FLOPs).
+  double forward_min_tokens_per_rank = 0, backward_min_tokens_per_rank = 0;
+  // Device memory of one attention layer's forward + backward per token held (inputs, outputs,
+  // fp32 running O and gradients, LSE, delta, the ring's two K/V buffers and dK/dV accumulators).
+  double bytes_per_local_token = 0;
+  std::int64_t longest_seq = 0;  // the longest total sequence whose attention fits on N ranks
+};
+
+// Throws Error naming the field when an input is out of range.
+RingPlan plan_ring(const RingPlanInput& input);
+
+}  // namespace ringattn

@@ -1,0 +1,53 @@
+// ringattn-plan: DESIGN.md's performance model for your cluster. Says whether a ring step's K/V
+// transfer hides behind its compute, from how many tokens per rank it does, and the longest
+// sequence whose attention (forward + backward) fits in the GPUs' memory.
+//
+//   ringattn-plan --ranks 2 --seq 131072 --heads 16 --head-dim 128 --causal \
+//       --tflops 220 --link-gbps 205 --memory-gib 139
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "parallel/performance_model.hpp"
+#include "ringattn/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ringattn-plan: when ring attention's communication hides, and what fits"};
+  ringattn::RingPlanInput in;
+  std::string layout = "zigzag";
+  app.add_option("--ranks", in.ranks, "GPUs in the ring");
+  app.add_option("--seq", in.seq, "total sequence length");
+  app.add_option("--heads", in.heads, "query heads");
+  app.add_option("--kv-heads", in.kv_heads, "key/value heads (default: --heads)");
+  app.add_option("--head-dim", in.head_dim, "head dimension");
+  app.add_flag("--causal,!--full", in.causal, "causal mask (default) or full");
+  app.add_option("--layout", layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
+  app.add_option("--tflops", in.attention_tflops, "achieved attention TFLOP/s of the local block");
+  app.add_option("--link-gbps", in.link_gbytes_per_s, "link bandwidth per direction, GB/s");
+  app.add_option("--memory-gib", in.memory_gib, "device memory per GPU, GiB");
+  app.add_option("--element-bytes", in.element_bytes, "2 for bf16/f16");
+  bool kv_given = false;
+  app.callback([&] { kv_given = app.count("--kv-heads") > 0; });
+  CLI11_PARSE(app, argc, argv);
+  if (!kv_given) in.kv_heads = in.heads;
+  in.zigzag = layout == "zigzag";
+  try {
+    const ringattn::RingPlan p = ringattn::plan_ring(in);
+    std::printf("ring of %d, seq %lld (%lld tokens a rank), heads %lld/%lld, head_dim %lld, %s, %s\n",
+                in.ranks, (long long)in.seq, (long long)p.tokens_per_rank, (long long)in.heads,
+                (long long)in.kv_heads, (long long)in.head_dim, in.causal ? "causal" : "full", layout.c_str());
+    std::printf("assumed: %.0f TFLOP/s attention, %.0f GB/s link, %.0f GiB a GPU\n\n", in.attention_tflops,
+                in.link_gbytes_per_s, in.memory_gib);
+    std::printf("%-9s %12s %12s %8s %22s\n", "per step", "compute ms", "transfer ms", "hidden", "hides from tokens/rank");
+    std::printf("%-9s %12.3f %12.3f %8s %22.0f\n", "forward", p.forward_compute_ms, p.forward_transfer_ms,
+                p.forward_hidden ? "yes" : "NO", p.forward_min_tokens_per_rank);
+    std::printf("%-9s %12.3f %12.3f %8s %22.0f\n", "backward", p.backward_compute_ms, p.backward_transfer_ms,
+                p.backward_hidden ? "yes" : "NO", p.backward_min_tokens_per_rank);
+    std::printf("\nattention memory: %.0f bytes a local token; longest sequence that fits on %d GPUs: %lld\n",
+                p.bytes_per_local_token, in.ranks, (long long)p.longest_seq);
+    return 0;
+  } catch (const ringattn::Error& e) {
+    std::fprintf(stderr, "ringattn-plan: %s\n", e.what());
+    return 2;
+  }
+}
