@@ -6,6 +6,7 @@
 #if !RINGATTN_WITH_CUDA
 #include <memory>
 
+#include "parallel/device_communicator.hpp"
 #include "parallel/local_block.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
@@ -33,6 +34,9 @@ void add(const TensorView&, const TensorView&, void*) {
 
 std::shared_ptr<Communicator> nccl_world_communicator() {
   unavailable("nccl_world_communicator", "NCCL and device tensors");
+}
+std::shared_ptr<Communicator> nccl_communicator_over(MPI_Comm) {
+  unavailable("nccl_communicator_over", "NCCL and device tensors");
 }
 }  // namespace ringattn
 #endif

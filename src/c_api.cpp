@@ -3,47 +3,29 @@
 // message.
 #include "ringattn/ringattn.h"
 
-#include <exception>
-#include <new>
 #include <string>
 
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/runtime.hpp"
+#include "src/c_api_support.hpp"
 
-namespace {
+namespace ringattn::detail {
 
-using namespace ringattn;
-
-thread_local std::string last_error;
-
-template <typename Body>
-ringattn_status_t guarded(Body&& body) {
-  try {
-    body();
-    last_error.clear();
-    return RINGATTN_SUCCESS;
-  } catch (const Error& e) {
-    last_error = e.what();
-    return static_cast<ringattn_status_t>(static_cast<int>(e.kind()));
-  } catch (const std::bad_alloc&) {
-    last_error = "out of host memory";
-    return RINGATTN_ERROR_INTERNAL;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return RINGATTN_ERROR_INTERNAL;
-  }
+std::string& c_api_last_error() {
+  thread_local std::string message;
+  return message;
 }
 
 TensorView to_view(const ringattn_tensor_t& t, const char* name, const char* where) {
   if (t.dtype < RINGATTN_F32 || t.dtype > RINGATTN_BF16) {
-    detail::fail(where, name, " has dtype code ", t.dtype, "; expected 0 (f32), 1 (f64), 2 (f16) or 3 (bf16)");
+    fail(where, name, " has dtype code ", t.dtype, "; expected 0 (f32), 1 (f64), 2 (f16) or 3 (bf16)");
   }
   if (t.memory != RINGATTN_HOST && t.memory != RINGATTN_DEVICE) {
-    detail::fail(where, name, " has memory code ", t.memory, "; expected 0 (host) or 1 (device)");
+    fail(where, name, " has memory code ", t.memory, "; expected 0 (host) or 1 (device)");
   }
   if (t.rank < 0 || t.rank > TensorView::kMaxRank) {
-    detail::fail(where, name, " has rank ", t.rank, "; expected 0 to ", TensorView::kMaxRank);
+    fail(where, name, " has rank ", t.rank, "; expected 0 to ", TensorView::kMaxRank);
   }
   TensorView view;
   view.data = t.data;
@@ -57,15 +39,13 @@ TensorView to_view(const ringattn_tensor_t& t, const char* name, const char* whe
   return view;
 }
 
-template <typename Params>
-void check_params(const Params* params, const char* where) {
-  if (params == nullptr) detail::fail(where, "params is a null pointer");
-  if (params->struct_size < sizeof(Params)) {
-    detail::fail(where, "params->struct_size is ", params->struct_size, "; expected sizeof = ",
-                 sizeof(Params), " (set it to sizeof(the struct))");
-  }
-}
+}  // namespace ringattn::detail
 
+namespace {
+using namespace ringattn;
+using detail::check_params;
+using detail::guarded;
+using detail::to_view;
 }  // namespace
 
 extern "C" {
@@ -85,7 +65,7 @@ const char* ringattn_status_string(ringattn_status_t status) {
   return "unknown status";
 }
 
-const char* ringattn_last_error(void) { return last_error.c_str(); }
+const char* ringattn_last_error(void) { return detail::c_api_last_error().c_str(); }
 
 int ringattn_cuda_device_count(void) { return cuda_device_count(); }
 

@@ -96,6 +96,48 @@ ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o
 ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* params,
                                               void* stream);
 
+/* ---- Ring attention (ringattn/ring.hpp): exact attention over a sequence split across the ranks
+ * of an MPI communicator. Every call is collective over the ring's ranks. */
+
+typedef struct ringattn_ring* ringattn_ring_t;
+
+typedef enum ringattn_layout {
+  RINGATTN_CONTIGUOUS = 0, /* rank r holds tokens [r S/N, (r+1) S/N) */
+  RINGATTN_ZIGZAG = 1      /* rank r holds chunks r and 2N-1-r of 2N: balanced causal work */
+} ringattn_layout_t;
+
+typedef struct ringattn_ring_forward_params {
+  size_t struct_size; /* sizeof(ringattn_ring_forward_params_t) */
+  ringattn_tensor_t q, k, v; /* this rank's shard: [B, S/N, H, D] */
+  ringattn_tensor_t o;       /* input dtype, overwritten */
+  ringattn_tensor_t lse;     /* [B, Hq, S/N] accumulator dtype, overwritten; keep for backward */
+  double scale;
+  int32_t causal; /* by global position, whichever ranks hold the keys */
+} ringattn_ring_forward_params_t;
+
+typedef struct ringattn_ring_backward_params {
+  size_t struct_size; /* sizeof(ringattn_ring_backward_params_t) */
+  ringattn_tensor_t q, k, v, o, lse, dout;
+  ringattn_tensor_t dq, dk, dv; /* accumulator dtype, overwritten */
+  double scale;
+  int32_t causal;
+  int32_t deterministic;
+} ringattn_ring_backward_params_t;
+
+/* A ring over the ranks of an MPI communicator. `mpi_comm` points to an MPI_Comm (C: &comm;
+ * mpi4py: MPI._addressof(comm)), so this header needs no mpi.h; MPI must be initialised and
+ * outlive the ring. memory RINGATTN_HOST: host tensors (f32, f64) over MPI; RINGATTN_DEVICE:
+ * device tensors (bf16, f16) over NCCL, each rank using the GPU of its node-local rank. */
+ringattn_status_t ringattn_ring_create(const void* mpi_comm, int32_t memory, int32_t layout,
+                                       ringattn_ring_t* ring);
+ringattn_status_t ringattn_ring_destroy(ringattn_ring_t ring);
+ringattn_status_t ringattn_ring_forward(ringattn_ring_t ring,
+                                        const ringattn_ring_forward_params_t* params,
+                                        void* stream);
+ringattn_status_t ringattn_ring_backward(ringattn_ring_t ring,
+                                         const ringattn_ring_backward_params_t* params,
+                                         void* stream);
+
 #ifdef __cplusplus
 }
 #endif

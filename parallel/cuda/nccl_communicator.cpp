@@ -1,5 +1,7 @@
 #include "parallel/cuda/nccl_communicator.hpp"
 
+#include "parallel/device_communicator.hpp"
+
 #include <cstdio>
 #include <string>
 
@@ -95,10 +97,12 @@ void NcclCommunicator::host_all_gather(const void* send, std::size_t bytes, void
   mpi_->host_all_gather(send, bytes, recv);
 }
 
-std::shared_ptr<Communicator> nccl_world_communicator() {
-  std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world();
-  select_node_local_device(*world);
-  return std::make_shared<NcclCommunicator>(std::move(world));
+std::shared_ptr<Communicator> nccl_communicator_over(MPI_Comm comm) {
+  auto mpi = std::make_unique<MpiCommunicator>(comm);
+  select_node_local_device(*mpi);
+  return std::make_shared<NcclCommunicator>(std::move(mpi));
 }
+
+std::shared_ptr<Communicator> nccl_world_communicator() { return nccl_communicator_over(MPI_COMM_WORLD); }
 
 }  // namespace ringattn
