@@ -1,0 +1,417 @@
+#include "train/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "ringattn/error.hpp"
+#include "ringattn/ring.hpp"
+#include "train/checkpoint.hpp"
+#include "train/model_cpu.hpp"
+#include "train/op_adamw.hpp"
+#include "train/retrieval_task.hpp"
+#include "train/sequence_sampler.hpp"
+#include "train/shard_ranges.hpp"
+#include "train/token_dataset.hpp"
+
+namespace ringattn::train {
+
+double learning_rate(const TrainingConfig& t, int step) {
+  if (t.warmup_steps > 0 && step < t.warmup_steps) {
+    return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
+  }
+  const int decay_steps = t.steps - t.warmup_steps;
+  if (decay_steps <= 1) return t.lr;
+  double progress =
+      static_cast<double>(step - t.warmup_steps) / static_cast<double>(decay_steps - 1);
+  progress = std::min(1.0, std::max(0.0, progress));
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+namespace {
+
+struct MicroBatch {
+  std::vector<std::int32_t> inputs, targets;
+  std::vector<float> mask;
+  double weight = 0.0;
+  ShardBatch view() const { return {inputs, targets, mask}; }
+};
+
+std::string format_double(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.9g", value);
+  return buffer;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  TrainConfig config;
+  TrainerOptions options;
+  std::shared_ptr<Communicator> world;
+  std::shared_ptr<Communicator> cp_comm;
+  int world_rank = 0, dp = 1, cp = 1, dp_rank = 0, cp_rank = 0;
+  std::vector<TokenRange> ranges;
+  std::optional<CpuModel<float>> model;
+  std::vector<float> adam_m, adam_v;
+  std::optional<RetrievalTask> task;
+  std::optional<TokenDataset> train_data, val_data;
+  std::optional<SequenceSampler> sampler;
+  int steps_done = 0;
+
+  void log(const std::string& line) const {
+    if (world_rank == 0 && options.log != nullptr) {
+      *options.log << line << '\n';
+      options.log->flush();
+    }
+  }
+
+  // The micro-batch of this rank: samples [first, first + batch) of the split.
+  MicroBatch load(std::uint64_t first, bool held_out, std::vector<RetrievalSample>* samples) const {
+    MicroBatch mb;
+    const int batch = config.train.batch_size;
+    for (int b = 0; b < batch; ++b) {
+      const std::uint64_t n = first + static_cast<std::uint64_t>(b);
+      TokenShard shard;
+      if (task) {
+        RetrievalSample s =
+            task->sample(held_out ? RetrievalSplit::held_out : RetrievalSplit::train, n);
+        shard = take_shard(s.tokens, s.loss_mask, ranges);
+        if (samples != nullptr) samples->push_back(std::move(s));
+      } else {
+        const TokenDataset& data = held_out ? *val_data : *train_data;
+        const std::int64_t sequence =
+            held_out
+                ? static_cast<std::int64_t>(n % static_cast<std::uint64_t>(data.num_sequences()))
+                : sampler->sequence(n);
+        shard = data.read_shard(sequence, ranges);
+      }
+      mb.inputs.insert(mb.inputs.end(), shard.inputs.begin(), shard.inputs.end());
+      mb.targets.insert(mb.targets.end(), shard.targets.begin(), shard.targets.end());
+      mb.mask.insert(mb.mask.end(), shard.loss_mask.begin(), shard.loss_mask.end());
+    }
+    for (float w : mb.mask) mb.weight += w;
+    return mb;
+  }
+};
+
+Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
+                 TrainerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.config = config;
+  s.options = options;
+  s.world = std::move(world);
+  validate(config, s.world->size());
+  if (config.run.backend == Backend::cuda) {
+    ringattn::detail::fail("Trainer", "run.backend is cuda; this trainer has only the cpu backend");
+  }
+  s.world_rank = s.world->rank();
+  s.dp = config.parallel.dp;
+  s.cp = config.parallel.cp;
+  s.dp_rank = s.world_rank / s.cp;
+  s.cp_rank = s.world_rank % s.cp;
+  s.cp_comm = split_communicator(*s.world, s.dp_rank, s.cp_rank);
+  const SequenceLayoutKind layout = config.parallel.layout == ShardLayout::zigzag
+                                        ? SequenceLayoutKind::zigzag
+                                        : SequenceLayoutKind::contiguous;
+  s.ranges = shard_ranges(config.train.seq_len, s.cp, s.cp_rank, config.parallel.layout);
+  s.model.emplace(config.model, config.train.batch_size, config.train.seq_len, s.cp_comm, layout);
+  s.model->init(config.train.seed);
+  s.adam_m.assign(s.model->parameters().size(), 0.0f);
+  s.adam_v.assign(s.model->parameters().size(), 0.0f);
+  // The data and the checkpoint are opened on every rank; a rank that fails makes all fail alike
+  // (instead of leaving the others waiting in the first collective).
+  std::optional<Error> failure;
+  try {
+    if (config.data.source == DataSource::retrieval) {
+      RetrievalSpec spec;
+      spec.vocab_size = config.model.vocab_size;
+      spec.seq_len = config.train.seq_len;
+      spec.pairs = config.data.retrieval.pairs;
+      spec.key_tokens = config.data.retrieval.key_tokens;
+      spec.value_tokens = config.data.retrieval.value_tokens;
+      spec.queries = config.data.retrieval.queries;
+      spec.seed = config.train.seed;
+      s.task.emplace(spec);
+    } else {
+      s.train_data.emplace(config.data.train_path, config.model.vocab_size, config.train.seq_len);
+      s.sampler.emplace(config.train.seed, s.train_data->num_sequences());
+      if (!config.data.val_path.empty()) {
+        s.val_data.emplace(config.data.val_path, config.model.vocab_size, config.train.seq_len);
+      }
+    }
+    s.log("ringattn-train: world " + std::to_string(s.world->size()) + " = dp " +
+          std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
+          std::string(layout_name(config.parallel.layout)) + "), backend cpu fp32, " +
+          std::to_string(parameter_count()) + " parameters, data " +
+          std::string(source_name(config.data.source)));
+    if (s.world_rank == 0 && s.options.write_metrics) {
+      std::filesystem::create_directories(config.run.dir);
+    }
+    if (const auto resume = resolve_resume(config.run.dir, config.run.resume)) {
+      std::vector<CheckpointTensorSlot> slots;
+      CpuModel<float>& model = *s.model;
+      std::size_t offset = 0;
+      for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
+        const ParameterInfo& info = model.parameter_infos()[i];
+        slots.push_back({info.name, info.shape, model.parameter(i).data()});
+        slots.push_back({"adam_m." + info.name, info.shape, s.adam_m.data() + offset});
+        slots.push_back({"adam_v." + info.name, info.shape, s.adam_v.data() + offset});
+        offset += static_cast<std::size_t>(info.elements);
+      }
+      const CheckpointState state = load_checkpoint(*resume, slots);
+      s.steps_done = static_cast<int>(state.step);
+      s.log("resumed from " + resume->string() + " at step " + std::to_string(s.steps_done));
+    }
+  } catch (const Error& e) {
+    failure = e;
+  }
+  check_no_rank_failed(*s.world, "Trainer", failure ? &*failure : nullptr);
+}
+
+void Trainer::save_checkpoint() {
+  Impl& s = *impl_;
+  std::optional<Error> failure;
+  if (s.world_rank == 0) try {
+      const TrainingConfig& t = s.config.train;
+      CheckpointState state;
+      state.step = s.steps_done;
+      state.data_position.sequences = static_cast<std::uint64_t>(s.steps_done) * t.grad_accum *
+                                      s.dp * static_cast<std::uint64_t>(t.batch_size);
+      state.config_yaml = dump_config(s.config);
+      std::vector<CheckpointTensor> tensors;
+      CpuModel<float>& model = *s.model;
+      std::size_t offset = 0;
+      for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
+        const ParameterInfo& info = model.parameter_infos()[i];
+        tensors.push_back({info.name, info.shape, model.parameter(i).data()});
+        tensors.push_back({"adam_m." + info.name, info.shape, s.adam_m.data() + offset});
+        tensors.push_back({"adam_v." + info.name, info.shape, s.adam_v.data() + offset});
+        offset += static_cast<std::size_t>(info.elements);
+      }
+      const std::filesystem::path path =
+          train::save_checkpoint(s.config.run.dir, state, tensors, std::max(1, t.keep_checkpoints));
+      s.log("checkpoint " + path.string());
+    } catch (const Error& e) {
+      failure = e;
+    }
+  // Every rank waits for the file and fails alike when it could not be written.
+  check_no_rank_failed(*s.world, "Trainer::save_checkpoint", failure ? &*failure : nullptr);
+}
+
+Trainer::~Trainer() = default;
+
+int Trainer::steps_done() const {
+  return impl_->steps_done;
+}
+
+std::int64_t Trainer::parameter_count() const {
+  return static_cast<std::int64_t>(impl_->model->parameters().size());
+}
+
+StepMetrics Trainer::step() {
+  Impl& s = *impl_;
+  const TrainingConfig& t = s.config.train;
+  const auto start = std::chrono::steady_clock::now();
+  const int step = s.steps_done;
+  std::vector<MicroBatch> micro;
+  double weights[2] = {0.0, 0.0};  // the step's loss-mask sum, then its loss sum
+  for (int m = 0; m < t.grad_accum; ++m) {
+    const std::uint64_t first =
+        ((static_cast<std::uint64_t>(step) * t.grad_accum + m) * s.dp + s.dp_rank) *
+        static_cast<std::uint64_t>(t.batch_size);
+    micro.push_back(s.load(first, false, nullptr));
+    weights[0] += micro.back().weight;
+  }
+  s.world->all_reduce_sum(weights, 1, DType::f64, nullptr);
+  const double total_weight = weights[0];
+  if (!(total_weight > 0.0)) {
+    ringattn::detail::fail("Trainer::step", "step ", step + 1,
+                           ": the loss mask of the step's tokens sums to 0");
+  }
+  CpuModel<float>& model = *s.model;
+  model.zero_grad();
+  double loss_sum = 0.0;
+  for (const MicroBatch& mb : micro) {
+    loss_sum += model.forward_backward(mb.view(), 1.0 / total_weight).loss_sum;
+  }
+  s.world->all_reduce_sum(&loss_sum, 1, DType::f64, nullptr);
+  const double loss = loss_sum / total_weight;
+  if (!std::isfinite(loss)) {
+    ringattn::detail::fail("Trainer::step", "the loss is ", loss, " at step ", step + 1);
+  }
+  std::span<float> grads = model.gradients();
+  if (s.world->size() > 1) s.world->all_reduce_sum(grads.data(), grads.size(), DType::f32, nullptr);
+  const std::span<const float> all_grads[] = {grads};
+  const double sum_sq = cpu::sum_of_squares(all_grads);
+  const double grad_norm = std::sqrt(sum_sq);
+  if (!std::isfinite(grad_norm)) {
+    // Name the first parameter whose gradient is not finite.
+    std::string where = "?";
+    for (std::size_t i = 0; i < model.parameter_infos().size() && where == "?"; ++i) {
+      for (float g : model.gradient(i)) {
+        if (!std::isfinite(g)) {
+          where = model.parameter_infos()[i].name;
+          break;
+        }
+      }
+    }
+    ringattn::detail::fail("Trainer::step", "the gradient norm is ", grad_norm, " at step ",
+                           step + 1, " (first in the gradient of ", where, ")");
+  }
+  if (t.grad_clip > 0.0) {
+    const float factor = static_cast<float>(cpu::clip_factor(sum_sq, t.grad_clip));
+    if (factor < 1.0f) {
+      const std::span<float> bufs[] = {grads};
+      cpu::scale_buffers(bufs, factor);
+    }
+  }
+  cpu::AdamWHyper hyper;
+  hyper.lr = learning_rate(t, step);
+  hyper.beta1 = t.beta1;
+  hyper.beta2 = t.beta2;
+  hyper.eps = t.adam_eps;
+  hyper.weight_decay = t.weight_decay;
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
+    const ParameterInfo& info = model.parameter_infos()[i];
+    const std::size_t count = static_cast<std::size_t>(info.elements);
+    cpu::adamw_step(model.parameter(i), model.gradient(i),
+                    std::span<float>(s.adam_m).subspan(offset, count),
+                    std::span<float>(s.adam_v).subspan(offset, count), hyper, step + 1,
+                    info.weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip);
+    offset += count;
+  }
+  s.steps_done = step + 1;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  StepMetrics metrics;
+  metrics.step = step + 1;
+  metrics.loss = loss;
+  metrics.lr = hyper.lr;
+  metrics.grad_norm = grad_norm;
+  metrics.seconds = seconds;
+  const double tokens = static_cast<double>(t.grad_accum) * s.dp * t.batch_size * t.seq_len;
+  metrics.tokens_per_s = seconds > 0.0 ? tokens / seconds : 0.0;
+  return metrics;
+}
+
+EvalMetrics Trainer::evaluate() {
+  Impl& s = *impl_;
+  const TrainingConfig& t = s.config.train;
+  EvalMetrics out;
+  out.step = s.steps_done;
+  if (!s.task && !s.val_data) return out;
+  CpuModel<float>& model = *s.model;
+  double sums[4] = {0.0, 0.0, 0.0, 0.0};  // loss, weight, queries, correct
+  std::vector<std::int32_t> predictions(model.local_tokens());
+  std::vector<double> full;
+  for (int batch = 0; batch < t.eval_batches; ++batch) {
+    const std::uint64_t first = (static_cast<std::uint64_t>(batch) * s.dp + s.dp_rank) *
+                                static_cast<std::uint64_t>(t.batch_size);
+    std::vector<RetrievalSample> samples;
+    const MicroBatch mb = s.load(first, true, &samples);
+    const cpu::CrossEntropySums ce = model.forward(mb.view(), predictions);
+    sums[0] += ce.loss_sum;
+    sums[1] += ce.weight_sum;
+    if (!s.task) continue;
+    // Gather the predictions of the whole sequences over the ring (each rank writes its tokens).
+    full.assign(static_cast<std::size_t>(t.batch_size) * t.seq_len, 0.0);
+    const std::int64_t sl = model.local_len();
+    for (int b = 0; b < t.batch_size; ++b) {
+      std::int64_t local = 0;
+      for (const TokenRange& r : s.ranges) {
+        for (std::int64_t p = r.begin; p < r.end; ++p, ++local) {
+          full[static_cast<std::size_t>(b) * t.seq_len + p] = predictions[b * sl + local];
+        }
+      }
+    }
+    s.cp_comm->all_reduce_sum(full.data(), full.size(), DType::f64, nullptr);
+    if (s.cp_rank != 0) continue;  // count each sample once per replica
+    for (int b = 0; b < t.batch_size; ++b) {
+      std::vector<std::int32_t> answers;
+      for (std::int64_t target : samples[b].answer_targets) {
+        answers.push_back(
+            static_cast<std::int32_t>(full[static_cast<std::size_t>(b) * t.seq_len + target]));
+      }
+      const RetrievalScore score =
+          score_answers(samples[b], s.config.data.retrieval.value_tokens, answers);
+      sums[2] += static_cast<double>(score.queries);
+      sums[3] += static_cast<double>(score.correct);
+    }
+  }
+  s.world->all_reduce_sum(sums, 4, DType::f64, nullptr);
+  out.loss = sums[1] > 0.0 ? sums[0] / sums[1] : 0.0;
+  if (s.task) out.accuracy = sums[2] > 0.0 ? sums[3] / sums[2] : 0.0;
+  return out;
+}
+
+std::vector<StepMetrics> Trainer::run() {
+  Impl& s = *impl_;
+  const TrainingConfig& t = s.config.train;
+  std::ofstream metrics_file;
+  if (s.world_rank == 0 && s.options.write_metrics) {
+    const std::filesystem::path path = std::filesystem::path(s.config.run.dir) / "metrics.jsonl";
+    metrics_file.open(path, std::ios::app);
+    if (!metrics_file) ringattn::detail::fail("Trainer::run", "cannot open ", path.string());
+  }
+  std::vector<StepMetrics> all;
+  while (s.steps_done < t.steps) {
+    const StepMetrics m = step();
+    if (metrics_file.is_open()) {
+      metrics_file << "{\"step\": " << m.step << ", \"loss\": " << format_double(m.loss)
+                   << ", \"lr\": " << format_double(m.lr)
+                   << ", \"grad_norm\": " << format_double(m.grad_norm)
+                   << ", \"tokens_per_s\": " << format_double(m.tokens_per_s) << "}\n";
+      metrics_file.flush();
+    }
+    if (t.log_every > 0 && (m.step % t.log_every == 0 || m.step == 1 || m.step == t.steps)) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  tokens/s %.0f", m.step,
+                    t.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s);
+      s.log(line);
+    }
+    if (t.eval_every > 0 && (m.step % t.eval_every == 0 || m.step == t.steps)) {
+      const EvalMetrics e = evaluate();
+      char line[256];
+      if (e.accuracy >= 0.0) {
+        std::snprintf(line, sizeof line, "eval step %d  loss %.4f  retrieval accuracy %.3f", e.step,
+                      e.loss, e.accuracy);
+      } else {
+        std::snprintf(line, sizeof line, "eval step %d  loss %.4f", e.step, e.loss);
+      }
+      s.log(line);
+      if (metrics_file.is_open()) {
+        metrics_file << "{\"step\": " << e.step << ", \"eval_loss\": " << format_double(e.loss);
+        if (e.accuracy >= 0.0) metrics_file << ", \"eval_accuracy\": " << format_double(e.accuracy);
+        metrics_file << "}\n";
+        metrics_file.flush();
+      }
+    }
+    const bool last = s.steps_done == t.steps;
+    if (s.options.write_checkpoints &&
+        (last || (t.checkpoint_every > 0 && m.step % t.checkpoint_every == 0))) {
+      save_checkpoint();
+    }
+    all.push_back(m);
+    if (s.options.stop_requested != nullptr && !last) {
+      double stop = *s.options.stop_requested != 0 ? 1.0 : 0.0;
+      s.world->all_reduce_sum(&stop, 1, DType::f64, nullptr);
+      if (stop > 0.0) {
+        s.log("stop requested: stopping after step " + std::to_string(m.step));
+        if (s.options.write_checkpoints) save_checkpoint();
+        break;
+      }
+    }
+  }
+  return all;
+}
+
+}  // namespace ringattn::train

@@ -1,0 +1,96 @@
+// The training loop on the CPU backend (fp32): one Trainer per job, every rank of `world` runs it.
+//
+// world = dp x cp (config.parallel): rank r is context-parallel rank r % cp of data-parallel
+// replica r / cp; each replica's cp ranks form a ring (split_communicator) over which the model
+// shards every sequence. One optimizer step:
+//   1. the step's samples: grad_accum micro-batches of batch_size sequences per dp replica, sample
+//      n = ((step * grad_accum + micro) * dp + dp_rank) * batch_size + b (retrieval: the task's
+//      training sample n; hdf5: the sampler's sequence at data position n), each rank taking its
+//      own shard of every sequence;
+//   2. the loss normaliser W = the loss-mask sum over every rank and micro-batch of the step
+//      (all-reduced over the world before the forward), each micro-batch adding the gradient of
+//      (its weighted loss sum) / W;
+//   3. the gradients summed over the whole world: every rank holds the same parameters (the cp
+//      ranks saw different tokens of the same sequences, the dp replicas different sequences);
+//      after that every rank holds the whole gradient, so the global norm is its local norm;
+//   4. clip to train.grad_clip, AdamW (fp32 master weights = the parameters) at the step's
+//      learning rate (linear warmup over warmup_steps, then cosine decay to min_lr).
+// run.resume ("latest" or a path; train/checkpoint.hpp) restores the parameters, the AdamW
+// moments and the step from a checkpoint written under any dp x cp layout; the data of a step is
+// a pure function of the step, so a resumed run continues with the same samples.
+// The loss reported is the step's weighted mean over all its tokens. A non-finite loss or
+// gradient norm throws ringattn::Error naming the step (on every rank alike).
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "train/config.hpp"
+
+namespace ringattn::train {
+
+struct StepMetrics {
+  int step = 0;  // 1-based
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;  // before clipping
+  double tokens_per_s = 0.0;
+  double seconds = 0.0;
+};
+
+struct EvalMetrics {
+  int step = 0;
+  double loss = 0.0;
+  double accuracy = -1.0;  // retrieval accuracy on held-out samples; -1 for hdf5 data
+};
+
+struct TrainerOptions {
+  std::ostream* log = nullptr;  // rank 0's log lines (nullptr: silent)
+  bool write_metrics = true;    // rank 0 appends to <run.dir>/metrics.jsonl
+  // rank 0 writes <run.dir>/ckpt-<step>.h5 every train.checkpoint_every steps and at the end of
+  // run() (train/checkpoint.hpp; the newest train.keep_checkpoints kept)
+  bool write_checkpoints = true;
+  // Polled by run() after every step (all ranks agree through an all-reduce): when set on any
+  // rank, run() writes a checkpoint (if write_checkpoints) and returns early. main() sets it from
+  // SIGINT/SIGTERM.
+  const volatile std::sig_atomic_t* stop_requested = nullptr;
+};
+
+// The learning rate of optimizer step `step` (0-based).
+double learning_rate(const TrainingConfig& train, int step);
+
+class Trainer {
+ public:
+  // Validates the config for world's size (throws ringattn::Error naming the key) and sets up the
+  // mesh, the model (initialised from train.seed) and the data. Collective over `world`.
+  Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
+          TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One optimizer step (collective).
+  StepMetrics step();
+  // Held-out loss (and retrieval accuracy) over train.eval_batches batches (collective).
+  EvalMetrics evaluate();
+  // train.steps steps with logging and evaluation; the metrics of every step.
+  std::vector<StepMetrics> run();
+
+  // Writes the checkpoint of the steps done so far (rank 0 writes; collective: all ranks wait).
+  void save_checkpoint();
+
+  int steps_done() const;
+  std::int64_t parameter_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringattn::train
