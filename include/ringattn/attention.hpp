@@ -105,7 +105,7 @@ void flash_forward(const ForwardArgs& args, void* stream = nullptr);
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
                             void* stream = nullptr);
 // dQ is summed with fp32 atomics, or in a second pass over the keys when args.deterministic
-// (bitwise-reproducible; about 1.3x the time).
+// (bitwise-reproducible, at the cost of recomputing P and dP once more).
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);
 
 // Streaming reference on the GPU for long sequences: fp32 arithmetic on CUDA cores, O(S) memory,
