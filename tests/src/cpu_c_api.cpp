@@ -8,25 +8,12 @@
 
 #include "ringattn/attention.hpp"
 #include "ringattn/ringattn.h"
+#include "tests/common/c_api_testing.hpp"
 #include "tests/common/random.hpp"
 
 namespace {
 
-ringattn_tensor_t describe(std::vector<double>& data, std::initializer_list<std::int64_t> shape) {
-  ringattn_tensor_t t{};
-  t.data = data.data();
-  t.dtype = RINGATTN_F64;
-  t.memory = RINGATTN_HOST;
-  t.rank = static_cast<int32_t>(shape.size());
-  int axis = 0;
-  for (std::int64_t extent : shape) t.shape[axis++] = extent;
-  std::int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    t.strides[i] = stride;
-    stride *= t.shape[i];
-  }
-  return t;
-}
+using ringattn::test::describe;
 
 struct Problem {
   static constexpr std::int64_t B = 2, S = 33, Hq = 4, Hkv = 2, D = 16;
