@@ -111,6 +111,12 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   if (config.run.backend == Backend::cuda) {
     ringattn::detail::fail("Trainer", "run.backend is cuda; this trainer has only the cpu backend");
   }
+  // A switch the CPU backend cannot honour fails instead of being ignored.
+  if (config.train.recompute) {
+    ringattn::detail::fail_as(ringattn::ErrorKind::unsupported, "Trainer",
+                              "train.recompute is true; the cpu backend keeps every activation "
+                              "(set train.recompute=false)");
+  }
   s.world_rank = s.world->rank();
   s.dp = config.parallel.dp;
   s.cp = config.parallel.cp;

@@ -197,5 +197,20 @@ TEST(TrainTiny, NonFiniteLossNamesTheStep) {
   EXPECT_NE(message.find("nan"), std::string::npos) << "got: '" << message << "'";
 }
 
+// A switch the CPU backend cannot honour stops the run before the first step, naming it.
+TEST(TrainTiny, RecomputeIsRefusedByTheCpuBackend) {
+  std::shared_ptr<Communicator> world = mpi_world_communicator();
+  TrainConfig config = tiny_config();
+  config.parallel.cp = communicator_size(*world);
+  config.train.recompute = true;
+  std::string message;
+  try {
+    losses_of(config, world);
+  } catch (const ringattn::Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("train.recompute is true"), std::string::npos) << "got: '" << message << "'";
+}
+
 }  // namespace
 }  // namespace ringattn::train
