@@ -3,10 +3,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <optional>
 #include <sstream>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
@@ -64,11 +69,30 @@ struct Trainer::Impl {
   std::optional<SequenceSampler> sampler;
   int steps_done = 0;
 
+  // On a terminal, rank 0 keeps a progress bar on the last line; log lines print above it.
+  // Under mpirun a rank's stdout is a pipe or a pseudo-terminal whatever the user's is, so the
+  // launcher says: RINGATTN_PROGRESS=1 or 0 (tools/main.sh sets it from its own stdout).
+  bool terminal() const {
+    if (options.log != &std::cout) return false;
+    if (const char* forced = std::getenv("RINGATTN_PROGRESS"); forced != nullptr) {
+      return std::string(forced) == "1";
+    }
+    return std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && isatty(fileno(stdout)) == 1;
+  }
+
   void log(const std::string& line) const {
     if (world_rank == 0 && options.log != nullptr) {
-      *options.log << line << '\n';
+      *options.log << (terminal() ? "\r\033[K" : "") << line << '\n';
       options.log->flush();
     }
+  }
+
+  void progress(int step, int steps, double loss) const {
+    if (world_rank != 0 || options.log == nullptr || !terminal()) return;
+    constexpr int kWidth = 30;
+    const int filled = steps > 0 ? step * kWidth / steps : kWidth;
+    *options.log << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, ' ') << "] "
+                 << step << "/" << steps << "  loss " << loss << std::flush;
   }
 
   // The micro-batch of this rank: samples [first, first + batch) of the split.
@@ -305,6 +329,8 @@ StepMetrics Trainer::step() {
   metrics.seconds = seconds;
   const double tokens = static_cast<double>(t.grad_accum) * s.dp * t.batch_size * t.seq_len;
   metrics.tokens_per_s = seconds > 0.0 ? tokens / seconds : 0.0;
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) metrics.peak_memory_mib = usage.ru_maxrss / 1024.0;  // KiB
   return metrics;
 }
 
@@ -374,16 +400,18 @@ std::vector<StepMetrics> Trainer::run() {
       metrics_file << "{\"step\": " << m.step << ", \"loss\": " << format_double(m.loss)
                    << ", \"lr\": " << format_double(m.lr)
                    << ", \"grad_norm\": " << format_double(m.grad_norm)
-                   << ", \"tokens_per_s\": " << format_double(m.tokens_per_s) << "}\n";
+                   << ", \"tokens_per_s\": " << format_double(m.tokens_per_s)
+                   << ", \"peak_memory_mib\": " << format_double(m.peak_memory_mib) << "}\n";
       metrics_file.flush();
     }
     if (t.log_every > 0 && (m.step % t.log_every == 0 || m.step == 1 || m.step == t.steps)) {
       char line[256];
       std::snprintf(line, sizeof line,
-                    "step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  tokens/s %.0f", m.step,
-                    t.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s);
+                    "step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  tokens/s %.0f  peak %.0f MiB",
+                    m.step, t.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.peak_memory_mib);
       s.log(line);
     }
+    s.progress(m.step, t.steps, m.loss);
     if (t.eval_every > 0 && (m.step % t.eval_every == 0 || m.step == t.steps)) {
       const EvalMetrics e = evaluate();
       char line[256];

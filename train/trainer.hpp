@@ -42,6 +42,7 @@ struct StepMetrics {
   double grad_norm = 0.0;  // before clipping
   double tokens_per_s = 0.0;
   double seconds = 0.0;
+  double peak_memory_mib = 0.0;  // this process's peak resident memory so far
 };
 
 struct EvalMetrics {
