@@ -40,7 +40,7 @@ TEST(ConfigFiles, TinyCpuIsTheBuiltInDefault) {
   EXPECT_EQ(tiny.parallel.dp * tiny.parallel.cp, 2);
 }
 
-// The shapes the issue names: the 188M model of GPU_MACHINE.md, cp = 2 for the long and the
+// The shapes the configs promise: the 188M reference model, cp = 2 for the long and the
 // retrieval runs, a context of at least 16k for retrieval.
 TEST(ConfigFiles, NamedShapes) {
   const TrainConfig small = load_config_file(configs_dir() / "small-32k.yaml");

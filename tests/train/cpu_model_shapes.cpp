@@ -14,8 +14,8 @@
 namespace ringattn::train {
 namespace {
 
-// d_model 1024, 12 layers, 8 heads of 128, 8 kv heads, SwiGLU 2816, vocab 32768
-// (../shared/GPU_MACHINE.md).
+// The 188M reference shape: d_model 1024, 12 layers, 8 heads of 128, 8 kv heads, SwiGLU 2816,
+// vocab 32768.
 ModelShape shape_188m(bool tied) {
   return {.vocab = 32768,
           .d_model = 1024,
