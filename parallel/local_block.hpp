@@ -3,24 +3,10 @@
 // device tensors. The ring schedule calls only these, so it is written once for both backends.
 #pragma once
 
+#include "kernels/block_checks.hpp"
 #include "ringattn/attention.hpp"
 
 namespace ringattn::detail {
-
-// The block of the tensors' memory (args.q.memory); `stream` is a cudaStream_t, ignored on the
-// host.
-void block_forward(const ForwardArgs& args, void* stream);
-void block_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
-                            void* stream);
-void block_backward(const BackwardArgs& args, void* stream);
-
-// What the block of `memory` checks again at every call, checked once before a ring starts (a
-// rank that fails inside the ring would leave its peers waiting): the input dtypes and head dims
-// it runs, and on the device its layout rules for one tensor (unit stride along head_dim, rows
-// in 16-byte units for 16-bit tensors and 8-byte units for fp32 ones, aligned data). Rank-3 row
-// statistics have no layout rule.
-void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where);
-void check_block_layout(const TensorView& t, const char* name, const char* where);
 
 // Element-wise on views of the same shape (any strides, same memory), queued on `stream` for
 // device tensors:

@@ -282,7 +282,7 @@ void RingAttention::forward(const RingForwardArgs& args) {
       block.scale = args.scale;
       block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
       block.combine = true;
-      detail::block_forward(block, stream);
+      flash_forward(block, stream);
     }
     if (more) {
       comm.exchange_wait(stream);
@@ -344,7 +344,7 @@ void RingAttention::backward(const RingBackwardArgs& args) {
   const PairedViews dkv[2] = {paired_views(w.dkv[0], s, acc), paired_views(w.dkv[1], s, acc)};
   const PairedViews dkv_step = ranks > 1 ? paired_views(w.dkv_step, s, acc) : dkv[0];
   const TensorView delta = w.delta.view(acc, {s.batch, s.q_heads, s.q_len});
-  detail::block_backward_prepare(args.o, args.dout, delta, stream);
+  flash_backward_prepare(args.o, args.dout, delta, stream);
   detail::fill(args.dq, 0.0, stream);
   detail::copy(args.k, kv[0].k, stream);
   detail::copy(args.v, kv[0].v, stream);
@@ -377,7 +377,7 @@ void RingAttention::backward(const RingBackwardArgs& args) {
       block.scale = args.scale;
       block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
       block.deterministic = args.deterministic;
-      detail::block_backward(block, stream);
+      flash_backward(block, stream);
     }
     if (ranks == 1) break;  // the accumulator is already at its owner
     comm.exchange_wait(stream);

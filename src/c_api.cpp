@@ -82,11 +82,7 @@ ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* pa
     args.scale = params->scale;
     args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
     args.combine = params->combine != 0;
-    if (args.q.memory == Memory::device) {
-      cuda::flash_forward(args, stream);
-    } else {
-      cpu::flash_forward(args);
-    }
+    flash_forward(args, stream);
   });
 }
 
@@ -98,14 +94,8 @@ ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o
     if (o == nullptr || dout == nullptr || delta == nullptr) {
       detail::fail(kWhere, o == nullptr ? "o" : dout == nullptr ? "dout" : "delta", " is a null pointer");
     }
-    const TensorView o_view = to_view(*o, "o", kWhere);
-    if (o_view.memory == Memory::device) {
-      cuda::flash_backward_prepare(o_view, to_view(*dout, "dout", kWhere),
-                                   to_view(*delta, "delta", kWhere), stream);
-    } else {
-      cpu::flash_backward_prepare(o_view, to_view(*dout, "dout", kWhere),
-                                  to_view(*delta, "delta", kWhere));
-    }
+    flash_backward_prepare(to_view(*o, "o", kWhere), to_view(*dout, "dout", kWhere),
+                           to_view(*delta, "delta", kWhere), stream);
   });
 }
 
@@ -127,11 +117,7 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
     args.scale = params->scale;
     args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
     args.deterministic = params->deterministic != 0;
-    if (args.q.memory == Memory::device) {
-      cuda::flash_backward(args, stream);
-    } else {
-      cpu::flash_backward(args);
-    }
+    flash_backward(args, stream);
   });
 }
 

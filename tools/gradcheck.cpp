@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "parallel/communicator.hpp"
+#include "parallel/local_block.hpp"
 #include "ringattn/attention.hpp"
 #include "ringattn/config.h"
 #include "ringattn/error.hpp"
@@ -165,19 +166,10 @@ Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memor
     cuda::reference_backward(qv, kv, vv, ov, lv, gv, mask, scale, dl, dqv, dkv, dvv);
   } else {
     auto run_block = [&] {
-      if (memory == Memory::device) {
-#if RINGATTN_WITH_CUDA
-        for (const OwnedBuffer* b : {&dq, &dk, &dv}) RINGATTN_CUDA_CHECK(cudaMemsetAsync(b->data(), 0, b->bytes()));
-#endif
-        cuda::flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
-        cuda::flash_backward_prepare(ov, gv, dl);
-        cuda::flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
-      } else {
-        for (OwnedBuffer* b : {&dq, &dk, &dv}) std::memset(b->data(), 0, b->bytes());
-        cpu::flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
-        cpu::flash_backward_prepare(ov, gv, dl);
-        cpu::flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
-      }
+      for (OwnedBuffer* b : {&dq, &dk, &dv}) detail::fill(b->view(acc, {static_cast<std::int64_t>(b->bytes() / dtype_size(acc))}), 0.0, nullptr);
+      flash_forward({qv, kv, vv, ov, lv, scale, mask, false});
+      flash_backward_prepare(ov, gv, dl);
+      flash_backward({qv, kv, vv, gv, lv, dl, dqv, dkv, dvv, scale, mask});
     };
     run_block();
     if (seconds != nullptr && opt.timed > 0) {

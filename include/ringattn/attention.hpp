@@ -80,6 +80,13 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dq, const TensorView& dk, const TensorView& dv);
 }  // namespace reference
 
+// The local block on the backend of the tensors' memory: host tensors (f32, f64) run the CPU block
+// below, device tensors (bf16, f16) the CUDA block; `stream` is a cudaStream_t, unused on the host.
+void flash_forward(const ForwardArgs& args, void* stream = nullptr);
+void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                            void* stream = nullptr);
+void flash_backward(const BackwardArgs& args, void* stream = nullptr);
+
 // The CPU flash block: the same tiled algorithm and contract as the CUDA kernel, on host memory,
 // for f32 and f64 inputs, multithreaded over (batch, head, row block).
 namespace cpu {

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "kernels/block_checks.hpp"
 #include "kernels/cuda/flash_launch.hpp"
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
@@ -38,13 +39,12 @@ constexpr KernelSet kKernels[] = {
 };
 
 const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* where) {
-  if (dtype != DType::bf16 && dtype != DType::f16) {
-    detail::fail(where, "q has dtype ", dtype_name(dtype), "; the CUDA block takes bf16 or f16");
-  }
+  detail::check_block_dtype(dtype, head_dim, Memory::device, where);
   for (const KernelSet& set : kKernels) {
     if (set.dtype == dtype && set.head_dim == head_dim) return set;
   }
-  detail::fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim, " is not supported; the CUDA block takes 64 or 128");
+  detail::fail_as(ErrorKind::unsupported, where, "no kernels were built for ", dtype_name(dtype),
+                  " with head_dim ", head_dim);
 }
 
 void check_device(const char* where) {
@@ -74,25 +74,9 @@ void check_device_pointer(const TensorView& t, const char* name, const char* whe
   }
 }
 
-// 16-bit rows move in 16-byte copies: unit stride along head_dim, other strides multiples of 8.
-// fp32 buffers move in 8-byte pairs: unit stride, even strides.
 void check_layout(const TensorView& t, const char* name, const char* where) {
   check_device_pointer(t, name, where);
-  if (t.rank != 4) return;  // LSE and delta are read element by element: any strides
-  const int elements = t.dtype == DType::f32 ? 2 : 8;
-  const int bytes = elements * static_cast<int>(dtype_size(t.dtype));
-  if (t.shape[3] > 1 && t.strides[3] != 1) {
-    detail::fail(where, name, " has stride ", t.strides[3], " along head_dim; expected 1");
-  }
-  for (int axis = 0; axis < 3; ++axis) {
-    if (t.shape[axis] > 1 && t.strides[axis] % elements != 0) {
-      detail::fail(where, name, " has stride ", t.strides[axis], " on axis ", axis,
-                   "; expected a multiple of ", elements, " elements (", bytes, "-byte rows)");
-    }
-  }
-  if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0) {
-    detail::fail(where, name, " (", t.data, ") is not ", bytes, "-byte aligned");
-  }
+  detail::check_block_layout(t, name, where);
 }
 
 void check_sizes(const AttentionShape& s, const char* where) {

@@ -1,0 +1,47 @@
+#include "kernels/block_checks.hpp"
+
+#include <cstdint>
+
+#include "ringattn/error.hpp"
+
+namespace ringattn::detail {
+
+void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where) {
+  if (memory == Memory::host) {
+    if (dtype != DType::f32 && dtype != DType::f64) {
+      fail(
+          where, "q has dtype ", dtype_name(dtype),
+          "; host tensors run on the CPU block, which takes f32 or f64 (bf16 and f16 run on CUDA)");
+    }
+    return;
+  }
+  if (dtype != DType::bf16 && dtype != DType::f16) {
+    fail(where, "q has dtype ", dtype_name(dtype),
+         "; device tensors run on the CUDA block, which takes bf16 or f16");
+  }
+  if (head_dim != 64 && head_dim != 128) {
+    fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim,
+            " is not supported; the CUDA block takes 64 or 128");
+  }
+}
+
+// 16-bit rows move in 16-byte copies (cp.async), fp32 accumulators in 8-byte pairs.
+void check_block_layout(const TensorView& t, const char* name, const char* where) {
+  if (t.memory != Memory::device || t.rank != 4) return;
+  const std::int64_t elements = t.dtype == DType::f32 ? 2 : 8;
+  const std::int64_t bytes = elements * static_cast<std::int64_t>(dtype_size(t.dtype));
+  if (t.shape[3] > 1 && t.strides[3] != 1) {
+    fail(where, name, " has stride ", t.strides[3], " along head_dim; expected 1");
+  }
+  for (int axis = 0; axis < 3; ++axis) {
+    if (t.shape[axis] > 1 && t.strides[axis] % elements != 0) {
+      fail(where, name, " has stride ", t.strides[axis], " on axis ", axis,
+           "; expected a multiple of ", elements, " elements (", bytes, "-byte rows)");
+    }
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0) {
+    fail(where, name, " (", t.data, ") is not ", bytes, "-byte aligned");
+  }
+}
+
+}  // namespace ringattn::detail
