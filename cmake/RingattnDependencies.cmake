@@ -71,6 +71,13 @@ if(RINGATTN_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   enable_language(CUDA)
+  # nvcc 12 and later take -std=c++20; a target that includes C++20 headers in its .cu files
+  # (the trainer's, through the CPU ops' std::span) sets CUDA_STANDARD 20.
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION
+     AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
   find_package(CUDAToolkit REQUIRED)
   find_package(NCCL)
   ringattn_require(NCCL_FOUND "NCCL (nccl.h and libnccl)" "libnccl-dev (or the NCCL of the CUDA toolkit)")

@@ -94,6 +94,18 @@ void describe_disagreement(const std::vector<std::string>& values, std::string& 
 
 }  // namespace
 
+void host_all_reduce_sum(const Communicator& comm, double* values, std::size_t count) {
+  if (count == 0) return;
+  const std::size_t ranks = static_cast<std::size_t>(comm.size());
+  std::vector<double> all(ranks * count);
+  comm.host_all_gather(values, count * sizeof(double), all.data());
+  for (std::size_t i = 0; i < count; ++i) {
+    double sum = 0.0;
+    for (std::size_t r = 0; r < ranks; ++r) sum += all[r * count + i];
+    values[i] = sum;
+  }
+}
+
 std::vector<std::string> all_gather_text(const Communicator& comm, std::string_view text) {
   const int ranks = comm.size();
   const std::uint64_t length = text.size();

@@ -56,6 +56,10 @@ class Communicator {
   virtual void host_all_gather(const void* send, std::size_t bytes, void* recv) const = 0;
 };
 
+// In place on the host whatever memory() is: values[i] = sum over ranks of values[i], summed in
+// rank order (the same bits on every rank and in every run). For scalars and small vectors.
+void host_all_reduce_sum(const Communicator& comm, double* values, std::size_t count);
+
 // Every rank's text, in rank order (two host_all_gather: the lengths, then the bytes).
 std::vector<std::string> all_gather_text(const Communicator& comm, std::string_view text);
 

@@ -1,6 +1,8 @@
 #include "parallel/performance_model.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "ringattn/error.hpp"
 
@@ -57,6 +59,22 @@ RingPlan plan_ring(const RingPlanInput& in) {
   const auto fitting_local = static_cast<std::int64_t>(std::floor(budget / per_token));
   p.longest_seq = fitting_local * in.ranks / divisor * divisor;
   return p;
+}
+
+double attention_forward_flops(std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                               std::int64_t head_dim, bool causal) {
+  const double s = static_cast<double>(seq);
+  return 4.0 * static_cast<double>(batch) * static_cast<double>(heads) * s * s *
+         static_cast<double>(head_dim) * (causal ? 0.5 : 1.0);
+}
+
+double ring_efficiency(double one_gpu_time, int ranks, double ring_time) {
+  return one_gpu_time / (ranks * ring_time);
+}
+
+double hidden_share(double ring_time, double compute_alone, double transfers_alone) {
+  if (!(transfers_alone > 0)) return std::numeric_limits<double>::quiet_NaN();
+  return std::clamp(1.0 - (ring_time - compute_alone) / transfers_alone, 0.0, 1.0);
 }
 
 }  // namespace ringattn

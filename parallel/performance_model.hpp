@@ -39,4 +39,20 @@ struct RingPlan {
 // Throws Error naming the field when an input is out of range.
 RingPlan plan_ring(const RingPlanInput& input);
 
+// FlashAttention's count of the FLOPs of one attention forward over a whole sequence of `seq`
+// tokens: 4 b h s^2 d, halved under a causal mask. A backward counts kBackwardFlopFactor times
+// the forward, so forward + backward counts (1 + kBackwardFlopFactor) times it. GQA changes
+// nothing (the count follows the query heads).
+inline constexpr double kBackwardFlopFactor = 2.5;
+double attention_forward_flops(std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                               std::int64_t head_dim, bool causal);
+
+// What a measured ring gets out of its GPUs, against the same local block doing the whole problem
+// on one GPU: one_gpu / (ranks x ring), 1 when N GPUs are N times faster. Times in any one unit.
+double ring_efficiency(double one_gpu_time, int ranks, double ring_time);
+// The share of the transfer time that the ring hides behind its compute, from the ring's time and
+// those of its halves run apart (RingWork::compute and RingWork::transfers):
+// 1 - (ring - compute alone) / transfers alone, clamped to [0, 1]. NaN when transfers_alone <= 0.
+double hidden_share(double ring_time, double compute_alone, double transfers_alone);
+
 }  // namespace ringattn

@@ -17,6 +17,11 @@
 // shard's owner (N sends of dK/dV, N - 1 of K/V); dQ stays local, added into by every step.
 //
 // No step waits on the host for device work: the communicator orders transfers on the stream.
+//
+// The halves (RingWork): the loops below run either side on its own by skipping the other. With
+// only the transfers, the buffers travel with whatever they hold; with only the compute, the K/V
+// and dK/dV buffers never change hands, so every step runs on this rank's own shard, with the
+// pairs and masks of the shard that would have visited.
 #include "parallel/ring_attention.hpp"
 
 #include <algorithm>
@@ -191,6 +196,12 @@ void validate_collectively(const Communicator& comm, const char* where,
 
 }  // namespace
 
+// The schedule, with private access to the RingAttention it runs for.
+struct RingAttentionInternals {
+  static void forward(RingAttention& ring, const RingForwardArgs& args, RingWork work);
+  static void backward(RingAttention& ring, const RingBackwardArgs& args, RingWork work);
+};
+
 struct RingAttention::Workspace {
   OwnedBuffer kv[2];      // K|V in the input dtype, double buffered
   OwnedBuffer running_o;  // forward: the running output, accumulator dtype
@@ -229,13 +240,31 @@ const Communicator& RingAttention::communicator() const {
 }
 
 void RingAttention::forward(const RingForwardArgs& args) {
+  RingAttentionInternals::forward(*this, args, RingWork::all);
+}
+
+void RingAttention::backward(const RingBackwardArgs& args) {
+  RingAttentionInternals::backward(*this, args, RingWork::all);
+}
+
+void ring_forward(RingAttention& ring, const RingForwardArgs& args, RingWork work) {
+  RingAttentionInternals::forward(ring, args, work);
+}
+
+void ring_backward(RingAttention& ring, const RingBackwardArgs& args, RingWork work) {
+  RingAttentionInternals::backward(ring, args, work);
+}
+
+void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs& args,
+                                     RingWork work) {
   constexpr const char* kWhere = "RingAttention::forward";
-  Communicator& comm = *comm_;
+  Communicator& comm = *ring.comm_;
   const int ranks = comm.size(), rank = comm.rank();
-  Workspace& w = *workspace_;
+  RingAttention::Workspace& w = *ring.workspace_;
+  const bool transfers = work != RingWork::compute, compute = work != RingWork::transfers;
   const std::string description = describe_call(
-      {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}, {"lse", &args.lse}}, layout_,
-      args.causal, args.scale);
+      {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}, {"lse", &args.lse}},
+      ring.layout_, args.causal, args.scale);
 
   AttentionShape s;
   std::optional<SequenceLayout> layout;
@@ -247,7 +276,7 @@ void RingAttention::forward(const RingForwardArgs& args) {
          NamedViews{{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}}) {
       detail::check_block_layout(*view, name, kWhere);
     }
-    layout.emplace(layout_, ranks, rank, s.q_len * ranks);
+    layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
     w.kv[0].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     w.kv[1].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     w.running_o.reserve(comm.memory(), static_cast<std::size_t>(args.o.numel()) *
@@ -259,20 +288,24 @@ void RingAttention::forward(const RingForwardArgs& args) {
   const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
                              paired_views(w.kv[1], s, args.q.dtype)};
   const TensorView running = w.running_o.view(acc, {s.batch, s.q_len, s.q_heads, s.head_dim});
-  detail::copy(args.k, kv[0].k, stream);
-  detail::copy(args.v, kv[0].v, stream);
-  detail::fill(running, 0.0, stream);
-  detail::fill(args.lse, kNegInf, stream);
+  if (compute) {
+    detail::copy(args.k, kv[0].k, stream);
+    detail::copy(args.v, kv[0].v, stream);
+    detail::fill(running, 0.0, stream);
+    detail::fill(args.lse, kNegInf, stream);
+  }
 
   int held = 0;  // the kv buffer holding the visiting shard
   for (int step = 0; step < ranks; ++step) {
-    const bool more = step + 1 < ranks;
+    const bool more = step + 1 < ranks && transfers;
     if (more) {
       comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
                           kv[1 - held].bytes, stream);
     }
     const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
-    for (const BlockPair& p : visible_pairs(*layout, visiting, args.causal)) {
+    const std::vector<BlockPair> pairs =
+        compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
+    for (const BlockPair& p : pairs) {
       ForwardArgs block;
       block.q = rows(args.q, p.q_local_start, p.q_length);
       block.k = rows(kv[held].k, p.k_local_start, p.k_length);
@@ -289,14 +322,16 @@ void RingAttention::forward(const RingForwardArgs& args) {
       held = 1 - held;
     }
   }
-  detail::copy(running, args.o, stream);
+  if (compute) detail::copy(running, args.o, stream);
 }
 
-void RingAttention::backward(const RingBackwardArgs& args) {
+void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArgs& args,
+                                      RingWork work) {
   constexpr const char* kWhere = "RingAttention::backward";
-  Communicator& comm = *comm_;
+  Communicator& comm = *ring.comm_;
   const int ranks = comm.size(), rank = comm.rank();
-  Workspace& w = *workspace_;
+  RingAttention::Workspace& w = *ring.workspace_;
+  const bool transfers = work != RingWork::compute, compute = work != RingWork::transfers;
   const std::string description =
       describe_call({{"q", &args.q},
                      {"k", &args.k},
@@ -307,7 +342,7 @@ void RingAttention::backward(const RingBackwardArgs& args) {
                      {"dq", &args.dq},
                      {"dk", &args.dk},
                      {"dv", &args.dv}},
-                    layout_, args.causal, args.scale) +
+                    ring.layout_, args.causal, args.scale) +
       (args.deterministic ? "; deterministic true" : "; deterministic false");
 
   AttentionShape s;
@@ -329,7 +364,7 @@ void RingAttention::backward(const RingBackwardArgs& args) {
                                                {"dv", &args.dv}}) {
       detail::check_block_layout(*view, name, kWhere);
     }
-    layout.emplace(layout_, ranks, rank, s.q_len * ranks);
+    layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
     const DType acc = accumulator_dtype(args.q.dtype);
     for (OwnedBuffer& buffer : w.kv) buffer.reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     for (OwnedBuffer& buffer : w.dkv) buffer.reserve(comm.memory(), paired_bytes(s, acc));
@@ -344,16 +379,18 @@ void RingAttention::backward(const RingBackwardArgs& args) {
   const PairedViews dkv[2] = {paired_views(w.dkv[0], s, acc), paired_views(w.dkv[1], s, acc)};
   const PairedViews dkv_step = ranks > 1 ? paired_views(w.dkv_step, s, acc) : dkv[0];
   const TensorView delta = w.delta.view(acc, {s.batch, s.q_heads, s.q_len});
-  flash_backward_prepare(args.o, args.dout, delta, stream);
-  detail::fill(args.dq, 0.0, stream);
-  detail::copy(args.k, kv[0].k, stream);
-  detail::copy(args.v, kv[0].v, stream);
+  if (compute) {
+    flash_backward_prepare(args.o, args.dout, delta, stream);
+    detail::fill(args.dq, 0.0, stream);
+    detail::copy(args.k, kv[0].k, stream);
+    detail::copy(args.v, kv[0].v, stream);
+  }
 
   int held = 0;     // the kv buffer holding the visiting shard
   int arrived = 0;  // the dkv buffer holding the visiting shard's accumulator
   for (int step = 0; step < ranks; ++step) {
     const bool more = step + 1 < ranks;
-    if (more) {
+    if (more && transfers) {
       comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
                           kv[1 - held].bytes, stream);
     }
@@ -361,8 +398,9 @@ void RingAttention::backward(const RingBackwardArgs& args) {
     // join the accumulator once it has arrived.
     const PairedViews& target = step == 0 ? dkv[arrived] : dkv_step;
     const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
-    const std::vector<BlockPair> pairs = visible_pairs(*layout, visiting, args.causal);
-    if (step == 0 || !pairs.empty()) detail::fill(target.both, 0.0, stream);
+    const std::vector<BlockPair> pairs =
+        compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
+    if (compute && (step == 0 || !pairs.empty())) detail::fill(target.both, 0.0, stream);
     for (const BlockPair& p : pairs) {
       BackwardArgs block;
       block.q = rows(args.q, p.q_local_start, p.q_length);
@@ -380,16 +418,20 @@ void RingAttention::backward(const RingBackwardArgs& args) {
       flash_backward(block, stream);
     }
     if (ranks == 1) break;  // the accumulator is already at its owner
-    comm.exchange_wait(stream);
+    if (transfers) comm.exchange_wait(stream);
     if (step > 0 && !pairs.empty()) detail::add(dkv_step.both, dkv[arrived].both, stream);
-    comm.exchange_start(w.dkv[arrived].data(), dkv[arrived].bytes, w.dkv[1 - arrived].data(),
-                        dkv[1 - arrived].bytes, stream);
-    arrived = 1 - arrived;
-    if (more) held = 1 - held;
+    if (transfers) {
+      comm.exchange_start(w.dkv[arrived].data(), dkv[arrived].bytes, w.dkv[1 - arrived].data(),
+                          dkv[1 - arrived].bytes, stream);
+      arrived = 1 - arrived;
+      if (more) held = 1 - held;
+    }
   }
-  comm.exchange_wait(stream);
-  detail::copy(dkv[arrived].k, args.dk, stream);
-  detail::copy(dkv[arrived].v, args.dv, stream);
+  if (transfers) comm.exchange_wait(stream);
+  if (compute) {
+    detail::copy(dkv[arrived].k, args.dk, stream);
+    detail::copy(dkv[arrived].v, args.dv, stream);
+  }
 }
 
 std::vector<std::int64_t> RingAttention::global_positions(std::int64_t total_length) const {

@@ -1,12 +1,14 @@
 // The plan of one ring step: which local-block calls a rank makes with its Q shard against the
 // visiting K/V shard. RingAttention (ringattn/ring.hpp) runs the plan; it is separate so that it
-// can be checked against the mask on its own.
+// can be checked against the mask on its own. Also the two halves of the schedule, runnable apart,
+// for measuring how much of the communication hides behind the compute.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "parallel/sequence_layout.hpp"
+#include "ringattn/ring.hpp"
 
 namespace ringattn {
 
@@ -27,5 +29,16 @@ struct BlockPair {
 // larger calls; fewer merges of the running output). Without a mask: one call, all against all.
 std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
                                      bool causal);
+
+// Which work of a ring call runs. `all` is the ring (RingAttention::forward and backward). The
+// other two are its halves, for benchmarks (ringattn-bench ring): `transfers` makes exactly the
+// ring's exchanges (same order, same sizes, same buffers, the same waits between them) and
+// nothing else; `compute` makes everything else (every step's block calls with the same pairs and
+// masks, and the fills, copies and additions around them) against this rank's own K/V, and no
+// exchange. Both validate their arguments and grow the workspaces like the ring, and both leave
+// meaningless values in the outputs.
+enum class RingWork { all, transfers, compute };
+void ring_forward(RingAttention& ring, const RingForwardArgs& args, RingWork work);
+void ring_backward(RingAttention& ring, const RingBackwardArgs& args, RingWork work);
 
 }  // namespace ringattn

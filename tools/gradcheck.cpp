@@ -25,6 +25,7 @@
 
 #include "parallel/communicator.hpp"
 #include "parallel/local_block.hpp"
+#include "parallel/performance_model.hpp"
 #include "ringattn/attention.hpp"
 #include "ringattn/config.h"
 #include "ringattn/error.hpp"
@@ -331,11 +332,12 @@ int run(const Options& opt) {
     const Result single = one_device(opt, s, dtype, memory, false, fq, fk, fv, fg, &single_s);
     if (opt.timed > 0) {
       // FlashAttention's count: 4 b h s^2 d forward (half when causal), backward 2.5x.
-      const double flop = 3.5 * 4.0 * s.B * s.Hq * double(s.S) * s.S * s.D * (opt.causal ? 0.5 : 1.0);
+      const double flop =
+          (1.0 + kBackwardFlopFactor) * attention_forward_flops(s.B, s.Hq, s.S, s.D, opt.causal);
       std::printf("timing (mean of %d): ring forward+backward %.2f ms (%.0f TFLOP/s per rank), one device %.2f ms "
                   "(%.0f TFLOP/s); efficiency one-device / (%d x ring) = %.3f\n",
                   opt.timed, ring_step_s * 1e3, flop / size / ring_step_s * 1e-12, single_s * 1e3,
-                  flop / single_s * 1e-12, size, single_s / (size * ring_step_s));
+                  flop / single_s * 1e-12, size, ring_efficiency(single_s, size, ring_step_s));
     }
 
     const char* names[] = {"O", "LSE", "dQ", "dK", "dV"};

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds ringattn and runs the main job: ringattn-train with its embedded default (the tiny-cpu
-# config: a small transformer on the synthetic retrieval task, context-parallel over 2 CPU
-# ranks with ring attention). Arguments go to ringattn-train (e.g. --set train.steps=200, or a
-# config file). The trainer's GPU backend is not built yet: GPUs, when present, stay unused.
+# Builds ringattn and runs the main job: ringattn-train with its embedded default, a small
+# transformer on the synthetic retrieval task with ring attention over the context-parallel ranks:
+# on a machine with NVIDIA GPUs (and a ringattn built with CUDA) one rank per GPU at a 16k context
+# on the CUDA backend, elsewhere the tiny-cpu config on 2 CPU ranks. Arguments go to
+# ringattn-train (e.g. --set train.steps=200, or a config file).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/build.sh --quiet
@@ -14,4 +15,12 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 if [[ -t 1 ]]; then export RINGATTN_PROGRESS=1; else export RINGATTN_PROGRESS=0; fi
 # One thread a rank: the two ranks share the machine's cores.
 export RINGATTN_NUM_THREADS="${RINGATTN_NUM_THREADS:-$(( ($(nproc) + 1) / 2 ))}"
-exec mpiexec -n 2 --oversubscribe build/ringattn-train "$@"
+ranks=2
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+  if [[ ${gpus:-0} -gt 0 ]] && grep -q '#define RINGATTN_WITH_CUDA 1' build/include/ringattn/config.h 2>/dev/null; then
+    ranks=$gpus
+    export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+  fi
+fi
+exec mpiexec -n "$ranks" --oversubscribe build/ringattn-train "$@"

@@ -568,6 +568,29 @@ std::string dump_config(const TrainConfig& config) {
   return std::string(out.c_str()) + "\n";
 }
 
+namespace {
+
+// What the CUDA backend needs beyond the model's own rules: a head dimension its attention block
+// has (64, 128), and GEMM dimensions that are multiples of 8 (16-byte rows of bf16).
+void add_cuda_problems(const TrainConfig& config, Problems& p) {
+  const ModelConfig& m = config.model;
+  const std::int64_t hd = m.n_heads >= 1 ? m.resolved_head_dim() : 0;
+  if (hd >= 1 && hd != 64 && hd != 128) {
+    p.add("the head dimension ", hd, m.head_dim ? " (model.head_dim)" : " (model.d_model / model.n_heads)",
+          " is not one the cuda backend has; expected 64 or 128");
+  }
+  const auto multiple_of_8 = [&](const char* key, std::int64_t value) {
+    if (value >= 1 && value % 8 != 0) {
+      p.add(key, " is ", value, "; the cuda backend needs a multiple of 8");
+    }
+  };
+  multiple_of_8("model.d_model", m.d_model);
+  multiple_of_8("model.ffn_hidden", m.ffn_hidden);
+  multiple_of_8("model.vocab_size", m.vocab_size);
+}
+
+}  // namespace
+
 void validate(const TrainConfig& config, int world_size) {
   Problems p;
   const ModelConfig& m = config.model;
@@ -657,6 +680,39 @@ void validate(const TrainConfig& config, int world_size) {
   }
 
   if (config.run.dir.empty()) p.add("run.dir is empty; expected the run's directory");
+  if (config.run.backend == Backend::cuda) add_cuda_problems(config, p);
+  p.throw_if_any();
+}
+
+TrainConfig default_gpu_config(int gpus) {
+  TrainConfig c;
+  c.model.vocab_size = 256;
+  c.model.d_model = 512;
+  c.model.n_layers = 4;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 4;
+  c.model.ffn_hidden = 1408;
+  c.model.rope_theta = 100000;
+  c.train.seq_len = 16384;
+  c.train.batch_size = 4;
+  c.train.steps = 300;
+  c.train.lr = 1e-3;
+  c.train.min_lr = 1e-4;
+  c.train.warmup_steps = 30;
+  c.train.log_every = 10;
+  c.train.eval_every = 100;
+  c.train.eval_batches = 4;
+  c.parallel.cp = std::max(1, gpus);
+  c.data.retrieval.pairs = 32;
+  c.data.retrieval.queries = 32;
+  c.run.dir = "runs/default-gpu";
+  c.run.backend = Backend::cuda;
+  return c;
+}
+
+void validate_for_cuda(const TrainConfig& config) {
+  Problems p;
+  add_cuda_problems(config, p);
   p.throw_if_any();
 }
 

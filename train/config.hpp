@@ -108,7 +108,7 @@ enum class Backend { automatic, cuda, cpu };  // YAML: auto, cuda, cpu
 
 struct RunConfig {
   std::string dir = "runs/tiny-cpu";  // checkpoints and metrics.jsonl
-  Backend backend = Backend::automatic;
+  Backend backend = Backend::cpu;  // auto: cuda when a GPU is visible, else cpu
   std::string resume;  // "": start fresh; "latest": newest checkpoint in dir; a path
 
   friend bool operator==(const RunConfig&, const RunConfig&) = default;
@@ -153,5 +153,16 @@ const std::vector<std::string>& config_keys();
 
 std::string_view source_name(DataSource source);
 std::string_view backend_name(Backend backend);
+
+// The main job's embedded default on a GPU machine: the retrieval task at a 16k context with ring
+// attention over `gpus` GPUs (cp = gpus; 2 * gpus must divide 16384), a 4-layer model of 512 (4
+// heads of 128), run.backend cuda, run.dir runs/default-gpu. TrainConfig{} (tiny-cpu) is the
+// default elsewhere.
+TrainConfig default_gpu_config(int gpus);
+
+// The cuda backend's own limits (validate() applies them when run.backend is cuda; the trainer
+// when auto resolves to cuda): head dimension 64 or 128, d_model, ffn_hidden and vocab_size
+// multiples of 8. Throws ringattn::Error naming the keys.
+void validate_for_cuda(const TrainConfig& config);
 
 }  // namespace ringattn::train

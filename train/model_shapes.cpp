@@ -48,4 +48,15 @@ std::int64_t parameter_count(const ModelShape& s) {
   return count;
 }
 
+double model_flops_per_token(const ModelShape& s, std::int64_t seq_len) {
+  const double hd_q = static_cast<double>(s.q_heads * s.head_dim);
+  const double qkv = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  const double per_layer = static_cast<double>(s.d_model) * (qkv + hd_q) +
+                           3.0 * static_cast<double>(s.d_model) * static_cast<double>(s.ffn_hidden);
+  const double matrices =
+      static_cast<double>(s.layers) * per_layer + static_cast<double>(s.vocab * s.d_model);
+  return 6.0 * matrices +
+         6.0 * static_cast<double>(s.layers) * hd_q * static_cast<double>(seq_len);
+}
+
 }  // namespace ringattn::train

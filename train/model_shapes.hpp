@@ -48,4 +48,14 @@ std::vector<ParameterInfo> parameter_list(const ModelShape& shape);
 // The number of scalar parameters (the sum of parameter_list's elements).
 std::int64_t parameter_count(const ModelShape& shape);
 
+// The FLOPs of one training step (forward and backward) per token at context length seq_len, the
+// convention of MFU figures (PaLM's, with the causal mask halving attention):
+//
+//   6 * (matrix parameters, the output head counted once even when tied: the embedding lookup is
+//        not a product)  +  6 * layers * q_heads * head_dim * seq_len
+//
+// The attention term is 12 * L * H * d * S for the full square (QK^T and PV, 2 FLOPs each,
+// forward, twice that backward) halved by the causal mask.
+double model_flops_per_token(const ModelShape& shape, std::int64_t seq_len);
+
 }  // namespace ringattn::train

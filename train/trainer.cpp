@@ -16,6 +16,9 @@
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "train/checkpoint.hpp"
+#include "parallel/device_communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "ringattn/runtime.hpp"
 #include "train/model_cpu.hpp"
 #include "train/op_adamw.hpp"
 #include "train/retrieval_task.hpp"
@@ -53,6 +56,12 @@ std::string format_double(double value) {
   return buffer;
 }
 
+// run.backend auto: cuda where this ringattn has it and a GPU is visible, else cpu.
+Backend resolve_backend(Backend requested) {
+  if (requested != Backend::automatic) return requested;
+  return built_with_cuda() && cuda_device_count() > 0 ? Backend::cuda : Backend::cpu;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -62,8 +71,11 @@ struct Trainer::Impl {
   std::shared_ptr<Communicator> cp_comm;
   int world_rank = 0, dp = 1, cp = 1, dp_rank = 0, cp_rank = 0;
   std::vector<TokenRange> ranges;
-  std::optional<CpuModel<float>> model;
-  std::vector<float> adam_m, adam_v;
+  Backend backend = Backend::cpu;  // resolved: cpu or cuda
+  double flops_per_token = 0.0;    // model_flops_per_token of the config
+  double peak_flops = 0.0;         // per GPU, for MFU; 0 when unknown (and on the CPU)
+  std::shared_ptr<Communicator> device_world;  // NCCL over the world (cuda)
+  std::unique_ptr<TrainModel> model;
   std::optional<RetrievalTask> task;
   std::optional<TokenDataset> train_data, val_data;
   std::optional<SequenceSampler> sampler;
@@ -132,15 +144,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.options = options;
   s.world = std::move(world);
   validate(config, s.world->size());
-  if (config.run.backend == Backend::cuda) {
-    ringattn::detail::fail("Trainer", "run.backend is cuda; this trainer has only the cpu backend");
-  }
-  // A switch the CPU backend cannot honour fails instead of being ignored.
-  if (config.train.recompute) {
-    ringattn::detail::fail_as(ringattn::ErrorKind::unsupported, "Trainer",
-                              "train.recompute is true; the cpu backend keeps every activation "
-                              "(set train.recompute=false)");
-  }
+  s.backend = resolve_backend(config.run.backend);
+  if (s.backend == Backend::cuda) validate_for_cuda(config);
   s.world_rank = s.world->rank();
   s.dp = config.parallel.dp;
   s.cp = config.parallel.cp;
@@ -151,10 +156,30 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
                                         ? SequenceLayoutKind::zigzag
                                         : SequenceLayoutKind::contiguous;
   s.ranges = shard_ranges(config.train.seq_len, s.cp, s.cp_rank, config.parallel.layout);
-  s.model.emplace(config.model, config.train.batch_size, config.train.seq_len, s.cp_comm, layout);
+  ModelOptions model_options;
+  model_options.recompute = config.train.recompute;
+  model_options.deterministic = config.train.deterministic;
+  if (s.backend == Backend::cuda) {
+    // The ring and the gradients move device memory over NCCL, bootstrapped from the world's MPI
+    // communicator; host scalars keep going through `world`.
+    const auto* mpi = dynamic_cast<const MpiCommunicator*>(s.world.get());
+    if (mpi == nullptr) {
+      ringattn::detail::fail("Trainer", "run.backend is cuda; the world communicator must be an "
+                             "MPI communicator (NCCL is bootstrapped from it)");
+    }
+    s.device_world = nccl_communicator_over(mpi->handle());
+    std::shared_ptr<Communicator> device_cp =
+        split_communicator(*s.device_world, s.dp_rank, s.cp_rank);
+    s.model = make_cuda_model(config.model, config.train.batch_size, config.train.seq_len,
+                              device_cp, layout, model_options, s.device_world);
+  } else {
+    s.model = std::make_unique<CpuModel<float>>(config.model, config.train.batch_size,
+                                                config.train.seq_len, s.cp_comm, layout,
+                                                model_options, s.world);
+  }
   s.model->init(config.train.seed);
-  s.adam_m.assign(s.model->parameters().size(), 0.0f);
-  s.adam_v.assign(s.model->parameters().size(), 0.0f);
+  s.flops_per_token = model_flops_per_token(model_shape(config.model), config.train.seq_len);
+  if (s.backend == Backend::cuda) s.peak_flops = cuda_peak_bf16_flops();
   // The data and the checkpoint are opened on every rank; a rank that fails makes all fail alike
   // (instead of leaving the others waiting in the first collective).
   std::optional<Error> failure;
@@ -178,7 +203,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     }
     s.log("ringattn-train: world " + std::to_string(s.world->size()) + " = dp " +
           std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
-          std::string(layout_name(config.parallel.layout)) + "), backend cpu fp32, " +
+          std::string(layout_name(config.parallel.layout)) + "), backend " +
+          s.model->backend_name() + (config.train.recompute ? " (recompute)" : "") + ", " +
           std::to_string(parameter_count()) + " parameters, data " +
           std::string(source_name(config.data.source)));
     if (s.world_rank == 0 && s.options.write_metrics) {
@@ -186,16 +212,17 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     }
     if (const auto resume = resolve_resume(config.run.dir, config.run.resume)) {
       std::vector<CheckpointTensorSlot> slots;
-      CpuModel<float>& model = *s.model;
+      std::vector<float> params, m, v;
+      s.model->export_state(params, m, v);
       std::size_t offset = 0;
-      for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
-        const ParameterInfo& info = model.parameter_infos()[i];
-        slots.push_back({info.name, info.shape, model.parameter(i).data()});
-        slots.push_back({"adam_m." + info.name, info.shape, s.adam_m.data() + offset});
-        slots.push_back({"adam_v." + info.name, info.shape, s.adam_v.data() + offset});
+      for (const ParameterInfo& info : s.model->parameter_infos()) {
+        slots.push_back({info.name, info.shape, params.data() + offset});
+        slots.push_back({"adam_m." + info.name, info.shape, m.data() + offset});
+        slots.push_back({"adam_v." + info.name, info.shape, v.data() + offset});
         offset += static_cast<std::size_t>(info.elements);
       }
       const CheckpointState state = load_checkpoint(*resume, slots);
+      s.model->import_state(params, m, v);
       s.steps_done = static_cast<int>(state.step);
       s.log("resumed from " + resume->string() + " at step " + std::to_string(s.steps_done));
     }
@@ -208,6 +235,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
 void Trainer::save_checkpoint() {
   Impl& s = *impl_;
   std::optional<Error> failure;
+  std::vector<float> params, m, v;
+  if (s.world_rank == 0) s.model->export_state(params, m, v);
   if (s.world_rank == 0) try {
       const TrainingConfig& t = s.config.train;
       CheckpointState state;
@@ -216,13 +245,11 @@ void Trainer::save_checkpoint() {
                                       s.dp * static_cast<std::uint64_t>(t.batch_size);
       state.config_yaml = dump_config(s.config);
       std::vector<CheckpointTensor> tensors;
-      CpuModel<float>& model = *s.model;
       std::size_t offset = 0;
-      for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
-        const ParameterInfo& info = model.parameter_infos()[i];
-        tensors.push_back({info.name, info.shape, model.parameter(i).data()});
-        tensors.push_back({"adam_m." + info.name, info.shape, s.adam_m.data() + offset});
-        tensors.push_back({"adam_v." + info.name, info.shape, s.adam_v.data() + offset});
+      for (const ParameterInfo& info : s.model->parameter_infos()) {
+        tensors.push_back({info.name, info.shape, params.data() + offset});
+        tensors.push_back({"adam_m." + info.name, info.shape, m.data() + offset});
+        tensors.push_back({"adam_v." + info.name, info.shape, v.data() + offset});
         offset += static_cast<std::size_t>(info.elements);
       }
       const std::filesystem::path path =
@@ -242,7 +269,7 @@ int Trainer::steps_done() const {
 }
 
 std::int64_t Trainer::parameter_count() const {
-  return static_cast<std::int64_t>(impl_->model->parameters().size());
+  return impl_->model->parameter_count();
 }
 
 StepMetrics Trainer::step() {
@@ -265,7 +292,7 @@ StepMetrics Trainer::step() {
     ringattn::detail::fail("Trainer::step", "step ", step + 1,
                            ": the loss mask of the step's tokens sums to 0");
   }
-  CpuModel<float>& model = *s.model;
+  TrainModel& model = *s.model;
   model.zero_grad();
   double loss_sum = 0.0;
   for (const MicroBatch& mb : micro) {
@@ -276,48 +303,24 @@ StepMetrics Trainer::step() {
   if (!std::isfinite(loss)) {
     ringattn::detail::fail("Trainer::step", "the loss is ", loss, " at step ", step + 1);
   }
-  std::span<float> grads = model.gradients();
-  if (s.world->size() > 1) s.world->all_reduce_sum(grads.data(), grads.size(), DType::f32, nullptr);
-  const std::span<const float> all_grads[] = {grads};
-  const double sum_sq = cpu::sum_of_squares(all_grads);
+  model.all_reduce_gradients();
+  const double sum_sq = model.gradient_sum_of_squares();
   const double grad_norm = std::sqrt(sum_sq);
   if (!std::isfinite(grad_norm)) {
-    // Name the first parameter whose gradient is not finite.
-    std::string where = "?";
-    for (std::size_t i = 0; i < model.parameter_infos().size() && where == "?"; ++i) {
-      for (float g : model.gradient(i)) {
-        if (!std::isfinite(g)) {
-          where = model.parameter_infos()[i].name;
-          break;
-        }
-      }
-    }
+    const std::string where = model.first_non_finite_gradient();
     ringattn::detail::fail("Trainer::step", "the gradient norm is ", grad_norm, " at step ",
-                           step + 1, " (first in the gradient of ", where, ")");
+                           step + 1, " (first in the gradient of ", where.empty() ? "?" : where,
+                           ")");
   }
-  if (t.grad_clip > 0.0) {
-    const float factor = static_cast<float>(cpu::clip_factor(sum_sq, t.grad_clip));
-    if (factor < 1.0f) {
-      const std::span<float> bufs[] = {grads};
-      cpu::scale_buffers(bufs, factor);
-    }
-  }
+  float factor = 1.0f;
+  if (t.grad_clip > 0.0) factor = std::min(1.0f, static_cast<float>(cpu::clip_factor(sum_sq, t.grad_clip)));
   cpu::AdamWHyper hyper;
   hyper.lr = learning_rate(t, step);
   hyper.beta1 = t.beta1;
   hyper.beta2 = t.beta2;
   hyper.eps = t.adam_eps;
   hyper.weight_decay = t.weight_decay;
-  std::size_t offset = 0;
-  for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
-    const ParameterInfo& info = model.parameter_infos()[i];
-    const std::size_t count = static_cast<std::size_t>(info.elements);
-    cpu::adamw_step(model.parameter(i), model.gradient(i),
-                    std::span<float>(s.adam_m).subspan(offset, count),
-                    std::span<float>(s.adam_v).subspan(offset, count), hyper, step + 1,
-                    info.weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip);
-    offset += count;
-  }
+  model.adamw(hyper, step + 1, factor);
   s.steps_done = step + 1;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -329,8 +332,15 @@ StepMetrics Trainer::step() {
   metrics.seconds = seconds;
   const double tokens = static_cast<double>(t.grad_accum) * s.dp * t.batch_size * t.seq_len;
   metrics.tokens_per_s = seconds > 0.0 ? tokens / seconds : 0.0;
-  rusage usage{};
-  if (getrusage(RUSAGE_SELF, &usage) == 0) metrics.peak_memory_mib = usage.ru_maxrss / 1024.0;  // KiB
+  metrics.mfu = s.peak_flops > 0.0
+                    ? metrics.tokens_per_s * s.flops_per_token / (s.peak_flops * s.world->size())
+                    : 0.0;
+  if (s.backend == Backend::cuda) {
+    metrics.peak_memory_mib = model.device_memory_mib();
+  } else {
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) == 0) metrics.peak_memory_mib = usage.ru_maxrss / 1024.0;  // KiB
+  }
   return metrics;
 }
 
@@ -340,7 +350,7 @@ EvalMetrics Trainer::evaluate() {
   EvalMetrics out;
   out.step = s.steps_done;
   if (!s.task && !s.val_data) return out;
-  CpuModel<float>& model = *s.model;
+  TrainModel& model = *s.model;
   double sums[4] = {0.0, 0.0, 0.0, 0.0};  // loss, weight, queries, correct
   std::vector<std::int32_t> predictions(model.local_tokens());
   std::vector<double> full;
@@ -401,15 +411,23 @@ std::vector<StepMetrics> Trainer::run() {
                    << ", \"lr\": " << format_double(m.lr)
                    << ", \"grad_norm\": " << format_double(m.grad_norm)
                    << ", \"tokens_per_s\": " << format_double(m.tokens_per_s)
+                   << ", \"mfu\": " << format_double(m.mfu)
+                   << ", \"seconds\": " << format_double(m.seconds)
                    << ", \"peak_memory_mib\": " << format_double(m.peak_memory_mib) << "}\n";
       metrics_file.flush();
     }
     if (t.log_every > 0 && (m.step % t.log_every == 0 || m.step == 1 || m.step == t.steps)) {
       char line[256];
       std::snprintf(line, sizeof line,
-                    "step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  tokens/s %.0f  peak %.0f MiB",
-                    m.step, t.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.peak_memory_mib);
-      s.log(line);
+                    "step %d/%d  loss %.4f  lr %.3e  grad_norm %.4f  tokens/s %.0f", m.step,
+                    t.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s);
+      std::string text = line;
+      if (m.mfu > 0.0) {
+        std::snprintf(line, sizeof line, "  mfu %.1f%%", 100.0 * m.mfu);
+        text += line;
+      }
+      std::snprintf(line, sizeof line, "  peak %.0f MiB", m.peak_memory_mib);
+      s.log(text + line);
     }
     s.progress(m.step, t.steps, m.loss);
     if (t.eval_every > 0 && (m.step % t.eval_every == 0 || m.step == t.steps)) {

@@ -1,4 +1,4 @@
-// The training loop on the CPU backend (fp32): one Trainer per job, every rank of `world` runs it.
+// The training loop, on the CPU (fp32) or CUDA (bf16) backend: one Trainer per job, every rank of `world` runs it.
 //
 // world = dp x cp (config.parallel): rank r is context-parallel rank r % cp of data-parallel
 // replica r / cp; each replica's cp ranks form a ring (split_communicator) over which the model
@@ -41,8 +41,13 @@ struct StepMetrics {
   double lr = 0.0;
   double grad_norm = 0.0;  // before clipping
   double tokens_per_s = 0.0;
+  // model FLOPs (model_flops_per_token) per second over the peak of the GPUs in use; 0 on the
+  // CPU or a GPU whose peak is unknown
+  double mfu = 0.0;
   double seconds = 0.0;
-  double peak_memory_mib = 0.0;  // this process's peak resident memory so far
+  // the most memory in use so far: this GPU's device memory (cuda), else the process's resident
+  // memory (cpu)
+  double peak_memory_mib = 0.0;
 };
 
 struct EvalMetrics {

@@ -120,6 +120,8 @@ class RingAttention {
   void unshard(const TensorView& local, const TensorView& full) const;
 
  private:
+  // The schedule itself, also run in parts for benchmarks (parallel/ring_attention.hpp).
+  friend struct RingAttentionInternals;
   struct Workspace;
   std::shared_ptr<Communicator> comm_;
   SequenceLayoutKind layout_;

@@ -1,6 +1,8 @@
 // The performance model against numbers worked out by hand from DESIGN.md, and its input checks.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "parallel/performance_model.hpp"
 #include "tests/common/attention_testing.hpp"
 
@@ -40,6 +42,29 @@ TEST(PerformanceModel, StepTimesFollowFromFlopsAndBytes) {
   RingPlanInput four = in;
   four.ranks = 4;
   EXPECT_NEAR(static_cast<double>(plan_ring(four).longest_seq) / p.longest_seq, 2.0, 1e-3);
+}
+
+TEST(PerformanceModel, FlopsFollowFlashAttentionsCount) {
+  // 4 b h s^2 d: batch 2, 16 heads, 1024 tokens, head_dim 128; half of it under a causal mask.
+  EXPECT_DOUBLE_EQ(attention_forward_flops(2, 16, 1024, 128, false), 4.0 * 2 * 16 * 1024.0 * 1024 * 128);
+  EXPECT_DOUBLE_EQ(attention_forward_flops(2, 16, 1024, 128, true), 2.0 * 2 * 16 * 1024.0 * 1024 * 128);
+  // No overflow at a million tokens.
+  EXPECT_DOUBLE_EQ(attention_forward_flops(1, 16, 1 << 20, 128, false), 4.0 * 16 * 0x1p40 * 128);
+  EXPECT_DOUBLE_EQ(kBackwardFlopFactor, 2.5);
+}
+
+TEST(PerformanceModel, EfficiencyAndHiddenShare) {
+  // Two GPUs each taking 60% of the one-GPU time: 1 / (2 x 0.6).
+  EXPECT_DOUBLE_EQ(ring_efficiency(100.0, 2, 60.0), 100.0 / 120.0);
+  // Compute 10, transfers 4: a ring of 11 hides 3 of the 4, one of 10 all, one of 14 none.
+  EXPECT_DOUBLE_EQ(hidden_share(11.0, 10.0, 4.0), 0.75);
+  EXPECT_DOUBLE_EQ(hidden_share(10.0, 10.0, 4.0), 1.0);
+  EXPECT_DOUBLE_EQ(hidden_share(14.0, 10.0, 4.0), 0.0);
+  // Clamped: noise may put the ring under its compute alone, or over their sum.
+  EXPECT_DOUBLE_EQ(hidden_share(9.5, 10.0, 4.0), 1.0);
+  EXPECT_DOUBLE_EQ(hidden_share(16.0, 10.0, 4.0), 0.0);
+  // Nothing to hide on one rank.
+  EXPECT_TRUE(std::isnan(hidden_share(10.0, 10.0, 0.0)));
 }
 
 TEST(PerformanceModel, BadInputIsNamed) {

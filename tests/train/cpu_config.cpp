@@ -395,5 +395,23 @@ TEST(Config, HeadDimGivenLiftsTheDivisibilityRule) {
   EXPECT_NO_THROW(validate(c, 3));
 }
 
+// The cuda backend's limits name the keys; the embedded GPU default passes them and the rules of
+// every backend, at 1, 2 and 8 GPUs.
+TEST(Config, CudaBackendLimitsNameTheKeys) {
+  TrainConfig c;  // tiny-cpu: head dimension 64 / 4 = 16
+  c.model.ffn_hidden = 175;
+  EXPECT_TRUE(throws_error_with([&] { validate_for_cuda(c); },
+                                {"head dimension 16", "expected 64 or 128",
+                                 "model.ffn_hidden is 175", "multiple of 8"}));
+  c.run.backend = Backend::cuda;
+  EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"head dimension 16"}));
+  for (const int gpus : {1, 2, 8}) {
+    const TrainConfig g = default_gpu_config(gpus);
+    EXPECT_EQ(g.parallel.cp, gpus);
+    EXPECT_EQ(g.run.backend, Backend::cuda);
+    EXPECT_NO_THROW(validate(g, gpus)) << gpus << " GPUs";
+  }
+}
+
 }  // namespace
 }  // namespace ringattn::train

@@ -110,5 +110,31 @@ TEST(ModelShapes, RejectsBadShapes) {
   EXPECT_TRUE(test::ThrowsNaming([&] { validate(s); }, {"ffn_hidden is 0", "expected > 0"}));
 }
 
+// The FLOPs per token against a count made from the parameter list (every matrix's elements, the
+// tied head counted once more for the output product) plus the causal attention products of
+// each layer at every key position of the context: QK^T and PV, forward and backward (x3), 2
+// FLOPs per multiply-add, half the square.
+TEST(ModelShapes, FlopsPerTokenCountsEveryProduct) {
+  for (const bool tied : {false, true}) {
+    const ModelShape s = shape_188m(tied);
+    double matrix_elements = 0.0;
+    for (const ParameterInfo& p : parameter_list(s)) {
+      if (p.shape.size() == 2) matrix_elements += static_cast<double>(p.elements);
+    }
+    // the embedding lookup is no product; the output head is one (tied or not)
+    matrix_elements -= static_cast<double>(s.vocab * s.d_model);
+    if (tied) matrix_elements += static_cast<double>(s.vocab * s.d_model);
+    const std::int64_t seq = 32768;
+    const double attention = 2.0 /*QK^T, PV*/ * 2.0 /*FLOPs*/ * 3.0 /*fwd + bwd*/ * 0.5 /*causal*/ *
+                             static_cast<double>(s.layers * s.q_heads * s.head_dim * seq);
+    const double expected = 6.0 * matrix_elements + attention;
+    EXPECT_NEAR(model_flops_per_token(s, seq), expected, 1e-9 * expected) << "tied " << tied;
+  }
+  // The 188M shape at 32k: 6 * 188M-ish matrices + 6 * 12 * 1024 * 32768.
+  const double f = model_flops_per_token(shape_188m(true), 32768);
+  EXPECT_GT(f, 6.0 * 180e6 + 2.4e9);
+  EXPECT_LT(f, 6.0 * 200e6 + 2.5e9);
+}
+
 }  // namespace
 }  // namespace ringattn::train

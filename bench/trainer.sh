@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# gpu-check part bench-trainer: ringattn-train's throughput on the 188M shape (configs/small-32k.yaml
+# on synthetic tokens) against the same model in plain PyTorch (bench/torch_reference.py), in the
+# same run. Usage: bench/trainer.sh OUTDIR
+#
+#   shapes (seq x batch): 8192x4, 32768x1, 131072x1 (recompute) on one GPU; with two GPUs visible
+#   also 32768x1 and 131072x1 (recompute) at cp = 2
+#   TRAINER_STEPS (default 12) steps each; the first 3 are warm-up, the median of the others counts
+#   TRAINER_SHAPES overrides the one-GPU list, TRAINER_TORCH=0 skips PyTorch
+#
+# Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
+# for the same shape and the ratio.
+set -uo pipefail
+out="${1:?usage: bench/trainer.sh OUTDIR}"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+build="${RINGATTN_BUILD:-build-gpu}"
+steps="${TRAINER_STEPS:-12}"
+shapes="${TRAINER_SHAPES:-8192x4,32768x1,131072x1}"
+gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
+runs="$out/trainer-runs"
+mkdir -p "$runs"
+
+run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
+  local name="$1" ranks="$2" seq="$3" batch="$4" recompute="$5"
+  echo "=== ringattn-train $name: seq $seq x batch $batch, $ranks GPU(s), recompute $recompute"
+  rm -rf "${runs:?}/$name"
+  mpiexec -n "$ranks" --oversubscribe "$build/ringattn-train" configs/small-32k.yaml \
+    --set data.source=retrieval --set train.seq_len="$seq" --set train.batch_size="$batch" \
+    --set train.recompute="$recompute" --set parallel.cp="$ranks" --set train.steps="$steps" \
+    --set train.warmup_steps=2 --set train.log_every=1 --set train.eval_every=0 \
+    --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
+    2>&1 | tee "$runs/$name.log" | grep -v '^step [0-9]*/' | tail -5
+  grep '^step' "$runs/$name.log" | tail -2
+}
+
+IFS=, read -r -a one_gpu <<<"$shapes"
+for shape in "${one_gpu[@]}"; do
+  seq="${shape%x*}" batch="${shape#*x}"
+  recompute=false; [[ $seq -ge 131072 ]] && recompute=true
+  run_ringattn "1gpu-${seq}x${batch}" 1 "$seq" "$batch" "$recompute"
+done
+if [[ ${gpus:-0} -ge 2 ]]; then
+  run_ringattn "2gpu-32768x1" 2 32768 1 false
+  run_ringattn "2gpu-131072x1" 2 131072 1 true
+fi
+
+if [[ "${TRAINER_TORCH:-1}" == 1 ]]; then
+  echo "=== PyTorch reference (bench/torch_reference.py)"
+  python3 bench/torch_reference.py --config configs/small-32k.yaml --shapes "$shapes" \
+    --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch.json" 2>&1 | tail -15
+fi
+
+python3 - "$runs" "$out/trainer_torch.json" "$out/trainer.json" <<'EOF'
+import json, os, statistics, subprocess, sys, datetime
+runs, torch_path, out_path = sys.argv[1:4]
+torch = {}
+if os.path.exists(torch_path):
+    for r in json.load(open(torch_path)).get("results", []):
+        torch[(r["seq"], r["batch"])] = r
+results = []
+for name in sorted(os.listdir(runs)):
+    path = os.path.join(runs, name, "metrics.jsonl")
+    if not os.path.isfile(path):
+        continue
+    steps = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
+    gpus, shape = name.split("-", 1)
+    seq, batch = (int(x) for x in shape.split("x"))
+    row = {"run": name, "gpus": int(gpus[0]), "seq": seq, "batch": batch, "steps": len(steps)}
+    timed = steps[3:] or steps
+    if timed:
+        row["tokens_per_s"] = statistics.median(s["tokens_per_s"] for s in timed)
+        row["mfu"] = statistics.median(s.get("mfu", 0.0) or 0.0 for s in timed)
+        row["peak_memory_mib"] = max(s["peak_memory_mib"] for s in steps)
+        row["final_loss"] = steps[-1]["loss"]
+    t = torch.get((seq, batch))
+    if t is not None:
+        row["torch"] = {k: t.get(k) for k in ("tokens_per_s", "mfu", "peak_mib", "status", "recompute")}
+        if t.get("tokens_per_s") and row.get("tokens_per_s"):
+            # per GPU for the ring runs: PyTorch runs the whole sequence on one GPU
+            row["ratio_to_torch"] = row["tokens_per_s"] / t["tokens_per_s"]
+    results.append(row)
+    print(f"{name:>18}: {row.get('tokens_per_s', 0):>10.0f} tokens/s  mfu {100 * row.get('mfu', 0):5.1f}%"
+          f"  peak {row.get('peak_memory_mib', 0):8.0f} MiB"
+          + (f"  torch {t['tokens_per_s']:.0f} tokens/s  ratio {row['ratio_to_torch']:.2f}"
+             if t is not None and "ratio_to_torch" in row else ""))
+rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                     text=True).stdout.strip().splitlines()
+json.dump({"gpu": gpu[0] if gpu else "", "gpus": len(gpu), "date": datetime.date.today().isoformat(),
+           "revision": rev, "config": "configs/small-32k.yaml on synthetic tokens",
+           "results": results}, open(out_path, "w"), indent=1)
+EOF

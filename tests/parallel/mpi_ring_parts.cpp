@@ -1,0 +1,191 @@
+// ringattn-mpi-ranks: 1 2 3 4
+// The halves of the ring schedule (RingWork, parallel/ring_attention.hpp) that ringattn-bench ring
+// times apart. The transfers half makes exactly the ring's exchanges (sizes, order and waits) and
+// the compute half none. Without a mask every step of the compute half merges the block of the
+// local Q on the local K/V, so its forward gives that block's O and its LSE plus log N (N steps
+// ran and merged), and its backward, with that LSE, that block's gradients (N contributions of a
+// 1/N share each, dK/dV through the step buffer and the addition). A RingAttention that ran the
+// halves then computes what a fresh one does.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "parallel/ring_attention.hpp"
+#include "ringattn/attention.hpp"
+#include "ringattn/ring.hpp"
+#include "tests/common/attention_testing.hpp"
+#include "tests/common/random.hpp"
+
+namespace ringattn {
+namespace {
+
+using test::HostTensor;
+
+// The MPI communicator of every rank, recording the exchanges asked of it.
+class RecordingCommunicator final : public Communicator {
+ public:
+  explicit RecordingCommunicator(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Memory memory() const override { return inner_->memory(); }
+  void exchange_start(const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes,
+                      void* stream) override {
+    log_.push_back("send " + std::to_string(send_bytes) + ", receive " + std::to_string(recv_bytes));
+    inner_->exchange_start(send, send_bytes, recv, recv_bytes, stream);
+  }
+  void exchange_wait(void* stream) override {
+    log_.push_back("wait");
+    inner_->exchange_wait(stream);
+  }
+  void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override {
+    inner_->all_reduce_sum(data, count, dtype, stream);
+  }
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<Communicator> split(int color, int key) const override {
+    return inner_->split(color, key);
+  }
+  void host_all_gather(const void* send, std::size_t bytes, void* recv) const override {
+    inner_->host_all_gather(send, bytes, recv);
+  }
+
+  std::vector<std::string> take_log() { return std::exchange(log_, {}); }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::vector<std::string> log_;
+};
+
+// One rank's shards: 32 tokens, 4 query heads on 2 K/V heads, head_dim 16, batch 2, f64.
+struct Shards {
+  HostTensor<double> q, k, v, o, lse, dout, dq, dk, dv;
+
+  explicit Shards(std::uint64_t stream)
+      : q({2, 32, 4, 16}),
+        k({2, 32, 2, 16}),
+        v({2, 32, 2, 16}),
+        o({2, 32, 4, 16}),
+        lse({2, 4, 32}),
+        dout({2, 32, 4, 16}),
+        dq({2, 32, 4, 16}),
+        dk({2, 32, 2, 16}),
+        dv({2, 32, 2, 16}) {
+    std::mt19937_64 rng = test::make_rng(stream);
+    for (HostTensor<double>* t : {&q, &k, &v, &dout}) test::fill_normal(t->storage, rng);
+  }
+
+  RingForwardArgs forward_args(bool causal) const {
+    return {q.view, k.view, v.view, o.view, lse.view, 0.25, causal, nullptr};
+  }
+  RingBackwardArgs backward_args(bool causal) const {
+    return {q.view, k.view, v.view, o.view, lse.view, dout.view, dq.view, dk.view, dv.view, 0.25, causal,
+            false,  nullptr};
+  }
+};
+
+class MpiRingParts : public testing::Test {
+ protected:
+  void SetUp() override {
+    recording_ = std::make_shared<RecordingCommunicator>(MpiCommunicator::world());
+    ranks_ = recording_->size();
+    rank_ = recording_->rank();
+  }
+
+  std::shared_ptr<RecordingCommunicator> recording_;
+  int ranks_ = 1, rank_ = 0;
+};
+
+TEST_F(MpiRingParts, TransfersAreTheRingsExchangesAndComputeHasNone) {
+  for (const SequenceLayoutKind layout : {SequenceLayoutKind::zigzag, SequenceLayoutKind::contiguous}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(sequence_layout_name(layout)) + (causal ? ", causal" : ", full"));
+      RingAttention ring(recording_, layout);
+      Shards s(70 + rank_);
+
+      ring.forward(s.forward_args(causal));
+      const std::vector<std::string> forward = recording_->take_log();
+      ring_forward(ring, s.forward_args(causal), RingWork::transfers);
+      EXPECT_EQ(recording_->take_log(), forward);
+      ring_forward(ring, s.forward_args(causal), RingWork::compute);
+      EXPECT_TRUE(recording_->take_log().empty());
+
+      ring.backward(s.backward_args(causal));
+      const std::vector<std::string> backward = recording_->take_log();
+      ring_backward(ring, s.backward_args(causal), RingWork::transfers);
+      EXPECT_EQ(recording_->take_log(), backward);
+      ring_backward(ring, s.backward_args(causal), RingWork::compute);
+      EXPECT_TRUE(recording_->take_log().empty());
+
+      // f64 inputs accumulate in f64, so K|V and dK|dV messages have one size: N - 1 of them
+      // forward, N - 1 of K|V and N of dK|dV backward.
+      const std::string kv = "send " + std::to_string(2 * 2 * 32 * 2 * 16 * 8);
+      auto sends = [](const std::vector<std::string>& log, const std::string& what) {
+        int count = 0;
+        for (const std::string& line : log) count += line.rfind(what, 0) == 0 ? 1 : 0;
+        return count;
+      };
+      EXPECT_EQ(sends(forward, kv), ranks_ - 1);
+      EXPECT_EQ(sends(backward, kv), ranks_ == 1 ? 0 : 2 * ranks_ - 1);
+    }
+  }
+}
+
+TEST_F(MpiRingParts, ComputeRunsEveryStepOnTheLocalShard) {
+  SCOPED_TRACE(test::seed_trace());
+  RingAttention ring(recording_, SequenceLayoutKind::zigzag);
+  Shards s(80 + rank_);
+  ring_forward(ring, s.forward_args(false), RingWork::compute);
+  ring_backward(ring, s.backward_args(false), RingWork::compute);
+
+  // The block of the local Q on the local K/V, in fp64.
+  Shards local(80 + rank_);
+  const Mask none{};
+  reference::attention_forward(local.q.view, local.k.view, local.v.view, none, 0.25, local.o.view,
+                               local.lse.view);
+  reference::attention_backward(local.q.view, local.k.view, local.v.view, local.dout.view, none, 0.25,
+                                local.dq.view, local.dk.view, local.dv.view);
+  std::vector<double> lse = local.lse.values();
+  for (double& x : lse) x += std::log(static_cast<double>(ranks_));
+
+  EXPECT_TRUE(test::Close("O", s.o.values(), local.o.values(), 1e-12));
+  EXPECT_TRUE(test::Close("LSE", s.lse.values(), lse, 1e-12));
+  EXPECT_TRUE(test::Close("dQ", s.dq.values(), local.dq.values(), 1e-11));
+  EXPECT_TRUE(test::Close("dK", s.dk.values(), local.dk.values(), 1e-11));
+  EXPECT_TRUE(test::Close("dV", s.dv.values(), local.dv.values(), 1e-11));
+}
+
+TEST_F(MpiRingParts, HalvesLeaveTheRingComputingWhatAFreshOneDoes) {
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    Shards fresh_out(90 + rank_), used_out(90 + rank_);
+    RingAttention fresh(recording_, SequenceLayoutKind::zigzag);
+    fresh.forward(fresh_out.forward_args(causal));
+    fresh.backward(fresh_out.backward_args(causal));
+
+    RingAttention used(recording_, SequenceLayoutKind::zigzag);
+    for (const RingWork work : {RingWork::transfers, RingWork::compute}) {
+      ring_forward(used, used_out.forward_args(causal), work);
+      ring_backward(used, used_out.backward_args(causal), work);
+    }
+    used.forward(used_out.forward_args(causal));
+    used.backward(used_out.backward_args(causal));
+    EXPECT_EQ(used_out.o.storage, fresh_out.o.storage);
+    EXPECT_EQ(used_out.lse.storage, fresh_out.lse.storage);
+    EXPECT_EQ(used_out.dq.storage, fresh_out.dq.storage);
+    EXPECT_EQ(used_out.dk.storage, fresh_out.dk.storage);
+    EXPECT_EQ(used_out.dv.storage, fresh_out.dv.storage);
+    recording_->take_log();
+  }
+}
+
+}  // namespace
+}  // namespace ringattn

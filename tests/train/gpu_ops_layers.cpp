@@ -1,0 +1,834 @@
+// The trainer's layer ops on the GPU (train/cuda/ops_layers.cu) against their CPU twins
+// (train/op_*.hpp), run in fp32 on the same bf16 values: the conversions, the residual add and the
+// embedding gather bitwise; the embedding backward within fp32 reordering (atomics) and bitwise
+// (deterministic mode, which also repeats itself); RMSNorm, RoPE (inside packed QKV rows, positions
+// near 1e6, one table shared by a batch) and SwiGLU within the bf16 rounding of their outputs;
+// RMSNorm's dg repeating itself bitwise; rope_table against a long-double table; the argument
+// checks. Odd sizes take the kernels' scalar paths, sizes of multiples of 8 their vector paths.
+//
+// Tolerance of a bf16 output: the GPU computes r in fp32 and stores bf16(r), within 2^-8 |r| (the
+// unit roundoff of bf16's 8-bit significand). Against the fp32 twin's ref, |out - ref| <= 2^-8
+// |ref|
+// + (1 + 2^-8) |r - ref|, where |r - ref| is the fp32 disagreement of two computations (summation
+// order, expf against std::exp, fused multiply-adds): ~1e-6 of the output's scale, bounded here by
+// 2^-16 max|ref|. A wrong index, a missing term or a sign error costs far more.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ringattn/config.h"
+#include "tests/common/gpu.hpp"
+
+#if RINGATTN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include <span>
+
+#include "ringattn/dtype.hpp"
+#include "ringattn/error.hpp"
+#include "src/cuda/device_buffer.hpp"
+#include "tests/common/random.hpp"
+#include "tests/train/expect_error.hpp"
+#include "train/cuda/ops.hpp"
+#include "train/op_embedding.hpp"
+#include "train/op_residual.hpp"
+#include "train/op_rmsnorm.hpp"
+#include "train/op_rope.hpp"
+#include "train/op_swiglu.hpp"
+
+namespace ringattn::train {
+namespace {
+
+using cuda::bf16;
+using Bits = std::vector<std::uint16_t>;
+
+constexpr double kBf16Unit = 0x1p-8;    // relative rounding error of a bf16 output
+constexpr double kFp32Slack = 0x1p-16;  // fp32 disagreement, relative to max|ref|
+constexpr double kTheta = 10000.0;
+
+// ---- host values --------------------------------------------------------------------------
+
+// N(0, scale^2) draws rounded to bf16, as bit patterns.
+Bits random_bf16(std::size_t count, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> normal;
+  Bits bits(count);
+  for (auto& b : bits) b = float_to_bf16(static_cast<float>(normal(rng) * scale));
+  return bits;
+}
+
+// The values of bf16 bit patterns, exactly.
+std::vector<float> widen(const Bits& bits) {
+  std::vector<float> values(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_float(bits[i]);
+  return values;
+}
+
+std::uint32_t bits_of(float value) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+// ---- device buffers (all copies on the test's stream: it is non-blocking) ------------------
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& values, cudaStream_t stream) {
+  DeviceBuffer buffer(values.size() * sizeof(T));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(buffer.data(), values.data(), values.size() * sizeof(T),
+                                      cudaMemcpyHostToDevice, stream));
+  return buffer;
+}
+
+// Waits for the stream, then copies `count` elements from `data` back.
+template <typename T>
+std::vector<T> to_host(const void* data, std::size_t count, cudaStream_t stream) {
+  std::vector<T> values(count);
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(values.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return values;
+}
+
+bf16* as_bf16(const DeviceBuffer& buffer, std::size_t offset = 0) {
+  return buffer.as<bf16>() + offset;
+}
+
+// ---- comparisons ----------------------------------------------------------------------------
+
+// Every element within the rounding of a bf16 output: |out - ref| <= 2^-8 |ref| + slack max|ref|.
+::testing::AssertionResult WithinBf16Rounding(const char* what, const std::vector<float>& out,
+                                              const std::vector<float>& ref,
+                                              double slack = kFp32Slack) {
+  if (out.size() != ref.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": " << out.size() << " values, expected " << ref.size();
+  }
+  double scale = 0.0;
+  for (const float r : ref) scale = std::max(scale, std::fabs(double(r)));
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double error = std::fabs(double(out[i]) - double(ref[i]));
+    if (!(error <= kBf16Unit * std::fabs(double(ref[i])) + slack * scale)) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << ref.size() << " elements outside 2^-8 |ref| + "
+         << slack << " max|ref| (max|ref| " << scale << "); first at " << first << ": "
+         << out[first] << ", expected " << ref[first] << " [" << test::seed_trace() << "]";
+}
+
+// Every element within `tolerance` of its magnitude: |out - ref| <= tolerance * magnitude[i], for
+// fp32 results whose error is that of a sum (magnitude = the sum of the terms' absolute values).
+::testing::AssertionResult WithinSumError(const char* what, const std::vector<float>& out,
+                                          const std::vector<float>& ref,
+                                          const std::vector<double>& magnitude, double tolerance) {
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double error = std::fabs(double(out[i]) - double(ref[i]));
+    if (!(error <= tolerance * magnitude[i])) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (out.size() == ref.size() && bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << ref.size() << " elements outside " << tolerance
+         << " of their magnitude; first at " << first << ": " << out[first] << ", expected "
+         << ref[first] << " (magnitude " << magnitude[first] << ") [" << test::seed_trace() << "]";
+}
+
+template <typename T>
+std::uint64_t bit_pattern(T value) {
+  if constexpr (sizeof(T) == 4) {
+    return bits_of(value);
+  } else {
+    return value;
+  }
+}
+
+// The same bits everywhere (floats compared by their bit patterns: -0 differs from +0).
+template <typename T>
+::testing::AssertionResult BitwiseEqual(const char* what, const std::vector<T>& out,
+                                        const std::vector<T>& ref) {
+  if (out.size() != ref.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": " << out.size() << " values, expected " << ref.size();
+  }
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (bit_pattern(out[i]) != bit_pattern(ref[i])) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  std::ostringstream detail;
+  detail << what << ": " << bad << " of " << ref.size() << " elements differ; first at " << first
+         << ": 0x" << std::hex << bit_pattern(out[first]) << ", expected 0x"
+         << bit_pattern(ref[first]);
+  return ::testing::AssertionFailure() << detail.str() << " [" << test::seed_trace() << "]";
+}
+
+// ---- conversions and the residual add -----------------------------------------------------
+
+// Sizes around the vector width, and a large odd one; offset 1 misaligns the buffers (scalar path).
+constexpr std::int64_t kCounts[] = {1, 7, 1000, 1000003};
+
+TEST(CudaLayerOps, ToBf16RoundsToNearestEven) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(1);
+  CudaStream stream;
+  for (const std::int64_t count : kCounts) {
+    for (const std::size_t offset : {0, 1}) {
+      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
+      std::vector<float> in = test::normal_vector<float>(count + offset, rng, 3.0);
+      // Ties (to even, down and up), subnormals, overflow to infinity, infinities, NaN.
+      const float specials[] = {1.00390625f,
+                                1.01171875f,
+                                -1.00390625f,
+                                1e-40f,
+                                -3e-39f,
+                                std::numeric_limits<float>::max(),
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN(),
+                                0.0f,
+                                -0.0f};
+      for (std::size_t i = 0; i < std::size(specials) && offset + i < in.size(); ++i) {
+        in[offset + i] = specials[i];
+      }
+      const DeviceBuffer d_in = to_device(in, stream.get());
+      const DeviceBuffer d_out((count + offset) * sizeof(bf16));
+      cuda::to_bf16(as_bf16(d_out, offset), d_in.as<float>() + offset, count, stream.get());
+      Bits out = to_host<std::uint16_t>(as_bf16(d_out, offset), count, stream.get());
+      Bits ref(count);
+      for (std::int64_t i = 0; i < count; ++i) {
+        ref[i] = float_to_bf16(in[offset + i]);
+        // NaN payloads may differ; NaN must stay NaN.
+        if (std::isnan(in[offset + i])) {
+          EXPECT_TRUE(std::isnan(bf16_to_float(out[i]))) << i;
+          out[i] = ref[i];
+        }
+      }
+      EXPECT_TRUE(BitwiseEqual("to_bf16", out, ref));
+    }
+  }
+}
+
+TEST(CudaLayerOps, ToFloatIsExact) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(2);
+  CudaStream stream;
+  for (const std::int64_t count : kCounts) {
+    for (const std::size_t offset : {0, 1}) {
+      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
+      const Bits in = random_bf16(count + offset, rng, 100.0);
+      const DeviceBuffer d_in = to_device(in, stream.get());
+      const DeviceBuffer d_out((count + offset) * sizeof(float));
+      cuda::to_float(d_out.as<float>() + offset, as_bf16(d_in, offset), count, stream.get());
+      const std::vector<float> out =
+          to_host<float>(d_out.as<float>() + offset, count, stream.get());
+      const std::vector<float> ref =
+          widen(Bits(in.begin() + static_cast<std::ptrdiff_t>(offset), in.end()));
+      EXPECT_TRUE(BitwiseEqual("to_float", out, ref));
+    }
+  }
+}
+
+TEST(CudaLayerOps, ResidualAddRoundsTheFp32SumOnce) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(3);
+  CudaStream stream;
+  for (const std::int64_t count : kCounts) {
+    for (const std::size_t offset : {0, 1}) {
+      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
+      const Bits y = random_bf16(count + offset, rng);
+      Bits x = random_bf16(count + offset, rng);
+      // Addends far smaller than y: their sum rounds in the interesting places.
+      for (std::size_t i = 0; i < x.size(); i += 3) {
+        x[i] = float_to_bf16(bf16_to_float(x[i]) * 0x1p-9f);
+      }
+      const DeviceBuffer d_y = to_device(y, stream.get());
+      const DeviceBuffer d_x = to_device(x, stream.get());
+      cuda::residual_add(as_bf16(d_y, offset), as_bf16(d_x, offset), count, stream.get());
+      const Bits out = to_host<std::uint16_t>(as_bf16(d_y, offset), count, stream.get());
+
+      // The CPU twin's fp32 sum, rounded to bf16.
+      std::vector<float> sum =
+          widen(Bits(y.begin() + static_cast<std::ptrdiff_t>(offset), y.end()));
+      const std::vector<float> addend =
+          widen(Bits(x.begin() + static_cast<std::ptrdiff_t>(offset), x.end()));
+      cpu::residual_add<float>(sum, addend);
+      Bits ref(count);
+      for (std::int64_t i = 0; i < count; ++i) ref[i] = float_to_bf16(sum[i]);
+      EXPECT_TRUE(BitwiseEqual("residual_add", out, ref));
+    }
+  }
+}
+
+// ---- embedding ------------------------------------------------------------------------------
+
+// Token ids with many repeats: half of them drawn from the first few ids.
+std::vector<std::int32_t> random_tokens(std::int64_t count, std::int64_t vocab,
+                                        std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int32_t> any(0, static_cast<std::int32_t>(vocab - 1));
+  std::uniform_int_distribution<std::int32_t> hot(
+      0, static_cast<std::int32_t>(std::min<std::int64_t>(vocab, 4) - 1));
+  std::vector<std::int32_t> tokens(count);
+  for (std::int64_t t = 0; t < count; ++t) tokens[t] = t % 2 == 0 ? hot(rng) : any(rng);
+  return tokens;
+}
+
+const cpu::EmbeddingShape kEmbeddingShapes[] = {
+    {37, 11, 200}, {37, 5, 203}, {1, 1, 1}, {512, 1000, 1024}, {300, 3, 64}};
+
+std::string describe(const cpu::EmbeddingShape& s) {
+  return "tokens " + std::to_string(s.tokens) + ", vocab " + std::to_string(s.vocab) + ", dim " +
+         std::to_string(s.dim);
+}
+
+TEST(CudaLayerOps, EmbeddingForwardGathersRows) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(4);
+  CudaStream stream;
+  for (const cpu::EmbeddingShape& s : kEmbeddingShapes) {
+    SCOPED_TRACE(describe(s));
+    const std::vector<std::int32_t> tokens = random_tokens(s.tokens, s.vocab, rng);
+    const Bits table = random_bf16(s.vocab * s.dim, rng);
+    const DeviceBuffer d_tokens = to_device(tokens, stream.get());
+    const DeviceBuffer d_table = to_device(table, stream.get());
+    const DeviceBuffer d_out(s.tokens * s.dim * sizeof(bf16));
+    cuda::embedding_forward(as_bf16(d_out), d_tokens.as<std::int32_t>(), as_bf16(d_table), s,
+                            stream.get());
+    const std::vector<float> out =
+        widen(to_host<std::uint16_t>(d_out.data(), s.tokens * s.dim, stream.get()));
+    std::vector<float> ref(s.tokens * s.dim);
+    cpu::embedding_forward<float>(ref, tokens, widen(table), s);
+    EXPECT_TRUE(BitwiseEqual("embedding_forward", out, ref));
+  }
+}
+
+TEST(CudaLayerOps, EmbeddingBackwardAtomicMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(5);
+  CudaStream stream;
+  for (const cpu::EmbeddingShape& s : kEmbeddingShapes) {
+    SCOPED_TRACE(describe(s));
+    const std::vector<std::int32_t> tokens = random_tokens(s.tokens, s.vocab, rng);
+    const Bits dout = random_bf16(s.tokens * s.dim, rng);
+    const std::vector<float> dtable0 = test::normal_vector<float>(s.vocab * s.dim, rng);
+    const DeviceBuffer d_tokens = to_device(tokens, stream.get());
+    const DeviceBuffer d_dout = to_device(dout, stream.get());
+    const DeviceBuffer d_dtable = to_device(dtable0, stream.get());
+    cuda::embedding_backward(d_dtable.as<float>(), d_tokens.as<std::int32_t>(), as_bf16(d_dout), s,
+                             /*deterministic=*/false, stream.get());
+    const std::vector<float> out = to_host<float>(d_dtable.data(), dtable0.size(), stream.get());
+
+    const std::vector<float> dout_f = widen(dout);
+    std::vector<float> ref = dtable0;
+    cpu::embedding_backward<float>(ref, tokens, dout_f, s, Write::add);
+    // fp32 sums of at most `tokens` terms in another order: within a few hundred ulps of the sum
+    // of the terms' magnitudes; 2^-14 of it is well above that and far below one missing term.
+    std::vector<double> magnitude(dtable0.size());
+    for (std::size_t i = 0; i < magnitude.size(); ++i) magnitude[i] = std::fabs(dtable0[i]);
+    for (std::int64_t t = 0; t < s.tokens; ++t) {
+      for (std::int64_t c = 0; c < s.dim; ++c) {
+        magnitude[tokens[t] * s.dim + c] += std::fabs(dout_f[t * s.dim + c]);
+      }
+    }
+    EXPECT_TRUE(WithinSumError("embedding_backward (atomic)", out, ref, magnitude, 0x1p-14));
+  }
+}
+
+TEST(CudaLayerOps, EmbeddingBackwardDeterministicIsBitwiseTheTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(6);
+  CudaStream stream;
+  for (const cpu::EmbeddingShape& s : kEmbeddingShapes) {
+    SCOPED_TRACE(describe(s));
+    const std::vector<std::int32_t> tokens = random_tokens(s.tokens, s.vocab, rng);
+    const Bits dout = random_bf16(s.tokens * s.dim, rng);
+    const std::vector<float> dtable0 = test::normal_vector<float>(s.vocab * s.dim, rng);
+    const DeviceBuffer d_tokens = to_device(tokens, stream.get());
+    const DeviceBuffer d_dout = to_device(dout, stream.get());
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      const DeviceBuffer d_dtable = to_device(dtable0, stream.get());
+      cuda::embedding_backward(d_dtable.as<float>(), d_tokens.as<std::int32_t>(), as_bf16(d_dout),
+                               s, /*deterministic=*/true, stream.get());
+      runs.push_back(to_host<float>(d_dtable.data(), dtable0.size(), stream.get()));
+    }
+    // The twin adds in token order in fp32, as the deterministic kernel does: the same bits.
+    std::vector<float> ref = dtable0;
+    cpu::embedding_backward<float>(ref, tokens, widen(dout), s, Write::add);
+    EXPECT_TRUE(BitwiseEqual("embedding_backward (deterministic) against the twin", runs[0], ref));
+    EXPECT_TRUE(BitwiseEqual("embedding_backward (deterministic), second run", runs[1], runs[0]));
+  }
+}
+
+// ---- RMSNorm --------------------------------------------------------------------------------
+
+// (dim 1 only in the forward: there the backward's dx is inv * dy * g * eps / (x^2 + eps), all
+// cancellation, and no fp32 computation of it is within 2^-8.)
+const cpu::RmsNormShape kRmsNormShapes[] = {{37, 200},  {37, 203},  {512, 1024}, {3, 8192},
+                                            {4097, 64}, {700, 201}, {5, 2}};
+
+std::string describe(const cpu::RmsNormShape& s) {
+  return "rows " + std::to_string(s.rows) + ", dim " + std::to_string(s.dim);
+}
+
+struct RmsNormInputs {
+  Bits x, dy, dx0;
+  std::vector<float> g, dg0;
+};
+
+RmsNormInputs rmsnorm_inputs(const cpu::RmsNormShape& s, std::mt19937_64& rng) {
+  RmsNormInputs in;
+  in.x = random_bf16(s.rows * s.dim, rng, 2.0);
+  in.dy = random_bf16(s.rows * s.dim, rng);
+  in.dx0 = random_bf16(s.rows * s.dim, rng);
+  in.g = test::normal_vector<float>(s.dim, rng);
+  in.dg0 = test::normal_vector<float>(s.dim, rng);
+  return in;
+}
+
+TEST(CudaLayerOps, RmsNormForwardMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(7);
+  CudaStream stream;
+  constexpr double kEps = 1e-5;
+  std::vector<cpu::RmsNormShape> shapes(std::begin(kRmsNormShapes), std::end(kRmsNormShapes));
+  shapes.push_back({1, 1});
+  for (const cpu::RmsNormShape& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    const RmsNormInputs in = rmsnorm_inputs(s, rng);
+    const DeviceBuffer d_x = to_device(in.x, stream.get());
+    const DeviceBuffer d_g = to_device(in.g, stream.get());
+    const DeviceBuffer d_y(s.rows * s.dim * sizeof(bf16)), d_inv(s.rows * sizeof(float));
+    cuda::rmsnorm_forward(as_bf16(d_y), d_inv.as<float>(), as_bf16(d_x), d_g.as<float>(), s, kEps,
+                          stream.get());
+    const std::vector<float> y =
+        widen(to_host<std::uint16_t>(d_y.data(), s.rows * s.dim, stream.get()));
+    const std::vector<float> inv = to_host<float>(d_inv.data(), s.rows, stream.get());
+
+    std::vector<float> ref_y(s.rows * s.dim), ref_inv(s.rows);
+    cpu::rmsnorm_forward<float>(ref_y, ref_inv, widen(in.x), in.g, s, kEps);
+    EXPECT_TRUE(WithinBf16Rounding("y", y, ref_y));
+    // inv_rms from an fp32 sum of dim squares (lanes of up to 256 terms, then a tree) against the
+    // twin's double sum: a few 1e-6 relative at most.
+    std::vector<double> magnitude(ref_inv.begin(), ref_inv.end());
+    EXPECT_TRUE(WithinSumError("inv_rms", inv, ref_inv, magnitude, 0x1p-14));
+  }
+}
+
+TEST(CudaLayerOps, RmsNormBackwardMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(8);
+  CudaStream stream;
+  for (const cpu::RmsNormShape& s : kRmsNormShapes) {
+    for (const Write dx_write : {Write::overwrite, Write::add}) {
+      SCOPED_TRACE(describe(s) + (dx_write == Write::add ? ", dx added" : ", dx overwritten"));
+      const RmsNormInputs in = rmsnorm_inputs(s, rng);
+      const std::vector<float> x = widen(in.x), dy = widen(in.dy);
+      std::vector<float> y(s.rows * s.dim), inv(s.rows);
+      cpu::rmsnorm_forward<float>(y, inv, x, in.g, s, 1e-5);
+
+      // The GPU gets the twin's inv_rms: both backward passes start from the same values.
+      const DeviceBuffer d_x = to_device(in.x, stream.get());
+      const DeviceBuffer d_dy = to_device(in.dy, stream.get());
+      const DeviceBuffer d_dx = to_device(in.dx0, stream.get());
+      const DeviceBuffer d_g = to_device(in.g, stream.get());
+      const DeviceBuffer d_inv = to_device(inv, stream.get());
+      const DeviceBuffer d_dg = to_device(in.dg0, stream.get());
+      cuda::rmsnorm_backward(as_bf16(d_dx), d_dg.as<float>(), as_bf16(d_dy), as_bf16(d_x),
+                             d_g.as<float>(), d_inv.as<float>(), s, dx_write, stream.get());
+      const std::vector<float> dx =
+          widen(to_host<std::uint16_t>(d_dx.data(), s.rows * s.dim, stream.get()));
+      const std::vector<float> dg = to_host<float>(d_dg.data(), s.dim, stream.get());
+
+      std::vector<float> ref_dx = widen(in.dx0), ref_dg = in.dg0;
+      cpu::rmsnorm_backward<float>(ref_dx, ref_dg, dy, x, in.g, inv, s, dx_write, Write::add);
+      EXPECT_TRUE(WithinBf16Rounding("dx", dx, ref_dx));
+      // dg: fp32 sums over the rows (chains of at most a few hundred terms) against the twin's
+      // double sums; 2^-14 of the terms' magnitudes is above their worst case.
+      std::vector<double> magnitude(s.dim);
+      for (std::int64_t c = 0; c < s.dim; ++c) magnitude[c] = std::fabs(in.dg0[c]);
+      for (std::int64_t r = 0; r < s.rows; ++r) {
+        for (std::int64_t c = 0; c < s.dim; ++c) {
+          magnitude[c] += std::fabs(double(dy[r * s.dim + c]) * x[r * s.dim + c] * inv[r]);
+        }
+      }
+      EXPECT_TRUE(WithinSumError("dg", dg, ref_dg, magnitude, 0x1p-14));
+    }
+  }
+}
+
+TEST(CudaLayerOps, RmsNormBackwardDgIsReproducible) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(9);
+  CudaStream stream;
+  // One row range, and many (4097 rows: 65 ranges of 64 rows, the last of one row).
+  for (const cpu::RmsNormShape s :
+       {cpu::RmsNormShape{37, 203}, cpu::RmsNormShape{512, 1024}, cpu::RmsNormShape{4097, 200}}) {
+    SCOPED_TRACE(describe(s));
+    const RmsNormInputs in = rmsnorm_inputs(s, rng);
+    std::vector<float> y(s.rows * s.dim), inv(s.rows);
+    cpu::rmsnorm_forward<float>(y, inv, widen(in.x), in.g, s, 1e-5);
+    const DeviceBuffer d_x = to_device(in.x, stream.get());
+    const DeviceBuffer d_dy = to_device(in.dy, stream.get());
+    const DeviceBuffer d_g = to_device(in.g, stream.get());
+    const DeviceBuffer d_inv = to_device(inv, stream.get());
+    const DeviceBuffer d_dx(s.rows * s.dim * sizeof(bf16));
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      const DeviceBuffer d_dg = to_device(in.dg0, stream.get());
+      cuda::rmsnorm_backward(as_bf16(d_dx), d_dg.as<float>(), as_bf16(d_dy), as_bf16(d_x),
+                             d_g.as<float>(), d_inv.as<float>(), s, Write::overwrite, stream.get());
+      runs.push_back(to_host<float>(d_dg.data(), s.dim, stream.get()));
+    }
+    EXPECT_TRUE(BitwiseEqual("dg, second run", runs[1], runs[0]));
+  }
+}
+
+// ---- RoPE -----------------------------------------------------------------------------------
+
+TEST(CudaLayerOps, RopeTableMatchesLongDouble) {
+  // Host only: no GPU needed.
+  const std::vector<std::int64_t> positions = {0,       1,         2,         1000,     65535,
+                                               999'999, 1'000'000, 1'048'575, 3'000'017};
+  for (const double theta : {10000.0, 500000.0}) {
+    for (const std::int64_t head_dim : {2, 6, 128}) {
+      SCOPED_TRACE("theta " + std::to_string(theta) + ", head_dim " + std::to_string(head_dim));
+      const cuda::RopeTable table = cuda::rope_table(positions, head_dim, theta);
+      const std::int64_t half = head_dim / 2;
+      ASSERT_EQ(table.cos.size(), positions.size() * half);
+      ASSERT_EQ(table.sin.size(), positions.size() * half);
+      // A float's rounding (<= 2^-25 below 1) plus the double angle's error (a few ulps of
+      // 3e6 rad, ~1e-9). Angles formed in float would be off by ~0.1 rad at these positions.
+      const double tolerance = 0x1p-25 + 4.0 * 3.1e6 * 0x1p-52;
+      std::size_t bad = 0;
+      for (std::size_t t = 0; t < positions.size(); ++t) {
+        for (std::int64_t i = 0; i < half; ++i) {
+          const long double angle =
+              (long double)positions[t] *
+              std::pow((long double)theta, -2.0L * (long double)i / (long double)head_dim);
+          const std::size_t at = t * half + i;
+          const double cos_error = std::fabs(double(table.cos[at]) - double(std::cos(angle)));
+          const double sin_error = std::fabs(double(table.sin[at]) - double(std::sin(angle)));
+          if (!(cos_error <= tolerance && sin_error <= tolerance) && bad++ < 5) {
+            ADD_FAILURE() << "position " << positions[t] << ", pair " << i << ": cos "
+                          << table.cos[at] << " (error " << cos_error << "), sin " << table.sin[at]
+                          << " (error " << sin_error << "), tolerance " << tolerance;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0u);
+    }
+  }
+}
+
+struct RopeCase {
+  std::string name;
+  std::int64_t tokens, table_rows, head_dim, token_stride;
+  // The rotated views, each at an offset into the token row: (offset, heads).
+  std::vector<std::pair<std::int64_t, std::int64_t>> views;
+  std::int64_t first_position, position_span;
+};
+
+std::vector<RopeCase> rope_cases() {
+  // Packed QKV rows of 8 q heads and 2 kv heads: q at 0, k at 8 head_dim, v after k.
+  return {
+      {"packed qkv d128, 2 sequences near 1e6",
+       512,
+       256,
+       128,
+       (8 + 2 * 2) * 128,
+       {{0, 8}, {8 * 128, 2}},
+       999'000,
+       4096},
+      {"packed qkv d64, 4 sequences",
+       256,
+       64,
+       64,
+       (4 + 2 * 1) * 64,
+       {{0, 4}, {4 * 64, 1}},
+       0,
+       70000},
+      {"d64, stride 258 (pairs of 2)", 37, 37, 64, 4 * 64 + 2, {{0, 4}}, 123'456, 1000},
+      {"d6, odd stride, table of 5 rows", 37, 5, 6, 19, {{1, 3}}, 999'990, 20},
+      {"d2, one token", 1, 1, 2, 2, {{0, 1}}, 1'000'000, 1},
+  };
+}
+
+// Runs rope_forward (or rope_backward) on every view of a random buffer, on the GPU and through
+// the CPU twin, and compares the whole buffer: rotated elements within bf16 rounding, the rest
+// (v, gaps between views) bitwise unchanged.
+void check_rope(const RopeCase& rc, bool backward, std::mt19937_64& rng, cudaStream_t stream) {
+  SCOPED_TRACE(rc.name + (backward ? ", backward" : ", forward"));
+  std::uniform_int_distribution<std::int64_t> position(rc.first_position,
+                                                       rc.first_position + rc.position_span - 1);
+  std::vector<std::int64_t> positions(rc.table_rows);
+  for (auto& p : positions) p = position(rng);
+  const cuda::RopeTable table = cuda::rope_table(positions, rc.head_dim, kTheta);
+  std::vector<std::int64_t> token_positions(rc.tokens);
+  for (std::int64_t t = 0; t < rc.tokens; ++t) token_positions[t] = positions[t % rc.table_rows];
+
+  const Bits x = random_bf16(rc.tokens * rc.token_stride, rng);
+  const DeviceBuffer d_x = to_device(x, stream);
+  const DeviceBuffer d_cos = to_device(table.cos, stream);
+  const DeviceBuffer d_sin = to_device(table.sin, stream);
+  std::vector<float> ref = widen(x);
+  std::vector<bool> rotated(x.size(), false);
+  for (const auto& [offset, heads] : rc.views) {
+    const cpu::RopeShape shape{rc.tokens, heads, rc.head_dim, rc.token_stride};
+    if (backward) {
+      cuda::rope_backward(as_bf16(d_x, offset), d_cos.as<float>(), d_sin.as<float>(), rc.table_rows,
+                          shape, stream);
+    } else {
+      cuda::rope_forward(as_bf16(d_x, offset), d_cos.as<float>(), d_sin.as<float>(), rc.table_rows,
+                         shape, stream);
+    }
+    const std::span<float> view = std::span<float>(ref).subspan(offset);
+    const std::int64_t extent = (rc.tokens - 1) * rc.token_stride + heads * rc.head_dim;
+    if (backward) {
+      cpu::rope_backward<float>(view.first(extent), token_positions, shape, kTheta);
+    } else {
+      cpu::rope_forward<float>(view.first(extent), token_positions, shape, kTheta);
+    }
+    for (std::int64_t t = 0; t < rc.tokens; ++t) {
+      for (std::int64_t e = 0; e < heads * rc.head_dim; ++e) {
+        rotated[offset + t * rc.token_stride + e] = true;
+      }
+    }
+  }
+  const std::vector<float> out = widen(to_host<std::uint16_t>(d_x.data(), x.size(), stream));
+
+  std::vector<float> out_rotated, ref_rotated, out_kept, ref_kept;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    (rotated[i] ? out_rotated : out_kept).push_back(out[i]);
+    (rotated[i] ? ref_rotated : ref_kept).push_back(ref[i]);
+  }
+  EXPECT_TRUE(WithinBf16Rounding("rotated elements", out_rotated, ref_rotated));
+  EXPECT_TRUE(BitwiseEqual("elements outside the views", out_kept, ref_kept));
+}
+
+TEST(CudaLayerOps, RopeForwardMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(10);
+  CudaStream stream;
+  for (const RopeCase& rc : rope_cases()) check_rope(rc, /*backward=*/false, rng, stream.get());
+}
+
+TEST(CudaLayerOps, RopeBackwardMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(11);
+  CudaStream stream;
+  for (const RopeCase& rc : rope_cases()) check_rope(rc, /*backward=*/true, rng, stream.get());
+}
+
+// ---- SwiGLU ---------------------------------------------------------------------------------
+
+const cpu::SwigluShape kSwigluShapes[] = {{37, 200}, {37, 203}, {1, 1}, {512, 1024}, {64, 2816}};
+
+std::string describe(const cpu::SwigluShape& s) {
+  return "rows " + std::to_string(s.rows) + ", hidden " + std::to_string(s.hidden);
+}
+
+// gate_up with gates of scale 3 and a few far out in both tails (sigmoid 0 and 1 exactly).
+Bits swiglu_input(const cpu::SwigluShape& s, std::mt19937_64& rng) {
+  Bits gate_up = random_bf16(s.rows * 2 * s.hidden, rng, 3.0);
+  for (std::int64_t r = 0; r < s.rows; r += 5) {
+    gate_up[r * 2 * s.hidden] = float_to_bf16(r % 2 == 0 ? 100.0f : -100.0f);
+  }
+  return gate_up;
+}
+
+TEST(CudaLayerOps, SwigluForwardMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(12);
+  CudaStream stream;
+  for (const cpu::SwigluShape& s : kSwigluShapes) {
+    SCOPED_TRACE(describe(s));
+    const Bits gate_up = swiglu_input(s, rng);
+    const DeviceBuffer d_gate_up = to_device(gate_up, stream.get());
+    const DeviceBuffer d_out(s.rows * s.hidden * sizeof(bf16));
+    cuda::swiglu_forward(as_bf16(d_out), as_bf16(d_gate_up), s, stream.get());
+    const std::vector<float> out =
+        widen(to_host<std::uint16_t>(d_out.data(), s.rows * s.hidden, stream.get()));
+    std::vector<float> ref(s.rows * s.hidden);
+    cpu::swiglu_forward<float>(ref, widen(gate_up), s);
+    EXPECT_TRUE(WithinBf16Rounding("swiglu", out, ref));
+  }
+}
+
+TEST(CudaLayerOps, SwigluBackwardMatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(13);
+  CudaStream stream;
+  for (const cpu::SwigluShape& s : kSwigluShapes) {
+    SCOPED_TRACE(describe(s));
+    const Bits gate_up = swiglu_input(s, rng);
+    const Bits dout = random_bf16(s.rows * s.hidden, rng);
+    const DeviceBuffer d_gate_up = to_device(gate_up, stream.get());
+    const DeviceBuffer d_dout = to_device(dout, stream.get());
+    const DeviceBuffer d_dgate_up(s.rows * 2 * s.hidden * sizeof(bf16));
+    cuda::swiglu_backward(as_bf16(d_dgate_up), as_bf16(d_dout), as_bf16(d_gate_up), s,
+                          stream.get());
+    const std::vector<float> out =
+        widen(to_host<std::uint16_t>(d_dgate_up.data(), s.rows * 2 * s.hidden, stream.get()));
+    std::vector<float> ref(s.rows * 2 * s.hidden);
+    cpu::swiglu_backward<float>(ref, widen(dout), widen(gate_up), s);
+    EXPECT_TRUE(WithinBf16Rounding("dgate_up", out, ref));
+  }
+}
+
+// ---- argument checks ------------------------------------------------------------------------
+
+// The checks run on the host before anything is launched, so they need no GPU: the pointers
+// below are never dereferenced.
+TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
+  using test::throws_error_with;
+  alignas(16) static std::uint16_t storage[64];
+  bf16* b = reinterpret_cast<bf16*>(storage);
+  float* f = reinterpret_cast<float*>(storage);
+  const std::int32_t* tokens = reinterpret_cast<const std::int32_t*>(storage);
+  const cudaStream_t stream = nullptr;
+
+  EXPECT_TRUE(throws_error_with([&] { cuda::to_bf16(nullptr, f, 4, stream); },
+                                {"train::cuda::to_bf16", "out is null"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::to_bf16(b, f, 0, stream); },
+                                {"train::cuda::to_bf16", "count is 0; expected > 0"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::to_float(f, nullptr, 4, stream); },
+                                {"train::cuda::to_float", "in is null"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::residual_add(b, nullptr, 4, stream); },
+                                {"train::cuda::residual_add", "x is null"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::residual_add(b, b, -3, stream); },
+                                {"train::cuda::residual_add", "count is -3"}));
+
+  const cpu::EmbeddingShape embedding{4, 8, 2};
+  EXPECT_TRUE(throws_error_with([&] { cuda::embedding_forward(b, nullptr, b, embedding, stream); },
+                                {"train::cuda::embedding_forward", "tokens is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::embedding_forward(b, tokens, b, {4, 0, 2}, stream);
+      },
+      {"train::cuda::embedding_forward", "shape.vocab is 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::embedding_backward(nullptr, tokens, b, embedding, true, stream); },
+      {"train::cuda::embedding_backward", "dtable is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::embedding_backward(f, tokens, b, {0, 8, 2}, false, stream);
+      },
+      {"train::cuda::embedding_backward", "shape.tokens is 0"}));
+
+  const cpu::RmsNormShape norm{2, 8};
+  EXPECT_TRUE(throws_error_with([&] { cuda::rmsnorm_forward(b, f, b, f, norm, 0.0, stream); },
+                                {"train::cuda::rmsnorm_forward", "eps is 0"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { cuda::rmsnorm_forward(b, f, b, nullptr, norm, 1e-5, stream); },
+                        {"train::cuda::rmsnorm_forward", "g is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rmsnorm_forward(b, f, b, f, {-1, 8}, 1e-5, stream);
+      },
+      {"train::cuda::rmsnorm_forward", "shape.rows is -1"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::rmsnorm_backward(b, f, b + 8, b, f, f, norm, Write::add, stream); },
+      {"train::cuda::rmsnorm_backward", "dx overlaps dy"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::rmsnorm_backward(b, f, b + 16, b, f, nullptr, norm, Write::add, stream); },
+      {"train::cuda::rmsnorm_backward", "inv_rms is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rmsnorm_backward(b, f, b + 16, b, f, f, {2, 0}, Write::add, stream);
+      },
+      {"train::cuda::rmsnorm_backward", "shape.dim is 0"}));
+
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_forward(b, f, f, 1, {1, 1, 7, 7}, stream);
+      },
+      {"train::cuda::rope_forward", "shape.head_dim is 7; expected an even number"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_forward(b, f, f, 1, {2, 2, 64, 100}, stream);
+      },
+      {"train::cuda::rope_forward", "shape.token_stride is 100", "128"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_forward(b, f, f, 0, {1, 1, 8, 8}, stream);
+      },
+      {"train::cuda::rope_forward", "table_rows is 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(b, nullptr, f, 1, {1, 1, 8, 8}, stream);
+      },
+      {"train::cuda::rope_backward", "cos is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(nullptr, f, f, 1, {1, 1, 8, 8}, stream);
+      },
+      {"train::cuda::rope_backward", "dx is null"}));
+
+  EXPECT_TRUE(throws_error_with([&] { cuda::rope_table({}, 8, kTheta); },
+                                {"train::cuda::rope_table", "positions.size() is 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_table({0, -3}, 8, kTheta);
+      },
+      {"train::cuda::rope_table", "positions[1] is -3"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::rope_table({0}, 5, kTheta); },
+                                {"train::cuda::rope_table", "head_dim is 5"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::rope_table({0}, 8, 0.0); },
+                                {"train::cuda::rope_table", "theta is 0"}));
+
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::swiglu_forward(b, b, {4, 0}, stream);
+      },
+      {"train::cuda::swiglu_forward", "shape.hidden is 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::swiglu_forward(nullptr, b, {4, 2}, stream);
+      },
+      {"train::cuda::swiglu_forward", "out is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::swiglu_backward(b, nullptr, b, {4, 2}, stream);
+      },
+      {"train::cuda::swiglu_backward", "dout is null"}));
+}
+
+}  // namespace
+}  // namespace ringattn::train
+
+#else
+
+TEST(CudaLayerOps, MatchesCpuTwins) {
+  RINGATTN_REQUIRE_GPUS(1);
+}
+
+#endif

@@ -1,0 +1,586 @@
+// The trainer's loss and optimizer ops on the GPU (train/cuda/ops_loss_optimizer.cu) against their
+// CPU twins (train/op_cross_entropy, train/op_adamw) on the same values:
+//
+//   cross-entropy  vocabularies of 256 to 131072 entries (1003: rows start at every alignment),
+//                  weights with zeros, ties for the argmax: the losses, the predictions, the sums,
+//                  the gradient out of place (vector and scalar paths) and in place; an
+//                  out-of-range target;
+//   sum_of_squares against a long-double sum, and bitwise the same twice;
+//   adamw_step     five steps with and without decay, grad_scale != 1, against the twin fed the
+//                  scaled gradient; the bf16 copy;
+//   the argument checks (on the host: no GPU needed).
+//
+// Tolerances:
+//   losses: |out - ref| <= 1e-5 max(1, |ref|). The GPU sums exp(x - max) in fp32 (at most 256
+//     terms a thread, then a tree of 9 levels): relative error <= ~265 2^-24 = 1.6e-5 at worst
+//     over 131072 entries, ~1e-7 typically; the twin sums in double. The loss is lse - x[target]
+//     with lse ~ 5..16 here, so an absolute lse error of 2e-5 is within 1e-5 |loss|. The logits
+//     are bf16 values, exact in fp32, so both sides see the same inputs. loss_sum: relative 1e-5.
+//   gradient: |out - ref| <= 2^-8 |ref| + 2^-14 (|ref| + weight scale). bf16 rounding of the
+//     fp32 value (unit roundoff 2^-8), plus the fp32 disagreement: exp(x - lse) inherits lse's
+//     error (<= 2e-5 < 2^-14, relative), and the target entry (p - 1) * factor loses it against
+//     factor = weight * scale, not against its own size.
+//   adamw: the kernel repeats the twin's fp32 operations without contraction, so params, m and v
+//     are expected bit for bit; checked within 4 ulp. The bf16 copy is bf16(params), bitwise.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ringattn/config.h"
+#include "tests/common/gpu.hpp"
+
+#if RINGATTN_WITH_CUDA
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "ringattn/dtype.hpp"
+#include "ringattn/error.hpp"
+#include "src/cuda/device_buffer.hpp"
+#include "tests/common/random.hpp"
+#include "tests/train/expect_error.hpp"
+#include "train/cuda/ops.hpp"
+#include "train/op_adamw.hpp"
+#include "train/op_cross_entropy.hpp"
+
+namespace ringattn::train {
+namespace {
+
+using cuda::bf16;
+using Bits = std::vector<std::uint16_t>;
+
+constexpr double kBf16Unit = 0x1p-8;        // relative rounding error of a bf16 output
+constexpr double kGradientSlack = 0x1p-14;  // fp32 disagreement of the gradient
+constexpr double kLossTolerance = 1e-5;
+
+// ---- host values and device buffers ---------------------------------------------------------
+
+// N(0, scale^2) draws rounded to bf16, as bit patterns.
+Bits random_bf16(std::size_t count, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> normal;
+  Bits bits(count);
+  for (auto& b : bits) b = float_to_bf16(static_cast<float>(normal(rng) * scale));
+  return bits;
+}
+
+// The values of bf16 bit patterns, exactly.
+std::vector<float> widen(const Bits& bits) {
+  std::vector<float> values(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_float(bits[i]);
+  return values;
+}
+
+template <typename T>
+void upload(void* device, const std::vector<T>& values, cudaStream_t stream) {
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, values.data(), values.size() * sizeof(T),
+                                      cudaMemcpyHostToDevice, stream));
+}
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& values, cudaStream_t stream) {
+  DeviceBuffer buffer(values.size() * sizeof(T));
+  upload(buffer.data(), values, stream);
+  return buffer;
+}
+
+// Waits for the stream, then copies `count` elements back.
+template <typename T>
+std::vector<T> to_host(const void* device, std::size_t count, cudaStream_t stream) {
+  std::vector<T> values(count);
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(values.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return values;
+}
+
+// All bytes 0xff: NaN as fp32 and as bf16, -1 as int32. An output that still holds it was not
+// written.
+void poison(void* device, std::size_t bytes, cudaStream_t stream) {
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(device, 0xff, bytes, stream));
+}
+
+// Bit-for-bit equality of two buffers, reported as a count and the first mismatch.
+template <typename T>
+::testing::AssertionResult BitwiseEqual(const std::string& what, const std::vector<T>& out,
+                                        const std::vector<T>& ref) {
+  if (out.size() != ref.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": " << out.size() << " values, expected " << ref.size();
+  }
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (std::memcmp(&out[i], &ref[i], sizeof(T)) != 0 && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << ref.size() << " values differ; first at " << first
+         << ": " << +out[first] << ", expected " << +ref[first];
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------
+
+struct CrossEntropyCase {
+  std::int64_t tokens, vocab;
+};
+
+// The inputs of one case, with ties for the argmax planted in rows 0 and 1 and a zero weight on
+// every fourth token.
+struct CrossEntropyInputs {
+  Bits logits;
+  std::vector<std::int32_t> targets;
+  std::vector<float> weights;
+  double scale = 0.0;  // 1 / the sum of weights: the mean over weighted tokens
+};
+
+CrossEntropyInputs make_inputs(const CrossEntropyCase& c, std::mt19937_64& rng) {
+  CrossEntropyInputs in;
+  const auto tokens = static_cast<std::size_t>(c.tokens), vocab = static_cast<std::size_t>(c.vocab);
+  in.logits = random_bf16(tokens * vocab, rng, 2.0);
+  // Row 0: its maximum at entry 3 and at the last entry (argmax 3, the target: a small loss and
+  // a one-hot on the maximum). Row 1: at its last two entries (argmax vocab - 2).
+  const std::uint16_t top = float_to_bf16(16.0f);
+  in.logits[3] = top;
+  in.logits[vocab - 1] = top;
+  if (tokens > 1) {
+    in.logits[2 * vocab - 2] = top;
+    in.logits[2 * vocab - 1] = top;
+  }
+  std::uniform_int_distribution<std::int32_t> id(0, static_cast<std::int32_t>(c.vocab - 1));
+  std::uniform_real_distribution<float> weight(0.25f, 2.0f);
+  in.targets.resize(tokens);
+  in.weights.resize(tokens);
+  double weight_sum = 0.0;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    in.targets[t] = id(rng);
+    in.weights[t] = t % 4 == 1 ? 0.0f : weight(rng);
+    weight_sum += in.weights[t];
+  }
+  in.targets[0] = 3;
+  in.targets[tokens - 1] = static_cast<std::int32_t>(c.vocab - 1);
+  in.scale = 1.0 / weight_sum;
+  return in;
+}
+
+::testing::AssertionResult LossesMatch(const char* what, const std::vector<float>& out,
+                                       const std::vector<float>& ref) {
+  for (std::size_t t = 0; t < ref.size(); ++t) {
+    const double error = std::fabs(double(out[t]) - double(ref[t]));
+    if (!(error <= kLossTolerance * std::max(1.0, std::fabs(double(ref[t]))))) {
+      return ::testing::AssertionFailure()
+             << what << ": losses[" << t << "] is " << out[t] << ", expected " << ref[t] << " ["
+             << test::seed_trace() << "]";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult RelativelyClose(const char* what, double out, double ref,
+                                           double tolerance) {
+  if (std::fabs(out - ref) <= tolerance * std::fabs(ref)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << " is " << out << ", expected " << ref << " within " << tolerance
+         << " relative [" << test::seed_trace() << "]";
+}
+
+// The gradient within the bf16 rounding of the fp32 value (see the top of the file); rows of
+// weight 0 exactly 0.
+::testing::AssertionResult GradientMatches(const char* what, const Bits& out,
+                                           const std::vector<float>& ref,
+                                           const CrossEntropyInputs& in, std::int64_t vocab) {
+  const std::vector<float> values = widen(out);
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const std::size_t t = i / static_cast<std::size_t>(vocab);
+    const double factor = double(in.weights[t]) * in.scale;
+    const double error = std::fabs(double(values[i]) - double(ref[i]));
+    const double bound = kBf16Unit * std::fabs(double(ref[i])) +
+                         kGradientSlack * (std::fabs(double(ref[i])) + factor);
+    const bool ok = in.weights[t] == 0.0f ? values[i] == 0.0f : error <= bound;
+    if (!ok && bad++ == 0) first = i;
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << ref.size() << " entries outside the bound; first ["
+         << first / static_cast<std::size_t>(vocab) << ", "
+         << first % static_cast<std::size_t>(vocab) << "]: " << values[first] << ", expected "
+         << ref[first] << " [" << test::seed_trace() << "]";
+}
+
+class CudaCrossEntropy : public ::testing::TestWithParam<CrossEntropyCase> {};
+
+TEST_P(CudaCrossEntropy, MatchesCpuTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  const CrossEntropyCase c = GetParam();
+  std::mt19937_64 rng = test::make_rng(static_cast<std::uint64_t>(c.vocab));
+  const CrossEntropyInputs in = make_inputs(c, rng);
+  const cpu::CrossEntropyShape shape{c.tokens, c.vocab};
+  const auto tokens = static_cast<std::size_t>(c.tokens);
+  const std::size_t count = tokens * static_cast<std::size_t>(c.vocab);
+
+  // The twin, in fp32 on the same values.
+  const std::vector<float> logits = widen(in.logits);
+  std::vector<float> ref_losses(tokens), ref_dlogits(count);
+  std::vector<std::int32_t> ref_predictions(tokens);
+  const cpu::CrossEntropySums ref = cpu::cross_entropy_forward_backward<float>(
+      ref_dlogits, ref_losses, ref_predictions, logits, in.targets, in.weights, shape, in.scale);
+
+  CudaStream stream;
+  const cudaStream_t st = stream.get();
+  const DeviceBuffer d_logits = to_device(in.logits, st);
+  const DeviceBuffer d_targets = to_device(in.targets, st);
+  const DeviceBuffer d_weights = to_device(in.weights, st);
+  DeviceBuffer d_losses(tokens * sizeof(float)), d_predictions(tokens * sizeof(std::int32_t));
+  // One spare element: the gradient written 2 bytes off the logits' alignment.
+  DeviceBuffer d_dlogits((count + 8) * sizeof(bf16));
+  std::vector<float> host_losses(tokens);
+  const auto* logits_ptr = d_logits.as<const bf16>();
+  const auto* targets_ptr = d_targets.as<const std::int32_t>();
+  const auto* weights_ptr = d_weights.as<const float>();
+  auto* losses_ptr = d_losses.as<float>();
+  auto* predictions_ptr = d_predictions.as<std::int32_t>();
+
+  // The forward alone.
+  poison(losses_ptr, tokens * sizeof(float), st);
+  poison(predictions_ptr, tokens * sizeof(std::int32_t), st);
+  const cpu::CrossEntropySums forward =
+      cuda::cross_entropy_forward(losses_ptr, predictions_ptr, logits_ptr, targets_ptr, weights_ptr,
+                                  shape, host_losses.data(), in.weights.data(), st);
+  const std::vector<float> losses = to_host<float>(losses_ptr, tokens, st);
+  EXPECT_EQ(to_host<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
+  EXPECT_TRUE(LossesMatch("forward", losses, ref_losses));
+  EXPECT_TRUE(BitwiseEqual("host_losses", host_losses, losses));
+  EXPECT_TRUE(RelativelyClose("forward loss_sum", forward.loss_sum, ref.loss_sum, 1e-5));
+  EXPECT_EQ(forward.weight_sum, ref.weight_sum);  // the same floats summed in the same order
+  if (c.tokens > 1) {
+    EXPECT_EQ(ref_predictions[0], 3);
+    EXPECT_EQ(ref_predictions[1], c.vocab - 2);
+  }
+
+  // Forward and backward, out of place (the rows split alike: vector accesses).
+  auto* dlogits_ptr = d_dlogits.as<bf16>();
+  poison(losses_ptr, tokens * sizeof(float), st);
+  poison(predictions_ptr, tokens * sizeof(std::int32_t), st);
+  poison(dlogits_ptr, count * sizeof(bf16), st);
+  const cpu::CrossEntropySums both = cuda::cross_entropy_forward_backward(
+      dlogits_ptr, losses_ptr, predictions_ptr, logits_ptr, targets_ptr, weights_ptr, shape,
+      in.scale, host_losses.data(), in.weights.data(), st);
+  // The same statistics pass as the forward alone.
+  EXPECT_TRUE(BitwiseEqual("losses", to_host<float>(losses_ptr, tokens, st), losses));
+  EXPECT_EQ(to_host<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
+  EXPECT_EQ(both.loss_sum, forward.loss_sum);
+  EXPECT_EQ(both.weight_sum, forward.weight_sum);
+  const Bits gradient = to_host<std::uint16_t>(dlogits_ptr, count, st);
+  EXPECT_TRUE(GradientMatches("out of place", gradient, ref_dlogits, in, c.vocab));
+
+  // In place: the same bits.
+  DeviceBuffer d_in_place = to_device(in.logits, st);
+  auto* in_place_ptr = d_in_place.as<bf16>();
+  poison(losses_ptr, tokens * sizeof(float), st);
+  const cpu::CrossEntropySums in_place = cuda::cross_entropy_forward_backward(
+      in_place_ptr, losses_ptr, predictions_ptr, in_place_ptr, targets_ptr, weights_ptr, shape,
+      in.scale, host_losses.data(), in.weights.data(), st);
+  EXPECT_TRUE(BitwiseEqual("in place", to_host<std::uint16_t>(in_place_ptr, count, st), gradient));
+  EXPECT_TRUE(BitwiseEqual("in-place losses", to_host<float>(losses_ptr, tokens, st), losses));
+  EXPECT_EQ(in_place.loss_sum, forward.loss_sum);
+
+  // Out of place, dlogits 2 bytes off the logits' alignment: the scalar path.
+  poison(dlogits_ptr, (count + 8) * sizeof(bf16), st);
+  cuda::cross_entropy_forward_backward(dlogits_ptr + 1, losses_ptr, predictions_ptr, logits_ptr,
+                                       targets_ptr, weights_ptr, shape, in.scale,
+                                       host_losses.data(), in.weights.data(), st);
+  EXPECT_TRUE(GradientMatches("scalar path", to_host<std::uint16_t>(dlogits_ptr + 1, count, st),
+                              ref_dlogits, in, c.vocab));
+  EXPECT_TRUE(LossesMatch("scalar path", to_host<float>(losses_ptr, tokens, st), ref_losses));
+  EXPECT_EQ(to_host<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabularies, CudaCrossEntropy,
+                         ::testing::Values(CrossEntropyCase{64, 256}, CrossEntropyCase{50, 1000},
+                                           CrossEntropyCase{33, 1003}, CrossEntropyCase{24, 32768},
+                                           CrossEntropyCase{3, 131072}),
+                         [](const ::testing::TestParamInfo<CrossEntropyCase>& info) {
+                           return "tokens" + std::to_string(info.param.tokens) + "_vocab" +
+                                  std::to_string(info.param.vocab);
+                         });
+
+// A target outside [0, vocab) cannot be reported by the kernel: its row's loss and gradient are
+// NaN, for the caller's check of the loss to catch; the other rows are unaffected.
+TEST(CudaCrossEntropyTargets, OutOfRangeTargetGivesNaN) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(5);
+  const std::int64_t tokens = 4, vocab = 1000;
+  const cpu::CrossEntropyShape shape{tokens, vocab};
+  const Bits logits = random_bf16(tokens * vocab, rng);
+  const std::vector<std::int32_t> targets{7, 1000, -1, 999};
+  const std::vector<float> weights{1.0f, 1.0f, 0.0f, 1.0f};
+  CudaStream stream;
+  const cudaStream_t st = stream.get();
+  DeviceBuffer d_logits = to_device(logits, st);
+  const DeviceBuffer d_targets = to_device(targets, st), d_weights = to_device(weights, st);
+  DeviceBuffer d_losses(tokens * sizeof(float)), d_predictions(tokens * sizeof(std::int32_t));
+  std::vector<float> host_losses(tokens);
+  const cpu::CrossEntropySums sums = cuda::cross_entropy_forward_backward(
+      d_logits.as<bf16>(), d_losses.as<float>(), d_predictions.as<std::int32_t>(),
+      d_logits.as<bf16>(), d_targets.as<std::int32_t>(), d_weights.as<float>(), shape, 0.5,
+      host_losses.data(), weights.data(), st);
+  EXPECT_TRUE(std::isnan(sums.loss_sum));
+  EXPECT_TRUE(std::isfinite(host_losses[0]) && std::isfinite(host_losses[3]));
+  EXPECT_TRUE(std::isnan(host_losses[1]) && std::isnan(host_losses[2]));
+  const std::vector<float> gradient =
+      widen(to_host<std::uint16_t>(d_logits.data(), static_cast<std::size_t>(tokens * vocab), st));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const bool bad_row = t == 1 || t == 2;
+    std::int64_t nan = 0;
+    for (std::int64_t j = 0; j < vocab; ++j) nan += std::isnan(gradient[t * vocab + j]) ? 1 : 0;
+    EXPECT_EQ(nan, bad_row ? vocab : 0) << "row " << t;
+  }
+}
+
+// ---- sum of squares -------------------------------------------------------------------------
+
+// Against a sum in long double (at least double's precision; 64-bit significands on x86-64): the
+// GPU's error is that of double sums of at most a few thousand terms each, ~1e-13 relative at
+// worst, so 1e-12 leaves room. Two calls give the same bits.
+TEST(CudaSumOfSquares, MatchesLongDoubleSumAndRepeatsBitwise) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(6);
+  CudaStream stream;
+  // One element; one block; two blocks, the second of one element; many blocks; the most blocks
+  // with ranges that do not divide the count.
+  for (const std::int64_t count : {1LL, 1000LL, 16385LL, (1LL << 22) + 3, 20000003LL}) {
+    const std::vector<float> grads =
+        test::normal_vector<float>(static_cast<std::size_t>(count), rng, 0.01);
+    long double expected = 0.0L;
+    for (const float g : grads) expected += static_cast<long double>(g) * g;
+    const DeviceBuffer d_grads = to_device(grads, stream.get());
+    const double first = cuda::sum_of_squares(d_grads.as<float>(), count, stream.get());
+    const double second = cuda::sum_of_squares(d_grads.as<float>(), count, stream.get());
+    EXPECT_TRUE(RelativelyClose("sum_of_squares", first, static_cast<double>(expected), 1e-12))
+        << count << " elements";
+    EXPECT_EQ(std::memcmp(&first, &second, sizeof(double)), 0)
+        << count << " elements: " << first << " then " << second;
+  }
+}
+
+// ---- AdamW ----------------------------------------------------------------------------------
+
+// The distance in units in the last place between two finite floats.
+std::int64_t ulp_distance(float a, float b) {
+  auto ordered = [](float x) {
+    std::int32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    return bits < 0 ? std::int64_t{std::numeric_limits<std::int32_t>::min()} - bits
+                    : std::int64_t{bits};
+  };
+  const std::int64_t d = ordered(a) - ordered(b);
+  return d < 0 ? -d : d;
+}
+
+::testing::AssertionResult WithinUlps(const char* what, const std::vector<float>& out,
+                                      const std::vector<float>& ref, std::int64_t ulps) {
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i]) || ulp_distance(out[i], ref[i]) > ulps) {
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad << " of " << ref.size() << " elements more than " << ulps
+         << " ulp away; first at " << first << ": " << out[first] << ", expected " << ref[first]
+         << " [" << test::seed_trace() << "]";
+}
+
+void check_adamw_steps(cpu::WeightDecay decay) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(decay == cpu::WeightDecay::apply ? 7 : 8);
+  const std::int64_t n = 100003;  // not a multiple of the block or of a vector
+  const auto size = static_cast<std::size_t>(n);
+  const cpu::AdamWHyper h{
+      .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const float grad_scale = 0.37f;
+  CudaStream stream;
+  const cudaStream_t st = stream.get();
+  DeviceBuffer d_params(size * sizeof(float)), d_grads(size * sizeof(float));
+  DeviceBuffer d_m(size * sizeof(float)), d_v(size * sizeof(float));
+  DeviceBuffer d_bf16(size * sizeof(bf16));
+  upload(d_params.data(), test::normal_vector<float>(size, rng), st);
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(d_m.data(), 0, size * sizeof(float), st));
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(d_v.data(), 0, size * sizeof(float), st));
+
+  for (std::int64_t step = 1; step <= 5; ++step) {
+    // The twin continues from the GPU's state, so each step is checked on its own inputs.
+    std::vector<float> p = to_host<float>(d_params.data(), size, st);
+    std::vector<float> m = to_host<float>(d_m.data(), size, st);
+    std::vector<float> v = to_host<float>(d_v.data(), size, st);
+    const std::vector<float> g = test::normal_vector<float>(size, rng, 0.1);
+    std::vector<float> scaled(size);
+    for (std::size_t i = 0; i < size; ++i) scaled[i] = g[i] * grad_scale;
+    cpu::adamw_step(p, scaled, m, v, h, step, decay);
+
+    upload(d_grads.data(), g, st);
+    poison(d_bf16.data(), size * sizeof(bf16), st);
+    // The last step without the bf16 copy.
+    bf16* copy = step < 5 ? d_bf16.as<bf16>() : nullptr;
+    cuda::adamw_step(d_params.as<float>(), copy, d_grads.as<float>(), d_m.as<float>(),
+                     d_v.as<float>(), n, h, step, decay, grad_scale, st);
+    const std::vector<float> params = to_host<float>(d_params.data(), size, st);
+    EXPECT_TRUE(WithinUlps("params", params, p, 4)) << "step " << step;
+    EXPECT_TRUE(WithinUlps("m", to_host<float>(d_m.data(), size, st), m, 4)) << "step " << step;
+    EXPECT_TRUE(WithinUlps("v", to_host<float>(d_v.data(), size, st), v, 4)) << "step " << step;
+    const Bits copied = to_host<std::uint16_t>(d_bf16.data(), size, st);
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < size; ++i) {
+      const std::uint16_t expected = copy != nullptr ? float_to_bf16(params[i]) : 0xffff;
+      mismatches += copied[i] != expected ? 1 : 0;
+    }
+    EXPECT_EQ(mismatches, 0u) << "step " << step << (copy != nullptr ? "" : " (no copy)");
+  }
+}
+
+TEST(CudaAdamW, StepsMatchCpuTwinWithDecay) {
+  RINGATTN_REQUIRE_GPUS(1);
+  check_adamw_steps(cpu::WeightDecay::apply);
+}
+
+TEST(CudaAdamW, StepsMatchCpuTwinWithoutDecay) {
+  RINGATTN_REQUIRE_GPUS(1);
+  check_adamw_steps(cpu::WeightDecay::skip);
+}
+
+// ---- argument checks ------------------------------------------------------------------------
+
+// The checks run on the host before anything is launched, so they need no GPU: the pointers
+// below are never dereferenced on the device (host_weights is read on the host).
+TEST(CudaLossOptimizerOps, ArgumentErrorsNameTheArgument) {
+  using test::throws_error_with;
+  alignas(16) static std::uint16_t storage[64];
+  bf16* b = reinterpret_cast<bf16*>(storage);
+  float* f = reinterpret_cast<float*>(storage);
+  std::int32_t* i = reinterpret_cast<std::int32_t*>(storage);
+  const cudaStream_t stream = nullptr;
+  const float weights[] = {1.0f, 2.0f};
+  const float negative[] = {1.0f, -1.0f};
+  const float nan[] = {std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  float host[2];
+  const cpu::CrossEntropyShape shape{2, 8};
+
+  constexpr const char* kForward = "train::cuda::cross_entropy_forward";
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward(f, i, b, i, f, {0, 8}, host, weights, stream);
+      },
+      {kForward, "shape.tokens is 0; expected > 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward(f, i, b, i, f, {2, -1}, host, weights, stream);
+      },
+      {kForward, "shape.vocab is -1"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward(f, i, b, i, f, {2, (std::int64_t{1} << 30) + 1}, host, weights,
+                                    stream);
+      },
+      {kForward, "shape.vocab is 1073741825", "at most 1073741824"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_forward(f, i, nullptr, i, f, shape, host, weights, stream); },
+      {kForward, "logits is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_forward(f, nullptr, b, i, f, shape, host, weights, stream); },
+      {kForward, "predictions is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_forward(f, i, b, i, f, shape, nullptr, weights, stream); },
+      {kForward, "host_losses is null; expected host memory"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_forward(f, i, b, i, f, shape, host, negative, stream); },
+      {kForward, "host_weights[1] is -1", "finite value >= 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_forward(f, i, b, i, f, shape, host, nan, stream); },
+      {kForward, "host_weights[0] is nan"}));
+
+  constexpr const char* kBoth = "train::cuda::cross_entropy_forward_backward";
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward_backward(nullptr, f, i, b, i, f, shape, 1.0, host, weights,
+                                             stream);
+      },
+      {kBoth, "dlogits is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward_backward(b, f, i, b, i, nullptr, shape, 1.0, host, weights,
+                                             stream);
+      },
+      {kBoth, "weights is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward_backward(b, f, i, b, i, f, shape,
+                                             std::numeric_limits<double>::infinity(), host, weights,
+                                             stream);
+      },
+      {kBoth, "scale is inf"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::cross_entropy_forward_backward(b + 3, f, i, b, i, f, shape, 1.0, host, weights,
+                                             stream);
+      },
+      {kBoth, "dlogits overlaps logits"}));
+
+  constexpr const char* kSum = "train::cuda::sum_of_squares";
+  EXPECT_TRUE(throws_error_with([&] { cuda::sum_of_squares(nullptr, 4, stream); },
+                                {kSum, "grads is null"}));
+  EXPECT_TRUE(throws_error_with([&] { cuda::sum_of_squares(f, 0, stream); },
+                                {kSum, "count is 0; expected > 0"}));
+
+  constexpr const char* kAdamW = "train::cuda::adamw_step";
+  const cpu::AdamWHyper h{.lr = 1e-3};
+  const auto apply = cpu::WeightDecay::apply;
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::adamw_step(nullptr, b, f, f, f, 4, h, 1, apply, 1.0f, stream); },
+      {kAdamW, "params is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::adamw_step(f, b, f, nullptr, f, 4, h, 1, apply, 1.0f, stream); },
+      {kAdamW, "m is null"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { cuda::adamw_step(f, b, f, f, f, -2, h, 1, apply, 1.0f, stream); },
+                        {kAdamW, "count is -2"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { cuda::adamw_step(f, b, f, f, f, 4, h, 0, apply, 1.0f, stream); },
+                        {kAdamW, "step is 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::adamw_step(f, b, f, f, f, 4, {.lr = -1.0}, 1, apply, 1.0f, stream); },
+      {kAdamW, "hyper.lr is -1"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::adamw_step(f, b, f, f, f, 4, {.lr = 1e-3, .beta1 = 1.0}, 1, apply, 1.0f, stream);
+      },
+      {kAdamW, "hyper.beta1 is 1", "[0, 1)"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::adamw_step(f, b, f, f, f, 4, {.lr = 1e-3, .eps = 0.0}, 1, apply, 1.0f, stream); },
+      {kAdamW, "hyper.eps is 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::adamw_step(f, b, f, f, f, 4, h, 1, apply, std::numeric_limits<float>::infinity(),
+                         stream);
+      },
+      {kAdamW, "grad_scale is inf"}));
+}
+
+}  // namespace
+}  // namespace ringattn::train
+
+#else
+
+TEST(CudaLossOptimizerOps, MatchesCpuTwins) {
+  RINGATTN_REQUIRE_GPUS(1);
+}
+
+#endif

@@ -1,0 +1,112 @@
+// The CUDA backend of the model (train/model.hpp): bf16 activations in device memory, fp32
+// statistics, attention gradients, master weights, gradients and AdamW moments; GEMMs through
+// cuBLASLt (train/cuda/gemm.hpp), the other ops in train/cuda/ops.hpp, the ring over NCCL. All
+// work is queued on the backend's stream; the host waits only where a number comes back (the
+// loss sums, the gradient norm).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ringattn/tensor.hpp"
+#include "src/cuda/device_buffer.hpp"
+#include "train/cuda/gemm.hpp"
+#include "train/cuda/ops.hpp"
+#include "train/model.hpp"
+
+namespace ringattn::train {
+
+// `count` elements of E in device memory (uninitialised), moved, never copied.
+template <typename E>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(std::int64_t count)
+      : buffer_(static_cast<std::size_t>(count) * sizeof(E)), size_(static_cast<std::size_t>(count)) {}
+  E* data() const { return buffer_.as<E>(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  DeviceBuffer buffer_;
+  std::size_t size_ = 0;
+};
+
+class CudaBackend {
+ public:
+  using Act = __nv_bfloat16;
+  using Acc = float;
+  using Master = float;
+  template <typename E>
+  using Buffer = DeviceArray<E>;
+  static constexpr DType act_dtype = DType::bf16;
+  static constexpr DType acc_dtype = DType::f32;
+  static constexpr DType master_dtype = DType::f32;
+  static constexpr Memory memory = Memory::device;
+  static std::string name() { return "cuda bf16"; }
+
+  CudaBackend();
+  ~CudaBackend();
+
+  void* stream() { return stream_.get(); }
+
+  // ---- data ----
+  // Copies the batch's token ids (checked against vocab on the host), targets and loss mask to
+  // the device.
+  void load_batch(const ShardBatch& batch, std::int64_t vocab);
+  void fill_zero(float* data, std::int64_t count);
+  void copy(Act* dst, const Act* src, std::int64_t count);
+  void to_act(Act* dst, const float* src, std::int64_t count);
+  void upload(float* dst, const float* src, std::int64_t count);
+  void upload_wide(float* dst, const double* src, std::int64_t count);
+  void download(float* dst, const float* src, std::int64_t count);
+  // Device memory in use by this process's GPU, the largest seen so far (cudaMemGetInfo, sampled
+  // at each call and after every backward).
+  double memory_mib();
+
+  // ---- ops ----
+  void embedding_forward(Act* out, const Act* table, const cpu::EmbeddingShape& s);
+  void embedding_backward(float* dtable, const Act* dout, const cpu::EmbeddingShape& s,
+                          bool deterministic);
+  void rmsnorm_forward(Act* y, float* inv, const Act* x, const float* g,
+                       const cpu::RmsNormShape& s, double eps);
+  void rmsnorm_backward(Act* dx, float* dg, const Act* dy, const Act* x, const float* g,
+                        const float* inv, const cpu::RmsNormShape& s, Write dx_write);
+  void matmul_forward(Act* y, const Act* x, const Act* w, const cpu::MatmulShape& s, Write write);
+  void matmul_backward_input(Act* dx, const Act* dy, const Act* w, const cpu::MatmulShape& s,
+                             Write write);
+  void matmul_backward_weight(float* dw, const Act* dy, const Act* x, const cpu::MatmulShape& s,
+                              Write write);
+  void set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim, double theta);
+  void rope_forward(Act* x, const cpu::RopeShape& s);
+  void rope_backward(Act* dx, const cpu::RopeShape& s);
+  void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);
+  void swiglu_backward(Act* dgu, const Act* dout, const Act* gu, const cpu::SwigluShape& s);
+  cpu::CrossEntropySums cross_entropy(Act* logits, const cpu::CrossEntropyShape& s,
+                                      bool with_grad, double scale,
+                                      std::span<std::int32_t> predictions);
+
+  // ---- optimizer ----
+  double sum_of_squares(const float* grads, std::int64_t count);
+  void adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
+             std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
+             cpu::WeightDecay decay, float grad_scale);
+
+ private:
+  CudaStream stream_;
+  cuda::Gemm gemm_;
+  DeviceArray<std::int32_t> tokens_, targets_, predictions_;
+  DeviceArray<float> weights_, losses_, rope_cos_, rope_sin_;
+  std::vector<float> host_weights_, host_losses_;
+  std::int64_t rope_rows_ = 0;
+  double peak_mib_ = 0.0;
+};
+
+extern template class Model<CudaBackend>;
+
+}  // namespace ringattn::train

@@ -1,0 +1,49 @@
+// The model's matrix products on the GPU through cuBLASLt: bf16 operands, fp32 accumulation, in
+// the CPU twin's conventions (train/op_matmul.hpp): X [rows, in], W [out, in], Y [rows, out], all
+// row-major.
+//
+//   forward          Y  (+)= X W^T      bf16 out (Write::add: the residual stream, Y = Y + X W^T)
+//   backward_input   dX (+)= dY W       bf16 out
+//   backward_weight  dW (+)= dY^T X     fp32 out (Write::add accumulates over micro-batches)
+//
+// Write::add reads the output as cuBLASLt's C with beta = 1. Into a bf16 output cuBLASLt rounds
+// the product to bf16 before adding C: two roundings, within 2^-8 (|Y| + |C|) of the exact sum,
+// as a residual add of a bf16 product would be.
+// One Gemm per stream: it owns a cuBLASLt handle and a workspace, and caches the
+// algorithm chosen for each shape. Pointers must be 16-byte aligned and sizes multiples of 8
+// (checked, with the argument named).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "train/op_common.hpp"
+#include "train/op_matmul.hpp"
+
+namespace ringattn::train::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(cudaStream_t stream);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  void forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
+               const cpu::MatmulShape& shape, Write write = Write::overwrite);
+  void backward_input(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w,
+                      const cpu::MatmulShape& shape, Write write = Write::overwrite);
+  void backward_weight(float* dw, const __nv_bfloat16* dy, const __nv_bfloat16* x,
+                       const cpu::MatmulShape& shape, Write write = Write::overwrite);
+
+  cudaStream_t stream() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ringattn::train::cuda

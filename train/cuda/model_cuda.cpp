@@ -1,0 +1,217 @@
+// The CUDA backend's host side (train/cuda/backend_cuda.hpp) and the model's instantiation on it.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "ringattn/error.hpp"
+#include "src/cuda/cuda_check.hpp"
+#include "train/cuda/backend_cuda.hpp"
+#include "train/model_impl.hpp"
+
+namespace ringattn::train {
+
+namespace {
+
+template <typename E>
+void ensure(DeviceArray<E>& array, std::int64_t count) {
+  if (static_cast<std::int64_t>(array.size()) < count) array = DeviceArray<E>(count);
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend() : gemm_(stream_.get()) {}
+
+CudaBackend::~CudaBackend() = default;
+
+void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
+  const std::int64_t n = static_cast<std::int64_t>(batch.inputs.size());
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (const auto* ids : {&batch.inputs, &batch.targets}) {
+      const std::int32_t id = (*ids)[t];
+      if (id < 0 || id >= vocab) {
+        ringattn::detail::fail("Model::forward", ids == &batch.inputs ? "inputs" : "targets", "[",
+                               t, "] is ", id, "; expected a token id in [0, ", vocab, ")");
+      }
+    }
+  }
+  ensure(tokens_, n);
+  ensure(targets_, n);
+  ensure(weights_, n);
+  ensure(losses_, n);
+  ensure(predictions_, n);
+  host_weights_.assign(batch.loss_mask.begin(), batch.loss_mask.end());
+  host_losses_.resize(n);
+  cudaStream_t s = stream_.get();
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), batch.inputs.data(), n * sizeof(std::int32_t),
+                                      cudaMemcpyHostToDevice, s));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(targets_.data(), batch.targets.data(),
+                                      n * sizeof(std::int32_t), cudaMemcpyHostToDevice, s));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(weights_.data(), host_weights_.data(), n * sizeof(float),
+                                      cudaMemcpyHostToDevice, s));
+  // The host vectors may change before the copies ran (pageable copies are staged, but be sure).
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void CudaBackend::fill_zero(float* data, std::int64_t count) {
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(data, 0, count * sizeof(float), stream_.get()));
+}
+
+void CudaBackend::copy(Act* dst, const Act* src, std::int64_t count) {
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, count * sizeof(Act), cudaMemcpyDeviceToDevice, stream_.get()));
+}
+
+void CudaBackend::to_act(Act* dst, const float* src, std::int64_t count) {
+  cuda::to_bf16(dst, src, count, stream_.get());
+}
+
+void CudaBackend::upload(float* dst, const float* src, std::int64_t count) {
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyHostToDevice, stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+void CudaBackend::upload_wide(float* dst, const double* src, std::int64_t count) {
+  std::vector<float> narrow(src, src + count);
+  upload(dst, narrow.data(), count);
+}
+
+void CudaBackend::download(float* dst, const float* src, std::int64_t count) {
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+}
+
+double CudaBackend::memory_mib() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  RINGATTN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  peak_mib_ = std::max(peak_mib_, static_cast<double>(total_bytes - free_bytes) / (1024.0 * 1024.0));
+  return peak_mib_;
+}
+
+void CudaBackend::embedding_forward(Act* out, const Act* table, const cpu::EmbeddingShape& s) {
+  cuda::embedding_forward(out, tokens_.data(), table, s, stream_.get());
+}
+
+void CudaBackend::embedding_backward(float* dtable, const Act* dout, const cpu::EmbeddingShape& s,
+                                     bool deterministic) {
+  cuda::embedding_backward(dtable, tokens_.data(), dout, s, deterministic, stream_.get());
+  memory_mib();  // the backward's end: the most memory in use
+}
+
+void CudaBackend::rmsnorm_forward(Act* y, float* inv, const Act* x, const float* g,
+                                  const cpu::RmsNormShape& s, double eps) {
+  cuda::rmsnorm_forward(y, inv, x, g, s, eps, stream_.get());
+}
+
+void CudaBackend::rmsnorm_backward(Act* dx, float* dg, const Act* dy, const Act* x, const float* g,
+                                   const float* inv, const cpu::RmsNormShape& s, Write dx_write) {
+  cuda::rmsnorm_backward(dx, dg, dy, x, g, inv, s, dx_write, stream_.get());
+}
+
+void CudaBackend::matmul_forward(Act* y, const Act* x, const Act* w, const cpu::MatmulShape& s,
+                                 Write write) {
+  gemm_.forward(y, x, w, s, write);
+}
+
+void CudaBackend::matmul_backward_input(Act* dx, const Act* dy, const Act* w,
+                                        const cpu::MatmulShape& s, Write write) {
+  gemm_.backward_input(dx, dy, w, s, write);
+}
+
+void CudaBackend::matmul_backward_weight(float* dw, const Act* dy, const Act* x,
+                                         const cpu::MatmulShape& s, Write write) {
+  gemm_.backward_weight(dw, dy, x, s, write);
+}
+
+void CudaBackend::set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
+                           double theta) {
+  const cuda::RopeTable table = cuda::rope_table(positions, head_dim, theta);
+  rope_rows_ = static_cast<std::int64_t>(positions.size());
+  rope_cos_ = DeviceArray<float>(static_cast<std::int64_t>(table.cos.size()));
+  rope_sin_ = DeviceArray<float>(static_cast<std::int64_t>(table.sin.size()));
+  upload(rope_cos_.data(), table.cos.data(), static_cast<std::int64_t>(table.cos.size()));
+  upload(rope_sin_.data(), table.sin.data(), static_cast<std::int64_t>(table.sin.size()));
+}
+
+void CudaBackend::rope_forward(Act* x, const cpu::RopeShape& s) {
+  cuda::rope_forward(x, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
+}
+
+void CudaBackend::rope_backward(Act* dx, const cpu::RopeShape& s) {
+  cuda::rope_backward(dx, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
+}
+
+void CudaBackend::swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s) {
+  cuda::swiglu_forward(out, gu, s, stream_.get());
+}
+
+void CudaBackend::swiglu_backward(Act* dgu, const Act* dout, const Act* gu,
+                                  const cpu::SwigluShape& s) {
+  cuda::swiglu_backward(dgu, dout, gu, s, stream_.get());
+}
+
+cpu::CrossEntropySums CudaBackend::cross_entropy(Act* logits, const cpu::CrossEntropyShape& s,
+                                                 bool with_grad, double scale,
+                                                 std::span<std::int32_t> predictions) {
+  const cpu::CrossEntropySums sums =
+      with_grad ? cuda::cross_entropy_forward_backward(
+                      logits, losses_.data(), predictions_.data(), logits, targets_.data(),
+                      weights_.data(), s, scale, host_losses_.data(), host_weights_.data(),
+                      stream_.get())
+                : cuda::cross_entropy_forward(losses_.data(), predictions_.data(), logits,
+                                              targets_.data(), weights_.data(), s,
+                                              host_losses_.data(), host_weights_.data(),
+                                              stream_.get());
+  if (!predictions.empty()) {
+    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(predictions.data(), predictions_.data(),
+                                        s.tokens * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                        stream_.get()));
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
+  }
+  return sums;
+}
+
+double CudaBackend::sum_of_squares(const float* grads, std::int64_t count) {
+  return cuda::sum_of_squares(grads, count, stream_.get());
+}
+
+void CudaBackend::adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
+                        std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
+                        cpu::WeightDecay decay, float grad_scale) {
+  cuda::adamw_step(params, params_bf16, grads, m, v, count, hyper, step, decay, grad_scale,
+                   stream_.get());
+}
+
+template class Model<CudaBackend>;
+
+double cuda_peak_bf16_flops() {
+  if (const char* forced = std::getenv("RINGATTN_PEAK_TFLOPS"); forced != nullptr) {
+    return std::atof(forced) * 1e12;
+  }
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    return 0.0;
+  }
+  const std::string name = prop.name;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) {
+    return 989.4e12;
+  }
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0.0;
+}
+
+std::unique_ptr<TrainModel> make_cuda_model(const ModelConfig& config, std::int64_t batch,
+                                            std::int64_t seq_len,
+                                            std::shared_ptr<Communicator> cp_comm,
+                                            SequenceLayoutKind layout, ModelOptions options,
+                                            std::shared_ptr<Communicator> grad_comm) {
+  return std::make_unique<Model<CudaBackend>>(config, batch, seq_len, std::move(cp_comm), layout,
+                                              options, std::move(grad_comm));
+}
+
+}  // namespace ringattn::train

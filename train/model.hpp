@@ -1,0 +1,206 @@
+// The decoder-only transformer, written once over a backend (CPU fp32/fp64: train/backend_cpu.hpp;
+// CUDA bf16: train/cuda/backend_cuda.hpp), run on this rank's shard of each sequence with ring
+// attention over the context-parallel group.
+//
+//   embedding -> L x [rmsnorm -> wqkv -> rope(q, k at GLOBAL positions) -> ring attention ->
+//   wo -> residual -> rmsnorm -> w_gate_up -> swiglu -> w_down -> residual] -> final rmsnorm ->
+//   lm_head (or the tied embedding) -> fused softmax cross-entropy with the loss mask.
+//
+// Parameters live in one flat buffer of the backend's master type (fp32 on the GPU, the element
+// type on the CPU) with a view per parameter_list() entry, gradients and the AdamW moments
+// likewise; the GPU reads its weights through a bf16 copy refreshed after every change.
+// forward_backward ADDS the gradient of grad_scale * (this rank's weighted loss sum) to the
+// gradient buffer: the caller zeroes it once per optimizer step, passes grad_scale = 1 / (the
+// loss-mask sum over every rank and micro-batch of the step), and all-reduces (sums) the
+// gradients over every rank that holds the same parameters (the cp group and the dp replicas).
+//
+// Recomputation (ModelOptions::recompute) keeps only each block's input through the forward and
+// runs the block's forward again (ring attention included) before its backward: the activations
+// of one block instead of L, at the cost of a second forward. The result is bitwise the same.
+//
+// Every call is collective over the cp communicator (the ring).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "ringattn/ring.hpp"
+#include "train/config.hpp"
+#include "train/model_shapes.hpp"
+#include "train/op_adamw.hpp"
+#include "train/op_cross_entropy.hpp"
+
+namespace ringattn::train {
+
+ModelShape model_shape(const ModelConfig& config);
+
+// This rank's tokens of one micro-batch: [batch, Sl] row-major each (Sl = seq_len / cp), on the
+// host whatever the backend.
+struct ShardBatch {
+  std::span<const std::int32_t> inputs;
+  std::span<const std::int32_t> targets;
+  std::span<const float> loss_mask;
+};
+
+struct ModelOptions {
+  bool recompute = false;      // keep one block's activations, recompute the others
+  bool deterministic = false;  // bitwise-reproducible gradients (the CPU backend always is)
+};
+
+// What the trainer needs of a model, whatever its backend. Parameters, gradients and moments
+// travel to and from the host only for checkpoints.
+class TrainModel {
+ public:
+  virtual ~TrainModel() = default;
+  virtual const std::vector<ParameterInfo>& parameter_infos() const = 0;
+  virtual std::int64_t parameter_count() const = 0;
+  virtual std::int64_t local_tokens() const = 0;  // batch * Sl
+  virtual std::int64_t local_len() const = 0;     // Sl
+  virtual std::string backend_name() const = 0;   // "cpu fp32", "cuda bf16"
+
+  // Normal(0, init_std) weights from the seed, the same on every rank and backend; gains 1.
+  virtual void init(std::uint64_t seed) = 0;
+  virtual void zero_grad() = 0;
+  // The forward only: this rank's sums; predictions [batch * Sl] on the host if given.
+  virtual cpu::CrossEntropySums forward(const ShardBatch& batch,
+                                        std::span<std::int32_t> predictions = {}) = 0;
+  virtual cpu::CrossEntropySums forward_backward(const ShardBatch& batch, double grad_scale,
+                                                 std::span<std::int32_t> predictions = {}) = 0;
+
+  // The optimizer step's pieces: sum the gradients over `world` (every rank that holds the same
+  // parameters), their squared norm, the name of the first parameter whose gradient is not
+  // finite ("" when all are), and AdamW on every tensor with the gradients scaled by grad_scale.
+  virtual void all_reduce_gradients() = 0;
+  virtual double gradient_sum_of_squares() = 0;
+  virtual std::string first_non_finite_gradient() = 0;
+  virtual void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) = 0;
+
+  // Host copies of the parameters and the AdamW moments (parameter_count() floats each).
+  virtual void export_state(std::vector<float>& params, std::vector<float>& m,
+                            std::vector<float>& v) = 0;
+  virtual void import_state(const std::vector<float>& params, const std::vector<float>& m,
+                            const std::vector<float>& v) = 0;
+  // A host copy of the gradients (parameter_count() floats), for tests and diagnostics.
+  virtual void export_gradients(std::vector<float>& grads) = 0;
+  // Peak memory of the backend's device in MiB (0 on the CPU: the trainer reports the process's).
+  virtual double device_memory_mib() = 0;
+};
+
+template <class Backend>
+class Model final : public TrainModel {
+ public:
+  using Act = typename Backend::Act;        // activations
+  using Acc = typename Backend::Acc;        // statistics, attention gradients
+  using Master = typename Backend::Master;  // parameters, gradients, moments
+  template <typename E>
+  using Buffer = typename Backend::template Buffer<E>;
+
+  // cp_comm is the ring's communicator (its memory is the backend's); grad_comm sums the
+  // gradients over every rank holding the same parameters (nullptr: no all-reduce).
+  Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_len,
+        std::shared_ptr<Communicator> cp_comm, SequenceLayoutKind layout,
+        ModelOptions options = {}, std::shared_ptr<Communicator> grad_comm = nullptr);
+  ~Model() override;
+
+  const std::vector<ParameterInfo>& parameter_infos() const override { return infos_; }
+  std::int64_t parameter_count() const override { return offsets_.back(); }
+  std::int64_t local_tokens() const override { return batch_ * local_len_; }
+  std::int64_t local_len() const override { return local_len_; }
+  std::string backend_name() const override;
+
+  // The backend's memory (host spans on the CPU, device spans on the GPU).
+  std::span<Master> parameters() { return {params_.data(), params_.size()}; }
+  std::span<Master> gradients() { return {grads_.data(), grads_.size()}; }
+  std::span<Master> parameter(std::size_t index);
+  std::span<Master> gradient(std::size_t index);
+  const std::vector<std::int64_t>& global_positions() const { return positions_; }  // [Sl]
+  Communicator& cp_communicator() { return *cp_; }
+  Backend& backend() { return *backend_; }
+
+  // Drawn in double on the host, rounded once to the master type.
+  void init(std::uint64_t seed) override;
+  void zero_grad() override;
+
+  cpu::CrossEntropySums forward(const ShardBatch& batch,
+                                std::span<std::int32_t> predictions = {}) override;
+  cpu::CrossEntropySums forward_backward(const ShardBatch& batch, double grad_scale,
+                                         std::span<std::int32_t> predictions = {}) override;
+
+  // Convenience for one micro-batch that is the whole step: the weighted mean loss over the cp
+  // group (weight sum all-reduced over it), gradients of that mean added (not all-reduced).
+  double loss_and_gradients(const ShardBatch& batch);
+
+  void all_reduce_gradients() override;
+  double gradient_sum_of_squares() override;
+  std::string first_non_finite_gradient() override;
+  void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) override;
+  void export_state(std::vector<float>& params, std::vector<float>& m,
+                    std::vector<float>& v) override;
+  void import_state(const std::vector<float>& params, const std::vector<float>& m,
+                    const std::vector<float>& v) override;
+  void export_gradients(std::vector<float>& grads) override;
+  double device_memory_mib() override;
+
+ private:
+  struct Layer {
+    Buffer<Acc> inv1, lse, inv2;
+    Buffer<Act> h1, qkv, o, x_mid, h2, gu, act;
+  };
+  struct LayerParams {
+    std::size_t attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down;
+  };
+  void allocate_layer(Layer& layer);
+  // The forward of block l from its input x_in_[l] into `L`, and (write_output) x_in_[l + 1].
+  void layer_forward(std::size_t l, Layer& L, bool write_output);
+  void run_forward(const ShardBatch& batch);
+  const Master* master(std::size_t i) const { return params_.data() + offsets_[i]; }
+  Master* grad(std::size_t i) { return grads_.data() + offsets_[i]; }
+  const Act* weight(std::size_t i) const;  // what the GEMMs read
+  void refresh_weights();                  // the bf16 copy after a change of the parameters
+  TensorView view(const void* data, DType dtype, std::int64_t heads, std::int64_t stride) const;
+  RingForwardArgs ring_forward_args(Layer& L);
+
+  ModelShape shape_;
+  ModelConfig config_;
+  ModelOptions options_;
+  std::int64_t batch_, seq_len_, local_len_;
+  std::shared_ptr<Communicator> cp_, grad_comm_;
+  std::unique_ptr<Backend> backend_;
+  RingAttention ring_;
+  std::vector<ParameterInfo> infos_;
+  std::vector<std::int64_t> offsets_;
+  Buffer<Master> params_, grads_, adam_m_, adam_v_;
+  Buffer<Act> weights_;  // the GEMMs' copy of params_ where Act differs from Master
+  std::vector<std::int64_t> positions_;
+  std::size_t emb_ = 0, final_norm_ = 0, head_ = 0;
+  std::vector<LayerParams> lp_;
+  // Activations: the input of every block (x_in_[L] is the final norm's input), and the rest of
+  // every block's (L of them, or one when recomputing).
+  std::vector<Buffer<Act>> x_in_;
+  std::vector<Layer> layers_;
+  Buffer<Acc> inv_f_;
+  Buffer<Act> hf_, logits_;
+  // The backward's temporaries.
+  Buffer<Act> dh_, dx_, dact_, dgu_, dqkv_, dout_;
+  Buffer<Acc> dqkv_acc_;  // the ring's gradients in the accumulator dtype where Acc != Act
+};
+
+// The model on this rank's GPU (the CUDA backend, train/cuda/backend_cuda.hpp), for the trainer:
+// cp_comm and grad_comm move device memory (NCCL). Throws Error (unsupported) in a ringattn built
+// without CUDA.
+std::unique_ptr<TrainModel> make_cuda_model(const ModelConfig& config, std::int64_t batch,
+                                            std::int64_t seq_len,
+                                            std::shared_ptr<Communicator> cp_comm,
+                                            SequenceLayoutKind layout, ModelOptions options,
+                                            std::shared_ptr<Communicator> grad_comm);
+
+// The dense bf16 tensor-core peak of this process's GPU in FLOP/s, for MFU: RINGATTN_PEAK_TFLOPS
+// when set, else by the device's name (H100/H200 989e12, A100 312e12), else 0 (unknown; also
+// without CUDA).
+double cuda_peak_bf16_flops();
+
+}  // namespace ringattn::train

@@ -1,0 +1,419 @@
+// The definitions of Model<Backend> (train/model.hpp), included by the file that instantiates each
+// backend (train/model_cpu.cpp, train/cuda/model_cuda.cpp). The model's math is here once; the
+// backend supplies buffers and ops:
+//
+//   types      Act, Acc, Master, Buffer<E> (with data(), size(), constructible from a count)
+//   constants  act_dtype, acc_dtype (DType), memory (Memory), name() (a string)
+//   data       load_batch(ShardBatch), upload / download between host floats and Master buffers,
+//              fill_zero, copy, to_act (Acc or Master -> Act where they differ), stream()
+//   ops        embedding, rmsnorm, matmul, rope (set_rope once), swiglu, cross_entropy,
+//              sum_of_squares, adamw, memory_mib
+#pragma once
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <type_traits>
+
+#include "ringattn/error.hpp"
+#include "train/model.hpp"
+
+namespace ringattn::train {
+
+template <class B>
+Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_len,
+                std::shared_ptr<Communicator> cp_comm, SequenceLayoutKind layout,
+                ModelOptions options, std::shared_ptr<Communicator> grad_comm)
+    : shape_(model_shape(config)),
+      config_(config),
+      options_(options),
+      batch_(batch),
+      seq_len_(seq_len),
+      local_len_(0),
+      cp_(cp_comm),
+      grad_comm_(std::move(grad_comm)),
+      backend_(std::make_unique<B>()),
+      ring_(cp_comm, layout),
+      infos_(parameter_list(shape_)) {
+  if (batch <= 0 || seq_len <= 0) {
+    ringattn::detail::fail("Model", "batch ", batch, " and seq_len ", seq_len, " must be > 0");
+  }
+  if (cp_->memory() != B::memory) {
+    ringattn::detail::fail("Model", "the cp communicator moves ",
+                           cp_->memory() == Memory::host ? "host" : "device",
+                           " memory; the ", B::name(), " backend needs ",
+                           B::memory == Memory::host ? "host" : "device", " memory");
+  }
+  std::int64_t offset = 0;
+  for (const ParameterInfo& p : infos_) {
+    offsets_.push_back(offset);
+    offset += p.elements;
+  }
+  offsets_.push_back(offset);
+  params_ = Buffer<Master>(offset);
+  grads_ = Buffer<Master>(offset);
+  adam_m_ = Buffer<Master>(offset);
+  adam_v_ = Buffer<Master>(offset);
+  if constexpr (!std::is_same_v<Act, Master>) weights_ = Buffer<Act>(offset);
+  backend_->fill_zero(adam_m_.data(), offset);
+  backend_->fill_zero(adam_v_.data(), offset);
+  const auto find = [&](const std::string& name) {
+    for (std::size_t i = 0; i < infos_.size(); ++i) {
+      if (infos_[i].name == name) return i;
+    }
+    ringattn::detail::fail("Model", "no parameter ", name);
+  };
+  emb_ = find("tok_embedding");
+  final_norm_ = find("final_norm");
+  head_ = shape_.tied_embeddings ? emb_ : find("lm_head");
+  for (std::int64_t l = 0; l < shape_.layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    lp_.push_back({find(p + "attn_norm"), find(p + "wqkv"), find(p + "wo"), find(p + "mlp_norm"),
+                   find(p + "w_gate_up"), find(p + "w_down")});
+  }
+  positions_ = ring_.global_positions(seq_len);  // throws when seq_len does not split
+  local_len_ = static_cast<std::int64_t>(positions_.size());
+  backend_->set_rope(positions_, shape_.head_dim, config_.rope_theta);
+  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
+  const std::int64_t row = (shape_.q_heads + 2 * shape_.kv_heads) * hd;
+  for (std::int64_t l = 0; l <= shape_.layers; ++l) x_in_.emplace_back(n * d);
+  layers_.resize(options_.recompute ? std::min<std::int64_t>(1, shape_.layers) : shape_.layers);
+  for (Layer& L : layers_) allocate_layer(L);
+  inv_f_ = Buffer<Acc>(n);
+  hf_ = Buffer<Act>(n * d);
+  logits_ = Buffer<Act>(n * shape_.vocab);
+  dh_ = Buffer<Act>(n * d);
+  dx_ = Buffer<Act>(n * d);
+  dact_ = Buffer<Act>(n * f);
+  dgu_ = Buffer<Act>(n * 2 * f);
+  dqkv_ = Buffer<Act>(n * row);
+  dout_ = Buffer<Act>(n * shape_.q_heads * hd);
+  if constexpr (!std::is_same_v<Act, Acc>) dqkv_acc_ = Buffer<Acc>(n * row);
+}
+
+template <class B>
+Model<B>::~Model() = default;
+
+template <class B>
+std::string Model<B>::backend_name() const {
+  return B::name();
+}
+
+template <class B>
+void Model<B>::allocate_layer(Layer& L) {
+  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
+  const std::int64_t row = (shape_.q_heads + 2 * shape_.kv_heads) * hd;
+  L.inv1 = Buffer<Acc>(n);
+  L.lse = Buffer<Acc>(n * shape_.q_heads);
+  L.inv2 = Buffer<Acc>(n);
+  L.h1 = Buffer<Act>(n * d);
+  L.qkv = Buffer<Act>(n * row);
+  L.o = Buffer<Act>(n * shape_.q_heads * hd);
+  L.x_mid = Buffer<Act>(n * d);
+  L.h2 = Buffer<Act>(n * d);
+  L.gu = Buffer<Act>(n * 2 * f);
+  L.act = Buffer<Act>(n * f);
+}
+
+template <class B>
+std::span<typename B::Master> Model<B>::parameter(std::size_t i) {
+  return {params_.data() + offsets_[i], static_cast<std::size_t>(infos_[i].elements)};
+}
+
+template <class B>
+std::span<typename B::Master> Model<B>::gradient(std::size_t i) {
+  return {grads_.data() + offsets_[i], static_cast<std::size_t>(infos_[i].elements)};
+}
+
+template <class B>
+const typename B::Act* Model<B>::weight(std::size_t i) const {
+  if constexpr (std::is_same_v<Act, Master>) {
+    return params_.data() + offsets_[i];
+  } else {
+    return weights_.data() + offsets_[i];
+  }
+}
+
+template <class B>
+void Model<B>::refresh_weights() {
+  if constexpr (!std::is_same_v<Act, Master>) {
+    backend_->to_act(weights_.data(), params_.data(), offsets_.back());
+  }
+}
+
+template <class B>
+void Model<B>::init(std::uint64_t seed) {
+  // Box-Muller over mt19937_64: the same doubles on every platform and for every backend.
+  std::mt19937_64 rng(seed);
+  const auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53; };
+  std::vector<float> host;
+  std::vector<double> wide;
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const std::size_t count = static_cast<std::size_t>(infos_[i].elements);
+    wide.assign(count, 1.0);
+    if (infos_[i].shape.size() != 1) {
+      for (std::size_t j = 0; j < count; j += 2) {
+        const double r = std::sqrt(-2.0 * std::log(uniform()));
+        const double a = 2.0 * M_PI * uniform();
+        wide[j] = config_.init_std * r * std::cos(a);
+        if (j + 1 < count) wide[j + 1] = config_.init_std * r * std::sin(a);
+      }
+    }
+    backend_->upload_wide(params_.data() + offsets_[i], wide.data(), count);
+  }
+  refresh_weights();
+  zero_grad();
+}
+
+template <class B>
+void Model<B>::zero_grad() {
+  backend_->fill_zero(grads_.data(), offsets_.back());
+}
+
+template <class B>
+TensorView Model<B>::view(const void* data, DType dtype, std::int64_t heads,
+                          std::int64_t stride) const {
+  return TensorView::contiguous(const_cast<void*>(data), dtype,
+                                {batch_, local_len_, heads, shape_.head_dim}, B::memory)
+      .with_strides({local_len_ * stride, stride, shape_.head_dim, 1});
+}
+
+template <class B>
+RingForwardArgs Model<B>::ring_forward_args(Layer& L) {
+  const std::int64_t hd = shape_.head_dim, hq = shape_.q_heads, hkv = shape_.kv_heads;
+  const std::int64_t row = (hq + 2 * hkv) * hd;
+  RingForwardArgs args;
+  args.q = view(L.qkv.data(), B::act_dtype, hq, row);
+  args.k = view(L.qkv.data() + hq * hd, B::act_dtype, hkv, row);
+  args.v = view(L.qkv.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
+  args.o = view(L.o.data(), B::act_dtype, hq, hq * hd);
+  args.lse = TensorView::contiguous(L.lse.data(), B::acc_dtype, {batch_, hq, local_len_}, B::memory);
+  args.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  args.causal = true;
+  args.stream = backend_->stream();
+  return args;
+}
+
+template <class B>
+void Model<B>::layer_forward(std::size_t l, Layer& L, bool write_output) {
+  B& be = *backend_;
+  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
+                     hkv = shape_.kv_heads, f = shape_.ffn_hidden;
+  const std::int64_t row = (hq + 2 * hkv) * hd;
+  const LayerParams& P = lp_[l];
+  const Act* x_in = x_in_[l].data();
+  be.rmsnorm_forward(L.h1.data(), L.inv1.data(), x_in, master(P.attn_norm), {n, d},
+                     config_.norm_eps);
+  be.matmul_forward(L.qkv.data(), L.h1.data(), weight(P.wqkv), {n, d, row}, Write::overwrite);
+  be.rope_forward(L.qkv.data(), {n, hq, hd, row});
+  be.rope_forward(L.qkv.data() + hq * hd, {n, hkv, hd, row});
+  ring_.forward(ring_forward_args(L));
+  // x_mid = x_in + o W_o^T
+  be.copy(L.x_mid.data(), x_in, n * d);
+  be.matmul_forward(L.x_mid.data(), L.o.data(), weight(P.wo), {n, hq * hd, d}, Write::add);
+  be.rmsnorm_forward(L.h2.data(), L.inv2.data(), L.x_mid.data(), master(P.mlp_norm), {n, d},
+                     config_.norm_eps);
+  be.matmul_forward(L.gu.data(), L.h2.data(), weight(P.w_gate_up), {n, d, 2 * f},
+                    Write::overwrite);
+  be.swiglu_forward(L.act.data(), L.gu.data(), {n, f});
+  if (write_output) {
+    Act* out = x_in_[l + 1].data();
+    be.copy(out, L.x_mid.data(), n * d);
+    be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add);
+  }
+}
+
+template <class B>
+void Model<B>::run_forward(const ShardBatch& batch) {
+  const std::int64_t n = batch_ * local_len_;
+  const auto check = [&](std::size_t size, const char* name) {
+    if (static_cast<std::int64_t>(size) != n) {
+      ringattn::detail::fail("Model::forward", name, " has ", size,
+                             " tokens; expected batch * Sl = ", n);
+    }
+  };
+  check(batch.inputs.size(), "inputs");
+  check(batch.targets.size(), "targets");
+  check(batch.loss_mask.size(), "loss_mask");
+  B& be = *backend_;
+  be.load_batch(batch, shape_.vocab);
+  const std::int64_t d = shape_.d_model, v = shape_.vocab;
+  be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d});
+  for (std::size_t l = 0; l < lp_.size(); ++l) {
+    layer_forward(l, layers_[options_.recompute ? 0 : l], true);
+  }
+  be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
+                     config_.norm_eps);
+  be.matmul_forward(logits_.data(), hf_.data(), weight(head_), {n, d, v}, Write::overwrite);
+}
+
+template <class B>
+cpu::CrossEntropySums Model<B>::forward(const ShardBatch& batch,
+                                        std::span<std::int32_t> predictions) {
+  run_forward(batch);
+  return backend_->cross_entropy(logits_.data(), {batch_ * local_len_, shape_.vocab}, false, 0.0,
+                                 predictions);
+}
+
+template <class B>
+cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double grad_scale,
+                                                 std::span<std::int32_t> predictions) {
+  run_forward(batch);
+  B& be = *backend_;
+  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
+                     hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
+  const std::int64_t row = (hq + 2 * hkv) * hd;
+  // dlogits over the logits in place.
+  const cpu::CrossEntropySums sums =
+      be.cross_entropy(logits_.data(), {n, v}, true, grad_scale, predictions);
+  const Act* dlogits = logits_.data();
+  be.matmul_backward_weight(grad(head_), dlogits, hf_.data(), {n, d, v}, Write::add);
+  be.matmul_backward_input(dh_.data(), dlogits, weight(head_), {n, d, v}, Write::overwrite);
+  be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
+                      master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
+  for (std::size_t l = lp_.size(); l-- > 0;) {
+    Layer& L = layers_[options_.recompute ? 0 : l];
+    if (options_.recompute) layer_forward(l, L, false);
+    const LayerParams& P = lp_[l];
+    // out = x_mid + act W_down^T
+    be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
+    be.matmul_backward_input(dact_.data(), dx_.data(), weight(P.w_down), {n, f, d},
+                             Write::overwrite);
+    be.swiglu_backward(dgu_.data(), dact_.data(), L.gu.data(), {n, f});
+    be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f},
+                              Write::add);
+    be.matmul_backward_input(dh_.data(), dgu_.data(), weight(P.w_gate_up), {n, d, 2 * f},
+                             Write::overwrite);
+    be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
+                        master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
+    // x_mid = x_in + o W_o^T
+    be.matmul_backward_weight(grad(P.wo), dx_.data(), L.o.data(), {n, hq * hd, d}, Write::add);
+    be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
+                             Write::overwrite);
+    const RingForwardArgs fwd = ring_forward_args(L);
+    Acc* dqkv_acc;
+    if constexpr (std::is_same_v<Act, Acc>) {
+      dqkv_acc = dqkv_.data();
+    } else {
+      dqkv_acc = dqkv_acc_.data();
+    }
+    RingBackwardArgs args;
+    args.q = fwd.q;
+    args.k = fwd.k;
+    args.v = fwd.v;
+    args.o = fwd.o;
+    args.lse = fwd.lse;
+    args.dout = view(dout_.data(), B::act_dtype, hq, hq * hd);
+    args.dq = view(dqkv_acc, B::acc_dtype, hq, row);
+    args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, row);
+    args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, row);
+    args.scale = fwd.scale;
+    args.causal = true;
+    args.deterministic = options_.deterministic || B::memory == Memory::host;
+    args.stream = fwd.stream;
+    ring_.backward(args);
+    if constexpr (!std::is_same_v<Act, Acc>) be.to_act(dqkv_.data(), dqkv_acc, n * row);
+    be.rope_backward(dqkv_.data(), {n, hq, hd, row});
+    be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
+    be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, Write::add);
+    be.matmul_backward_input(dh_.data(), dqkv_.data(), weight(P.wqkv), {n, d, row},
+                             Write::overwrite);
+    be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), x_in_[l].data(),
+                        master(P.attn_norm), L.inv1.data(), {n, d}, Write::add);
+  }
+  be.embedding_backward(grad(emb_), dx_.data(), {n, v, d}, options_.deterministic);
+  return sums;
+}
+
+template <class B>
+double Model<B>::loss_and_gradients(const ShardBatch& batch) {
+  double weight = 0.0;
+  for (const float w : batch.loss_mask) weight += w;
+  host_all_reduce_sum(*cp_, &weight, 1);
+  if (!(weight > 0.0))
+    ringattn::detail::fail("Model::loss_and_gradients", "the loss mask is all zero");
+  cpu::CrossEntropySums sums = forward_backward(batch, 1.0 / weight);
+  double loss = sums.loss_sum;
+  host_all_reduce_sum(*cp_, &loss, 1);
+  return loss / weight;
+}
+
+template <class B>
+void Model<B>::all_reduce_gradients() {
+  if (grad_comm_ && grad_comm_->size() > 1) {
+    grad_comm_->all_reduce_sum(grads_.data(), grads_.size(), B::master_dtype, backend_->stream());
+  }
+}
+
+template <class B>
+double Model<B>::gradient_sum_of_squares() {
+  return backend_->sum_of_squares(grads_.data(), offsets_.back());
+}
+
+template <class B>
+std::string Model<B>::first_non_finite_gradient() {
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    if (!std::isfinite(backend_->sum_of_squares(grad(i), infos_[i].elements))) {
+      return infos_[i].name;
+    }
+  }
+  return {};
+}
+
+template <class B>
+void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const std::int64_t o = offsets_[i];
+    Act* copy = nullptr;
+    if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + o;
+    backend_->adamw(params_.data() + o, copy, grads_.data() + o, adam_m_.data() + o,
+                    adam_v_.data() + o, infos_[i].elements, hyper, step,
+                    infos_[i].weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip,
+                    grad_scale);
+  }
+}
+
+template <class B>
+void Model<B>::export_state(std::vector<float>& params, std::vector<float>& m,
+                            std::vector<float>& v) {
+  const std::int64_t count = offsets_.back();
+  params.resize(count);
+  m.resize(count);
+  v.resize(count);
+  backend_->download(params.data(), params_.data(), count);
+  backend_->download(m.data(), adam_m_.data(), count);
+  backend_->download(v.data(), adam_v_.data(), count);
+}
+
+template <class B>
+void Model<B>::import_state(const std::vector<float>& params, const std::vector<float>& m,
+                            const std::vector<float>& v) {
+  const std::int64_t count = offsets_.back();
+  for (const auto* s : {&params, &m, &v}) {
+    if (static_cast<std::int64_t>(s->size()) != count) {
+      ringattn::detail::fail("Model::import_state", "a state vector holds ", s->size(),
+                             " values; the model has ", count, " parameters");
+    }
+  }
+  backend_->upload(params_.data(), params.data(), count);
+  backend_->upload(adam_m_.data(), m.data(), count);
+  backend_->upload(adam_v_.data(), v.data(), count);
+  refresh_weights();
+}
+
+template <class B>
+void Model<B>::export_gradients(std::vector<float>& grads) {
+  grads.resize(offsets_.back());
+  backend_->download(grads.data(), grads_.data(), offsets_.back());
+}
+
+template <class B>
+double Model<B>::device_memory_mib() {
+  return backend_->memory_mib();
+}
+
+}  // namespace ringattn::train
