@@ -23,7 +23,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -36,9 +35,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "ringattn/dtype.hpp"
 #include "ringattn/error.hpp"
 #include "src/cuda/device_buffer.hpp"
+#include "tests/common/bf16_testing.hpp"
 #include "tests/common/random.hpp"
 #include "tests/train/expect_error.hpp"
 #include "train/cuda/gemm.hpp"
@@ -48,65 +47,17 @@ namespace ringattn::train {
 namespace {
 
 using bf16 = __nv_bfloat16;
-using Bits = std::vector<std::uint16_t>;
+using test::Bits;
+using test::BitwiseEqual;
+using test::download;
+using test::download_bf16;
+using test::kBf16Unit;
+using test::narrow;
+using test::random_bf16;
+using test::upload;
+using test::widen;
 
-constexpr double kBf16Unit = 0x1p-8;   // relative rounding error of a bf16 output
 constexpr double kSumSlack = 0x1p-12;  // fp32 summation-order disagreement, relative to rms
-
-// N(0, scale^2) draws rounded to bf16, as bit patterns.
-Bits random_bf16(std::size_t count, std::mt19937_64& rng, double scale = 1.0) {
-  std::normal_distribution<double> normal;
-  Bits bits(count);
-  for (auto& b : bits) b = float_to_bf16(static_cast<float>(normal(rng) * scale));
-  return bits;
-}
-
-// The values of bf16 bit patterns, exactly.
-std::vector<float> widen(const Bits& bits) {
-  std::vector<float> values(bits.size());
-  for (std::size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_float(bits[i]);
-  return values;
-}
-
-Bits narrow(const std::vector<float>& values) {
-  Bits bits(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16(values[i]);
-  return bits;
-}
-
-template <typename T>
-void upload(void* device, const std::vector<T>& values, cudaStream_t stream) {
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, values.data(), values.size() * sizeof(T),
-                                      cudaMemcpyHostToDevice, stream));
-}
-
-// Waits for the stream, then copies `count` elements back.
-template <typename T>
-std::vector<T> download(const void* device, std::size_t count, cudaStream_t stream) {
-  std::vector<T> values(count);
-  RINGATTN_CUDA_CHECK(
-      cudaMemcpyAsync(values.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return values;
-}
-
-// Bit-for-bit equality of two buffers, reported as a count and the first mismatch.
-template <typename T>
-::testing::AssertionResult BitwiseEqual(const std::string& what, const std::vector<T>& out,
-                                        const std::vector<T>& ref) {
-  if (out.size() != ref.size()) {
-    return ::testing::AssertionFailure()
-           << what << ": " << out.size() << " values, expected " << ref.size();
-  }
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (std::memcmp(&out[i], &ref[i], sizeof(T)) != 0 && bad++ == 0) first = i;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": " << bad << " of " << ref.size() << " values differ; first at " << first
-         << ": " << +out[first] << ", expected " << +ref[first];
-}
 
 enum class Product { forward, backward_input, backward_weight };
 
@@ -172,7 +123,7 @@ std::vector<float> run_gpu(cuda::Gemm& gemm, Product p, const cpu::MatmulShape& 
       break;
   }
   if (fp32_out) return download<float>(pout, initial.size(), stream);
-  return widen(download<std::uint16_t>(pout, initial.size(), stream));
+  return download_bf16(pout, initial.size(), stream);
 }
 
 std::vector<float> run_cpu(Product p, const cpu::MatmulShape& s, Write write,

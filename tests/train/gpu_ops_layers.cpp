@@ -16,11 +16,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <iterator>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +34,7 @@
 #include "ringattn/dtype.hpp"
 #include "ringattn/error.hpp"
 #include "src/cuda/device_buffer.hpp"
+#include "tests/common/bf16_testing.hpp"
 #include "tests/common/random.hpp"
 #include "tests/train/expect_error.hpp"
 #include "train/cuda/ops.hpp"
@@ -49,54 +48,20 @@ namespace ringattn::train {
 namespace {
 
 using cuda::bf16;
-using Bits = std::vector<std::uint16_t>;
+using test::Bits;
+using test::BitwiseEqual;
+using test::download;
+using test::download_bf16;
+using test::kBf16Unit;
+using test::narrow;
+using test::random_bf16;
+using test::to_device;
+using test::widen;
 
-constexpr double kBf16Unit = 0x1p-8;    // relative rounding error of a bf16 output
 constexpr double kFp32Slack = 0x1p-16;  // fp32 disagreement, relative to max|ref|
 constexpr double kTheta = 10000.0;
 
-// ---- host values --------------------------------------------------------------------------
-
-// N(0, scale^2) draws rounded to bf16, as bit patterns.
-Bits random_bf16(std::size_t count, std::mt19937_64& rng, double scale = 1.0) {
-  std::normal_distribution<double> normal;
-  Bits bits(count);
-  for (auto& b : bits) b = float_to_bf16(static_cast<float>(normal(rng) * scale));
-  return bits;
-}
-
-// The values of bf16 bit patterns, exactly.
-std::vector<float> widen(const Bits& bits) {
-  std::vector<float> values(bits.size());
-  for (std::size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_float(bits[i]);
-  return values;
-}
-
-std::uint32_t bits_of(float value) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-
-// ---- device buffers (all copies on the test's stream: it is non-blocking) ------------------
-
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& values, cudaStream_t stream) {
-  DeviceBuffer buffer(values.size() * sizeof(T));
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(buffer.data(), values.data(), values.size() * sizeof(T),
-                                      cudaMemcpyHostToDevice, stream));
-  return buffer;
-}
-
-// Waits for the stream, then copies `count` elements from `data` back.
-template <typename T>
-std::vector<T> to_host(const void* data, std::size_t count, cudaStream_t stream) {
-  std::vector<T> values(count);
-  RINGATTN_CUDA_CHECK(
-      cudaMemcpyAsync(values.data(), data, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return values;
-}
+// ---- device buffers -------------------------------------------------------------------------
 
 bf16* as_bf16(const DeviceBuffer& buffer, std::size_t offset = 0) {
   return buffer.as<bf16>() + offset;
@@ -147,82 +112,64 @@ bf16* as_bf16(const DeviceBuffer& buffer, std::size_t offset = 0) {
          << ref[first] << " (magnitude " << magnitude[first] << ") [" << test::seed_trace() << "]";
 }
 
-template <typename T>
-std::uint64_t bit_pattern(T value) {
-  if constexpr (sizeof(T) == 4) {
-    return bits_of(value);
-  } else {
-    return value;
-  }
-}
-
-// The same bits everywhere (floats compared by their bit patterns: -0 differs from +0).
-template <typename T>
-::testing::AssertionResult BitwiseEqual(const char* what, const std::vector<T>& out,
-                                        const std::vector<T>& ref) {
-  if (out.size() != ref.size()) {
-    return ::testing::AssertionFailure()
-           << what << ": " << out.size() << " values, expected " << ref.size();
-  }
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (bit_pattern(out[i]) != bit_pattern(ref[i])) {
-      if (bad++ == 0) first = i;
-    }
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  std::ostringstream detail;
-  detail << what << ": " << bad << " of " << ref.size() << " elements differ; first at " << first
-         << ": 0x" << std::hex << bit_pattern(out[first]) << ", expected 0x"
-         << bit_pattern(ref[first]);
-  return ::testing::AssertionFailure() << detail.str() << " [" << test::seed_trace() << "]";
-}
-
 // ---- conversions and the residual add -----------------------------------------------------
 
 // Sizes around the vector width, and a large odd one; offset 1 misaligns the buffers (scalar path).
 constexpr std::int64_t kCounts[] = {1, 7, 1000, 1000003};
+
+// Runs `check(count, offset)` for every count, on buffers `offset` elements into their allocation.
+template <typename Check>
+void for_counts_and_offsets(Check check) {
+  for (const std::int64_t count : kCounts) {
+    for (const std::size_t offset : {0, 1}) {
+      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
+      check(count, offset);
+    }
+  }
+}
+
+// The elements of `bits` from `offset` on.
+Bits tail(const Bits& bits, std::size_t offset) {
+  return Bits(bits.begin() + static_cast<std::ptrdiff_t>(offset), bits.end());
+}
 
 TEST(CudaLayerOps, ToBf16RoundsToNearestEven) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(1);
   CudaStream stream;
-  for (const std::int64_t count : kCounts) {
-    for (const std::size_t offset : {0, 1}) {
-      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
-      std::vector<float> in = test::normal_vector<float>(count + offset, rng, 3.0);
-      // Ties (to even, down and up), subnormals, overflow to infinity, infinities, NaN.
-      const float specials[] = {1.00390625f,
-                                1.01171875f,
-                                -1.00390625f,
-                                1e-40f,
-                                -3e-39f,
-                                std::numeric_limits<float>::max(),
-                                std::numeric_limits<float>::infinity(),
-                                -std::numeric_limits<float>::infinity(),
-                                std::numeric_limits<float>::quiet_NaN(),
-                                0.0f,
-                                -0.0f};
-      for (std::size_t i = 0; i < std::size(specials) && offset + i < in.size(); ++i) {
-        in[offset + i] = specials[i];
-      }
-      const DeviceBuffer d_in = to_device(in, stream.get());
-      const DeviceBuffer d_out((count + offset) * sizeof(bf16));
-      cuda::to_bf16(as_bf16(d_out, offset), d_in.as<float>() + offset, count, stream.get());
-      Bits out = to_host<std::uint16_t>(as_bf16(d_out, offset), count, stream.get());
-      Bits ref(count);
-      for (std::int64_t i = 0; i < count; ++i) {
-        ref[i] = float_to_bf16(in[offset + i]);
-        // NaN payloads may differ; NaN must stay NaN.
-        if (std::isnan(in[offset + i])) {
-          EXPECT_TRUE(std::isnan(bf16_to_float(out[i]))) << i;
-          out[i] = ref[i];
-        }
-      }
-      EXPECT_TRUE(BitwiseEqual("to_bf16", out, ref));
+  for_counts_and_offsets([&](std::int64_t count, std::size_t offset) {
+    std::vector<float> in = test::normal_vector<float>(count + offset, rng, 3.0);
+    // Ties (to even, down and up), subnormals, overflow to infinity, infinities, NaN.
+    const float specials[] = {1.00390625f,
+                              1.01171875f,
+                              -1.00390625f,
+                              1e-40f,
+                              -3e-39f,
+                              std::numeric_limits<float>::max(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(),
+                              0.0f,
+                              -0.0f};
+    for (std::size_t i = 0; i < std::size(specials) && offset + i < in.size(); ++i) {
+      in[offset + i] = specials[i];
     }
-  }
+    const DeviceBuffer d_in = to_device(in, stream.get());
+    const DeviceBuffer d_out((count + offset) * sizeof(bf16));
+    cuda::to_bf16(as_bf16(d_out, offset), d_in.as<float>() + offset, count, stream.get());
+    Bits out = download<std::uint16_t>(as_bf16(d_out, offset), count, stream.get());
+    Bits ref(count);
+    for (std::int64_t i = 0; i < count; ++i) {
+      ref[i] = float_to_bf16(in[offset + i]);
+      // NaN payloads may differ; NaN must stay NaN.
+      if (std::isnan(in[offset + i])) {
+        EXPECT_TRUE(std::isnan(bf16_to_float(out[i]))) << i;
+        out[i] = ref[i];
+      }
+    }
+    EXPECT_TRUE(BitwiseEqual("to_bf16", out, ref));
+  });
 }
 
 TEST(CudaLayerOps, ToFloatIsExact) {
@@ -230,20 +177,15 @@ TEST(CudaLayerOps, ToFloatIsExact) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(2);
   CudaStream stream;
-  for (const std::int64_t count : kCounts) {
-    for (const std::size_t offset : {0, 1}) {
-      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
-      const Bits in = random_bf16(count + offset, rng, 100.0);
-      const DeviceBuffer d_in = to_device(in, stream.get());
-      const DeviceBuffer d_out((count + offset) * sizeof(float));
-      cuda::to_float(d_out.as<float>() + offset, as_bf16(d_in, offset), count, stream.get());
-      const std::vector<float> out =
-          to_host<float>(d_out.as<float>() + offset, count, stream.get());
-      const std::vector<float> ref =
-          widen(Bits(in.begin() + static_cast<std::ptrdiff_t>(offset), in.end()));
-      EXPECT_TRUE(BitwiseEqual("to_float", out, ref));
-    }
-  }
+  for_counts_and_offsets([&](std::int64_t count, std::size_t offset) {
+    const Bits in = random_bf16(count + offset, rng, 100.0);
+    const DeviceBuffer d_in = to_device(in, stream.get());
+    const DeviceBuffer d_out((count + offset) * sizeof(float));
+    cuda::to_float(d_out.as<float>() + offset, as_bf16(d_in, offset), count, stream.get());
+    const std::vector<float> out = download<float>(d_out.as<float>() + offset, count, stream.get());
+    const std::vector<float> ref = widen(tail(in, offset));
+    EXPECT_TRUE(BitwiseEqual("to_float", out, ref));
+  });
 }
 
 TEST(CudaLayerOps, ResidualAddRoundsTheFp32SumOnce) {
@@ -251,31 +193,24 @@ TEST(CudaLayerOps, ResidualAddRoundsTheFp32SumOnce) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(3);
   CudaStream stream;
-  for (const std::int64_t count : kCounts) {
-    for (const std::size_t offset : {0, 1}) {
-      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
-      const Bits y = random_bf16(count + offset, rng);
-      Bits x = random_bf16(count + offset, rng);
-      // Addends far smaller than y: their sum rounds in the interesting places.
-      for (std::size_t i = 0; i < x.size(); i += 3) {
-        x[i] = float_to_bf16(bf16_to_float(x[i]) * 0x1p-9f);
-      }
-      const DeviceBuffer d_y = to_device(y, stream.get());
-      const DeviceBuffer d_x = to_device(x, stream.get());
-      cuda::residual_add(as_bf16(d_y, offset), as_bf16(d_x, offset), count, stream.get());
-      const Bits out = to_host<std::uint16_t>(as_bf16(d_y, offset), count, stream.get());
-
-      // The CPU twin's fp32 sum, rounded to bf16.
-      std::vector<float> sum =
-          widen(Bits(y.begin() + static_cast<std::ptrdiff_t>(offset), y.end()));
-      const std::vector<float> addend =
-          widen(Bits(x.begin() + static_cast<std::ptrdiff_t>(offset), x.end()));
-      cpu::residual_add<float>(sum, addend);
-      Bits ref(count);
-      for (std::int64_t i = 0; i < count; ++i) ref[i] = float_to_bf16(sum[i]);
-      EXPECT_TRUE(BitwiseEqual("residual_add", out, ref));
+  for_counts_and_offsets([&](std::int64_t count, std::size_t offset) {
+    const Bits y = random_bf16(count + offset, rng);
+    Bits x = random_bf16(count + offset, rng);
+    // Addends far smaller than y: their sum rounds in the interesting places.
+    for (std::size_t i = 0; i < x.size(); i += 3) {
+      x[i] = float_to_bf16(bf16_to_float(x[i]) * 0x1p-9f);
     }
-  }
+    const DeviceBuffer d_y = to_device(y, stream.get());
+    const DeviceBuffer d_x = to_device(x, stream.get());
+    cuda::residual_add(as_bf16(d_y, offset), as_bf16(d_x, offset), count, stream.get());
+    const Bits out = download<std::uint16_t>(as_bf16(d_y, offset), count, stream.get());
+
+    // The CPU twin's fp32 sum, rounded to bf16.
+    std::vector<float> sum = widen(tail(y, offset));
+    const std::vector<float> addend = widen(tail(x, offset));
+    cpu::residual_add<float>(sum, addend);
+    EXPECT_TRUE(BitwiseEqual("residual_add", out, narrow(sum)));
+  });
 }
 
 // ---- embedding ------------------------------------------------------------------------------
@@ -313,12 +248,49 @@ TEST(CudaLayerOps, EmbeddingForwardGathersRows) {
     const DeviceBuffer d_out(s.tokens * s.dim * sizeof(bf16));
     cuda::embedding_forward(as_bf16(d_out), d_tokens.as<std::int32_t>(), as_bf16(d_table), s,
                             stream.get());
-    const std::vector<float> out =
-        widen(to_host<std::uint16_t>(d_out.data(), s.tokens * s.dim, stream.get()));
+    const std::vector<float> out = download_bf16(d_out.data(), s.tokens * s.dim, stream.get());
     std::vector<float> ref(s.tokens * s.dim);
     cpu::embedding_forward<float>(ref, tokens, widen(table), s);
     EXPECT_TRUE(BitwiseEqual("embedding_forward", out, ref));
   }
+}
+
+// An embedding backward's inputs: token ids with repeats, dout, and dtable's previous values (the
+// backward adds to them); the tokens and dout also on the device.
+struct EmbeddingBackwardInputs {
+  std::vector<std::int32_t> tokens;
+  Bits dout;
+  std::vector<float> dtable0;
+  DeviceBuffer d_tokens, d_dout;
+};
+
+EmbeddingBackwardInputs embedding_backward_inputs(const cpu::EmbeddingShape& s,
+                                                  std::mt19937_64& rng, cudaStream_t stream) {
+  EmbeddingBackwardInputs in;
+  in.tokens = random_tokens(s.tokens, s.vocab, rng);
+  in.dout = random_bf16(s.tokens * s.dim, rng);
+  in.dtable0 = test::normal_vector<float>(s.vocab * s.dim, rng);
+  in.d_tokens = to_device(in.tokens, stream);
+  in.d_dout = to_device(in.dout, stream);
+  return in;
+}
+
+// embedding_backward on the GPU, adding into a fresh copy of dtable0. Returns dtable.
+std::vector<float> gpu_embedding_backward(const EmbeddingBackwardInputs& in,
+                                          const cpu::EmbeddingShape& s, bool deterministic,
+                                          cudaStream_t stream) {
+  const DeviceBuffer d_dtable = to_device(in.dtable0, stream);
+  cuda::embedding_backward(d_dtable.as<float>(), in.d_tokens.as<std::int32_t>(), as_bf16(in.d_dout),
+                           s, deterministic, stream);
+  return download<float>(d_dtable.data(), in.dtable0.size(), stream);
+}
+
+// The twin's dtable: dtable0 plus the rows of dout, added in token order in fp32.
+std::vector<float> twin_embedding_backward(const EmbeddingBackwardInputs& in,
+                                           const cpu::EmbeddingShape& s) {
+  std::vector<float> ref = in.dtable0;
+  cpu::embedding_backward<float>(ref, in.tokens, widen(in.dout), s, Write::add);
+  return ref;
 }
 
 TEST(CudaLayerOps, EmbeddingBackwardAtomicMatchesTwin) {
@@ -328,26 +300,18 @@ TEST(CudaLayerOps, EmbeddingBackwardAtomicMatchesTwin) {
   CudaStream stream;
   for (const cpu::EmbeddingShape& s : kEmbeddingShapes) {
     SCOPED_TRACE(describe(s));
-    const std::vector<std::int32_t> tokens = random_tokens(s.tokens, s.vocab, rng);
-    const Bits dout = random_bf16(s.tokens * s.dim, rng);
-    const std::vector<float> dtable0 = test::normal_vector<float>(s.vocab * s.dim, rng);
-    const DeviceBuffer d_tokens = to_device(tokens, stream.get());
-    const DeviceBuffer d_dout = to_device(dout, stream.get());
-    const DeviceBuffer d_dtable = to_device(dtable0, stream.get());
-    cuda::embedding_backward(d_dtable.as<float>(), d_tokens.as<std::int32_t>(), as_bf16(d_dout), s,
-                             /*deterministic=*/false, stream.get());
-    const std::vector<float> out = to_host<float>(d_dtable.data(), dtable0.size(), stream.get());
-
-    const std::vector<float> dout_f = widen(dout);
-    std::vector<float> ref = dtable0;
-    cpu::embedding_backward<float>(ref, tokens, dout_f, s, Write::add);
+    const EmbeddingBackwardInputs in = embedding_backward_inputs(s, rng, stream.get());
+    const std::vector<float> out =
+        gpu_embedding_backward(in, s, /*deterministic=*/false, stream.get());
+    const std::vector<float> ref = twin_embedding_backward(in, s);
     // fp32 sums of at most `tokens` terms in another order: within a few hundred ulps of the sum
     // of the terms' magnitudes; 2^-14 of it is well above that and far below one missing term.
-    std::vector<double> magnitude(dtable0.size());
-    for (std::size_t i = 0; i < magnitude.size(); ++i) magnitude[i] = std::fabs(dtable0[i]);
+    const std::vector<float> dout_f = widen(in.dout);
+    std::vector<double> magnitude(in.dtable0.size());
+    for (std::size_t i = 0; i < magnitude.size(); ++i) magnitude[i] = std::fabs(in.dtable0[i]);
     for (std::int64_t t = 0; t < s.tokens; ++t) {
       for (std::int64_t c = 0; c < s.dim; ++c) {
-        magnitude[tokens[t] * s.dim + c] += std::fabs(dout_f[t * s.dim + c]);
+        magnitude[in.tokens[t] * s.dim + c] += std::fabs(dout_f[t * s.dim + c]);
       }
     }
     EXPECT_TRUE(WithinSumError("embedding_backward (atomic)", out, ref, magnitude, 0x1p-14));
@@ -361,23 +325,15 @@ TEST(CudaLayerOps, EmbeddingBackwardDeterministicIsBitwiseTheTwin) {
   CudaStream stream;
   for (const cpu::EmbeddingShape& s : kEmbeddingShapes) {
     SCOPED_TRACE(describe(s));
-    const std::vector<std::int32_t> tokens = random_tokens(s.tokens, s.vocab, rng);
-    const Bits dout = random_bf16(s.tokens * s.dim, rng);
-    const std::vector<float> dtable0 = test::normal_vector<float>(s.vocab * s.dim, rng);
-    const DeviceBuffer d_tokens = to_device(tokens, stream.get());
-    const DeviceBuffer d_dout = to_device(dout, stream.get());
-    std::vector<std::vector<float>> runs;
-    for (int run = 0; run < 2; ++run) {
-      const DeviceBuffer d_dtable = to_device(dtable0, stream.get());
-      cuda::embedding_backward(d_dtable.as<float>(), d_tokens.as<std::int32_t>(), as_bf16(d_dout),
-                               s, /*deterministic=*/true, stream.get());
-      runs.push_back(to_host<float>(d_dtable.data(), dtable0.size(), stream.get()));
-    }
+    const EmbeddingBackwardInputs in = embedding_backward_inputs(s, rng, stream.get());
+    const std::vector<float> first =
+        gpu_embedding_backward(in, s, /*deterministic=*/true, stream.get());
+    const std::vector<float> second =
+        gpu_embedding_backward(in, s, /*deterministic=*/true, stream.get());
     // The twin adds in token order in fp32, as the deterministic kernel does: the same bits.
-    std::vector<float> ref = dtable0;
-    cpu::embedding_backward<float>(ref, tokens, widen(dout), s, Write::add);
-    EXPECT_TRUE(BitwiseEqual("embedding_backward (deterministic) against the twin", runs[0], ref));
-    EXPECT_TRUE(BitwiseEqual("embedding_backward (deterministic), second run", runs[1], runs[0]));
+    EXPECT_TRUE(BitwiseEqual("embedding_backward (deterministic) against the twin", first,
+                             twin_embedding_backward(in, s)));
+    EXPECT_TRUE(BitwiseEqual("embedding_backward (deterministic), second run", second, first));
   }
 }
 
@@ -423,9 +379,8 @@ TEST(CudaLayerOps, RmsNormForwardMatchesTwin) {
     const DeviceBuffer d_y(s.rows * s.dim * sizeof(bf16)), d_inv(s.rows * sizeof(float));
     cuda::rmsnorm_forward(as_bf16(d_y), d_inv.as<float>(), as_bf16(d_x), d_g.as<float>(), s, kEps,
                           stream.get());
-    const std::vector<float> y =
-        widen(to_host<std::uint16_t>(d_y.data(), s.rows * s.dim, stream.get()));
-    const std::vector<float> inv = to_host<float>(d_inv.data(), s.rows, stream.get());
+    const std::vector<float> y = download_bf16(d_y.data(), s.rows * s.dim, stream.get());
+    const std::vector<float> inv = download<float>(d_inv.data(), s.rows, stream.get());
 
     std::vector<float> ref_y(s.rows * s.dim), ref_inv(s.rows);
     cpu::rmsnorm_forward<float>(ref_y, ref_inv, widen(in.x), in.g, s, kEps);
@@ -437,6 +392,37 @@ TEST(CudaLayerOps, RmsNormForwardMatchesTwin) {
   }
 }
 
+// The backward's inputs that both GPU passes share: the twin's inv_rms (eps 1e-5), so that the
+// GPU's and the twin's backward start from the same values, and the read-only operands on the
+// device.
+struct RmsNormBackwardInputs {
+  std::vector<float> inv;
+  DeviceBuffer x, dy, g, inv_rms;
+};
+
+RmsNormBackwardInputs rmsnorm_backward_inputs(const RmsNormInputs& in, const cpu::RmsNormShape& s,
+                                              cudaStream_t stream) {
+  RmsNormBackwardInputs b;
+  std::vector<float> y(s.rows * s.dim);
+  b.inv.resize(s.rows);
+  cpu::rmsnorm_forward<float>(y, b.inv, widen(in.x), in.g, s, 1e-5);
+  b.x = to_device(in.x, stream);
+  b.dy = to_device(in.dy, stream);
+  b.g = to_device(in.g, stream);
+  b.inv_rms = to_device(b.inv, stream);
+  return b;
+}
+
+// rmsnorm_backward on the GPU into d_dx, adding dg into a fresh copy of dg0. Returns dg.
+std::vector<float> gpu_rmsnorm_backward(const RmsNormBackwardInputs& b, const DeviceBuffer& d_dx,
+                                        const std::vector<float>& dg0, const cpu::RmsNormShape& s,
+                                        Write dx_write, cudaStream_t stream) {
+  const DeviceBuffer d_dg = to_device(dg0, stream);
+  cuda::rmsnorm_backward(as_bf16(d_dx), d_dg.as<float>(), as_bf16(b.dy), as_bf16(b.x),
+                         b.g.as<float>(), b.inv_rms.as<float>(), s, dx_write, stream);
+  return download<float>(d_dg.data(), s.dim, stream);
+}
+
 TEST(CudaLayerOps, RmsNormBackwardMatchesTwin) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(test::seed_trace());
@@ -446,23 +432,14 @@ TEST(CudaLayerOps, RmsNormBackwardMatchesTwin) {
     for (const Write dx_write : {Write::overwrite, Write::add}) {
       SCOPED_TRACE(describe(s) + (dx_write == Write::add ? ", dx added" : ", dx overwritten"));
       const RmsNormInputs in = rmsnorm_inputs(s, rng);
-      const std::vector<float> x = widen(in.x), dy = widen(in.dy);
-      std::vector<float> y(s.rows * s.dim), inv(s.rows);
-      cpu::rmsnorm_forward<float>(y, inv, x, in.g, s, 1e-5);
-
-      // The GPU gets the twin's inv_rms: both backward passes start from the same values.
-      const DeviceBuffer d_x = to_device(in.x, stream.get());
-      const DeviceBuffer d_dy = to_device(in.dy, stream.get());
+      const RmsNormBackwardInputs b = rmsnorm_backward_inputs(in, s, stream.get());
       const DeviceBuffer d_dx = to_device(in.dx0, stream.get());
-      const DeviceBuffer d_g = to_device(in.g, stream.get());
-      const DeviceBuffer d_inv = to_device(inv, stream.get());
-      const DeviceBuffer d_dg = to_device(in.dg0, stream.get());
-      cuda::rmsnorm_backward(as_bf16(d_dx), d_dg.as<float>(), as_bf16(d_dy), as_bf16(d_x),
-                             d_g.as<float>(), d_inv.as<float>(), s, dx_write, stream.get());
-      const std::vector<float> dx =
-          widen(to_host<std::uint16_t>(d_dx.data(), s.rows * s.dim, stream.get()));
-      const std::vector<float> dg = to_host<float>(d_dg.data(), s.dim, stream.get());
+      const std::vector<float> dg =
+          gpu_rmsnorm_backward(b, d_dx, in.dg0, s, dx_write, stream.get());
+      const std::vector<float> dx = download_bf16(d_dx.data(), s.rows * s.dim, stream.get());
 
+      const std::vector<float> x = widen(in.x), dy = widen(in.dy);
+      const std::vector<float>& inv = b.inv;
       std::vector<float> ref_dx = widen(in.dx0), ref_dg = in.dg0;
       cpu::rmsnorm_backward<float>(ref_dx, ref_dg, dy, x, in.g, inv, s, dx_write, Write::add);
       EXPECT_TRUE(WithinBf16Rounding("dx", dx, ref_dx));
@@ -490,21 +467,13 @@ TEST(CudaLayerOps, RmsNormBackwardDgIsReproducible) {
        {cpu::RmsNormShape{37, 203}, cpu::RmsNormShape{512, 1024}, cpu::RmsNormShape{4097, 200}}) {
     SCOPED_TRACE(describe(s));
     const RmsNormInputs in = rmsnorm_inputs(s, rng);
-    std::vector<float> y(s.rows * s.dim), inv(s.rows);
-    cpu::rmsnorm_forward<float>(y, inv, widen(in.x), in.g, s, 1e-5);
-    const DeviceBuffer d_x = to_device(in.x, stream.get());
-    const DeviceBuffer d_dy = to_device(in.dy, stream.get());
-    const DeviceBuffer d_g = to_device(in.g, stream.get());
-    const DeviceBuffer d_inv = to_device(inv, stream.get());
+    const RmsNormBackwardInputs b = rmsnorm_backward_inputs(in, s, stream.get());
     const DeviceBuffer d_dx(s.rows * s.dim * sizeof(bf16));
-    std::vector<std::vector<float>> runs;
-    for (int run = 0; run < 2; ++run) {
-      const DeviceBuffer d_dg = to_device(in.dg0, stream.get());
-      cuda::rmsnorm_backward(as_bf16(d_dx), d_dg.as<float>(), as_bf16(d_dy), as_bf16(d_x),
-                             d_g.as<float>(), d_inv.as<float>(), s, Write::overwrite, stream.get());
-      runs.push_back(to_host<float>(d_dg.data(), s.dim, stream.get()));
-    }
-    EXPECT_TRUE(BitwiseEqual("dg, second run", runs[1], runs[0]));
+    const std::vector<float> first =
+        gpu_rmsnorm_backward(b, d_dx, in.dg0, s, Write::overwrite, stream.get());
+    const std::vector<float> second =
+        gpu_rmsnorm_backward(b, d_dx, in.dg0, s, Write::overwrite, stream.get());
+    EXPECT_TRUE(BitwiseEqual("dg, second run", second, first));
   }
 }
 
@@ -619,7 +588,7 @@ void check_rope(const RopeCase& rc, bool backward, std::mt19937_64& rng, cudaStr
       }
     }
   }
-  const std::vector<float> out = widen(to_host<std::uint16_t>(d_x.data(), x.size(), stream));
+  const std::vector<float> out = download_bf16(d_x.data(), x.size(), stream);
 
   std::vector<float> out_rotated, ref_rotated, out_kept, ref_kept;
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -674,8 +643,7 @@ TEST(CudaLayerOps, SwigluForwardMatchesTwin) {
     const DeviceBuffer d_gate_up = to_device(gate_up, stream.get());
     const DeviceBuffer d_out(s.rows * s.hidden * sizeof(bf16));
     cuda::swiglu_forward(as_bf16(d_out), as_bf16(d_gate_up), s, stream.get());
-    const std::vector<float> out =
-        widen(to_host<std::uint16_t>(d_out.data(), s.rows * s.hidden, stream.get()));
+    const std::vector<float> out = download_bf16(d_out.data(), s.rows * s.hidden, stream.get());
     std::vector<float> ref(s.rows * s.hidden);
     cpu::swiglu_forward<float>(ref, widen(gate_up), s);
     EXPECT_TRUE(WithinBf16Rounding("swiglu", out, ref));
@@ -697,7 +665,7 @@ TEST(CudaLayerOps, SwigluBackwardMatchesTwin) {
     cuda::swiglu_backward(as_bf16(d_dgate_up), as_bf16(d_dout), as_bf16(d_gate_up), s,
                           stream.get());
     const std::vector<float> out =
-        widen(to_host<std::uint16_t>(d_dgate_up.data(), s.rows * 2 * s.hidden, stream.get()));
+        download_bf16(d_dgate_up.data(), s.rows * 2 * s.hidden, stream.get());
     std::vector<float> ref(s.rows * 2 * s.hidden);
     cpu::swiglu_backward<float>(ref, widen(dout), widen(gate_up), s);
     EXPECT_TRUE(WithinBf16Rounding("dgate_up", out, ref));

@@ -43,6 +43,7 @@
 #include "ringattn/dtype.hpp"
 #include "ringattn/error.hpp"
 #include "src/cuda/device_buffer.hpp"
+#include "tests/common/bf16_testing.hpp"
 #include "tests/common/random.hpp"
 #include "tests/train/expect_error.hpp"
 #include "train/cuda/ops.hpp"
@@ -53,74 +54,25 @@ namespace ringattn::train {
 namespace {
 
 using cuda::bf16;
-using Bits = std::vector<std::uint16_t>;
+using test::Bits;
+using test::BitwiseEqual;
+using test::download;
+using test::download_bf16;
+using test::kBf16Unit;
+using test::random_bf16;
+using test::to_device;
+using test::upload;
+using test::widen;
 
-constexpr double kBf16Unit = 0x1p-8;        // relative rounding error of a bf16 output
 constexpr double kGradientSlack = 0x1p-14;  // fp32 disagreement of the gradient
 constexpr double kLossTolerance = 1e-5;
 
-// ---- host values and device buffers ---------------------------------------------------------
-
-// N(0, scale^2) draws rounded to bf16, as bit patterns.
-Bits random_bf16(std::size_t count, std::mt19937_64& rng, double scale = 1.0) {
-  std::normal_distribution<double> normal;
-  Bits bits(count);
-  for (auto& b : bits) b = float_to_bf16(static_cast<float>(normal(rng) * scale));
-  return bits;
-}
-
-// The values of bf16 bit patterns, exactly.
-std::vector<float> widen(const Bits& bits) {
-  std::vector<float> values(bits.size());
-  for (std::size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_float(bits[i]);
-  return values;
-}
-
-template <typename T>
-void upload(void* device, const std::vector<T>& values, cudaStream_t stream) {
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, values.data(), values.size() * sizeof(T),
-                                      cudaMemcpyHostToDevice, stream));
-}
-
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& values, cudaStream_t stream) {
-  DeviceBuffer buffer(values.size() * sizeof(T));
-  upload(buffer.data(), values, stream);
-  return buffer;
-}
-
-// Waits for the stream, then copies `count` elements back.
-template <typename T>
-std::vector<T> to_host(const void* device, std::size_t count, cudaStream_t stream) {
-  std::vector<T> values(count);
-  RINGATTN_CUDA_CHECK(
-      cudaMemcpyAsync(values.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return values;
-}
+// ---- device buffers -------------------------------------------------------------------------
 
 // All bytes 0xff: NaN as fp32 and as bf16, -1 as int32. An output that still holds it was not
 // written.
 void poison(void* device, std::size_t bytes, cudaStream_t stream) {
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(device, 0xff, bytes, stream));
-}
-
-// Bit-for-bit equality of two buffers, reported as a count and the first mismatch.
-template <typename T>
-::testing::AssertionResult BitwiseEqual(const std::string& what, const std::vector<T>& out,
-                                        const std::vector<T>& ref) {
-  if (out.size() != ref.size()) {
-    return ::testing::AssertionFailure()
-           << what << ": " << out.size() << " values, expected " << ref.size();
-  }
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (std::memcmp(&out[i], &ref[i], sizeof(T)) != 0 && bad++ == 0) first = i;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": " << bad << " of " << ref.size() << " values differ; first at " << first
-         << ": " << +out[first] << ", expected " << +ref[first];
 }
 
 // ---- cross-entropy --------------------------------------------------------------------------
@@ -252,8 +204,8 @@ TEST_P(CudaCrossEntropy, MatchesCpuTwin) {
   const cpu::CrossEntropySums forward =
       cuda::cross_entropy_forward(losses_ptr, predictions_ptr, logits_ptr, targets_ptr, weights_ptr,
                                   shape, host_losses.data(), in.weights.data(), st);
-  const std::vector<float> losses = to_host<float>(losses_ptr, tokens, st);
-  EXPECT_EQ(to_host<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
+  const std::vector<float> losses = download<float>(losses_ptr, tokens, st);
+  EXPECT_EQ(download<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
   EXPECT_TRUE(LossesMatch("forward", losses, ref_losses));
   EXPECT_TRUE(BitwiseEqual("host_losses", host_losses, losses));
   EXPECT_TRUE(RelativelyClose("forward loss_sum", forward.loss_sum, ref.loss_sum, 1e-5));
@@ -272,11 +224,11 @@ TEST_P(CudaCrossEntropy, MatchesCpuTwin) {
       dlogits_ptr, losses_ptr, predictions_ptr, logits_ptr, targets_ptr, weights_ptr, shape,
       in.scale, host_losses.data(), in.weights.data(), st);
   // The same statistics pass as the forward alone.
-  EXPECT_TRUE(BitwiseEqual("losses", to_host<float>(losses_ptr, tokens, st), losses));
-  EXPECT_EQ(to_host<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
+  EXPECT_TRUE(BitwiseEqual("losses", download<float>(losses_ptr, tokens, st), losses));
+  EXPECT_EQ(download<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
   EXPECT_EQ(both.loss_sum, forward.loss_sum);
   EXPECT_EQ(both.weight_sum, forward.weight_sum);
-  const Bits gradient = to_host<std::uint16_t>(dlogits_ptr, count, st);
+  const Bits gradient = download<std::uint16_t>(dlogits_ptr, count, st);
   EXPECT_TRUE(GradientMatches("out of place", gradient, ref_dlogits, in, c.vocab));
 
   // In place: the same bits.
@@ -286,8 +238,8 @@ TEST_P(CudaCrossEntropy, MatchesCpuTwin) {
   const cpu::CrossEntropySums in_place = cuda::cross_entropy_forward_backward(
       in_place_ptr, losses_ptr, predictions_ptr, in_place_ptr, targets_ptr, weights_ptr, shape,
       in.scale, host_losses.data(), in.weights.data(), st);
-  EXPECT_TRUE(BitwiseEqual("in place", to_host<std::uint16_t>(in_place_ptr, count, st), gradient));
-  EXPECT_TRUE(BitwiseEqual("in-place losses", to_host<float>(losses_ptr, tokens, st), losses));
+  EXPECT_TRUE(BitwiseEqual("in place", download<std::uint16_t>(in_place_ptr, count, st), gradient));
+  EXPECT_TRUE(BitwiseEqual("in-place losses", download<float>(losses_ptr, tokens, st), losses));
   EXPECT_EQ(in_place.loss_sum, forward.loss_sum);
 
   // Out of place, dlogits 2 bytes off the logits' alignment: the scalar path.
@@ -295,10 +247,10 @@ TEST_P(CudaCrossEntropy, MatchesCpuTwin) {
   cuda::cross_entropy_forward_backward(dlogits_ptr + 1, losses_ptr, predictions_ptr, logits_ptr,
                                        targets_ptr, weights_ptr, shape, in.scale,
                                        host_losses.data(), in.weights.data(), st);
-  EXPECT_TRUE(GradientMatches("scalar path", to_host<std::uint16_t>(dlogits_ptr + 1, count, st),
+  EXPECT_TRUE(GradientMatches("scalar path", download<std::uint16_t>(dlogits_ptr + 1, count, st),
                               ref_dlogits, in, c.vocab));
-  EXPECT_TRUE(LossesMatch("scalar path", to_host<float>(losses_ptr, tokens, st), ref_losses));
-  EXPECT_EQ(to_host<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
+  EXPECT_TRUE(LossesMatch("scalar path", download<float>(losses_ptr, tokens, st), ref_losses));
+  EXPECT_EQ(download<std::int32_t>(predictions_ptr, tokens, st), ref_predictions);
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, CudaCrossEntropy,
@@ -335,7 +287,7 @@ TEST(CudaCrossEntropyTargets, OutOfRangeTargetGivesNaN) {
   EXPECT_TRUE(std::isfinite(host_losses[0]) && std::isfinite(host_losses[3]));
   EXPECT_TRUE(std::isnan(host_losses[1]) && std::isnan(host_losses[2]));
   const std::vector<float> gradient =
-      widen(to_host<std::uint16_t>(d_logits.data(), static_cast<std::size_t>(tokens * vocab), st));
+      download_bf16(d_logits.data(), static_cast<std::size_t>(tokens * vocab), st);
   for (std::int64_t t = 0; t < tokens; ++t) {
     const bool bad_row = t == 1 || t == 2;
     std::int64_t nan = 0;
@@ -419,9 +371,9 @@ void check_adamw_steps(cpu::WeightDecay decay) {
 
   for (std::int64_t step = 1; step <= 5; ++step) {
     // The twin continues from the GPU's state, so each step is checked on its own inputs.
-    std::vector<float> p = to_host<float>(d_params.data(), size, st);
-    std::vector<float> m = to_host<float>(d_m.data(), size, st);
-    std::vector<float> v = to_host<float>(d_v.data(), size, st);
+    std::vector<float> p = download<float>(d_params.data(), size, st);
+    std::vector<float> m = download<float>(d_m.data(), size, st);
+    std::vector<float> v = download<float>(d_v.data(), size, st);
     const std::vector<float> g = test::normal_vector<float>(size, rng, 0.1);
     std::vector<float> scaled(size);
     for (std::size_t i = 0; i < size; ++i) scaled[i] = g[i] * grad_scale;
@@ -433,11 +385,11 @@ void check_adamw_steps(cpu::WeightDecay decay) {
     bf16* copy = step < 5 ? d_bf16.as<bf16>() : nullptr;
     cuda::adamw_step(d_params.as<float>(), copy, d_grads.as<float>(), d_m.as<float>(),
                      d_v.as<float>(), n, h, step, decay, grad_scale, st);
-    const std::vector<float> params = to_host<float>(d_params.data(), size, st);
+    const std::vector<float> params = download<float>(d_params.data(), size, st);
     EXPECT_TRUE(WithinUlps("params", params, p, 4)) << "step " << step;
-    EXPECT_TRUE(WithinUlps("m", to_host<float>(d_m.data(), size, st), m, 4)) << "step " << step;
-    EXPECT_TRUE(WithinUlps("v", to_host<float>(d_v.data(), size, st), v, 4)) << "step " << step;
-    const Bits copied = to_host<std::uint16_t>(d_bf16.data(), size, st);
+    EXPECT_TRUE(WithinUlps("m", download<float>(d_m.data(), size, st), m, 4)) << "step " << step;
+    EXPECT_TRUE(WithinUlps("v", download<float>(d_v.data(), size, st), v, 4)) << "step " << step;
+    const Bits copied = download<std::uint16_t>(d_bf16.data(), size, st);
     std::size_t mismatches = 0;
     for (std::size_t i = 0; i < size; ++i) {
       const std::uint16_t expected = copy != nullptr ? float_to_bf16(params[i]) : 0xffff;

@@ -262,6 +262,20 @@ void check_shape(const char* where, const cpu::MatmulShape& s) {
   }
 }
 
+// A product's pointer arguments, named as in its signature.
+struct Operand {
+  std::string_view name;
+  const void* pointer;
+};
+
+// The checks of every product, before anything is enqueued: the output and the two operands in
+// the order of the signature, then the shape.
+void check_arguments(const char* where, const Operand (&operands)[3],
+                     const cpu::MatmulShape& shape) {
+  for (const Operand& operand : operands) check_pointer(where, operand.name, operand.pointer);
+  check_shape(where, shape);
+}
+
 // The largest power of two from 16 to 256 that divides every address.
 std::uintptr_t common_alignment(const void* a, const void* b, const void* d) {
   const std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(a) |
@@ -311,30 +325,21 @@ cudaStream_t Gemm::stream() const {
 void Gemm::forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
                    const cpu::MatmulShape& shape, Write write) {
   constexpr const char* kWhere = "train::cuda::Gemm::forward";
-  check_pointer(kWhere, "y", y);
-  check_pointer(kWhere, "x", x);
-  check_pointer(kWhere, "w", w);
-  check_shape(kWhere, shape);
+  check_arguments(kWhere, {{"y", y}, {"x", x}, {"w", w}}, shape);
   impl_->run(kWhere, Product::forward, y, w, x, shape, write);
 }
 
 void Gemm::backward_input(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w,
                           const cpu::MatmulShape& shape, Write write) {
   constexpr const char* kWhere = "train::cuda::Gemm::backward_input";
-  check_pointer(kWhere, "dx", dx);
-  check_pointer(kWhere, "dy", dy);
-  check_pointer(kWhere, "w", w);
-  check_shape(kWhere, shape);
+  check_arguments(kWhere, {{"dx", dx}, {"dy", dy}, {"w", w}}, shape);
   impl_->run(kWhere, Product::backward_input, dx, w, dy, shape, write);
 }
 
 void Gemm::backward_weight(float* dw, const __nv_bfloat16* dy, const __nv_bfloat16* x,
                            const cpu::MatmulShape& shape, Write write) {
   constexpr const char* kWhere = "train::cuda::Gemm::backward_weight";
-  check_pointer(kWhere, "dw", dw);
-  check_pointer(kWhere, "dy", dy);
-  check_pointer(kWhere, "x", x);
-  check_shape(kWhere, shape);
+  check_arguments(kWhere, {{"dw", dw}, {"dy", dy}, {"x", x}}, shape);
   impl_->run(kWhere, Product::backward_weight, dw, x, dy, shape, write);
 }
 
