@@ -238,6 +238,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(parallel.dp),
       RINGATTN_CONFIG_KEY(parallel.cp),
       RINGATTN_CONFIG_KEY(parallel.layout),
+      RINGATTN_CONFIG_KEY(parallel.local_attention),
       RINGATTN_CONFIG_KEY(data.source),
       RINGATTN_CONFIG_KEY(data.train_path),
       RINGATTN_CONFIG_KEY(data.val_path),

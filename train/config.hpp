@@ -10,7 +10,7 @@
 //   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
 //             adam_eps grad_clip seed recompute deterministic log_every eval_every eval_batches
 //             checkpoint_every keep_checkpoints
-//   parallel: dp cp layout
+//   parallel: dp cp layout local_attention
 //   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
 //   run:      dir backend resume
 //
@@ -79,6 +79,10 @@ struct ParallelConfig {
   int dp = 1;  // data-parallel groups
   int cp = 2;  // context-parallel ranks per group (the ring)
   ShardLayout layout = ShardLayout::zigzag;
+  // A control, not a way to train: each rank attends only to the tokens of its own shard (the
+  // causal mask in their sequence order, RoPE still at their global positions), so whatever a
+  // model learns with it comes without the ring.
+  bool local_attention = false;
 
   friend bool operator==(const ParallelConfig&, const ParallelConfig&) = default;
 };

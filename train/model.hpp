@@ -49,6 +49,8 @@ struct ShardBatch {
 struct ModelOptions {
   bool recompute = false;      // keep one block's activations, recompute the others
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU backend always is)
+  // Attention within each rank's shard only (parallel.local_attention): a control.
+  bool local_attention = false;
 };
 
 // What the trainer needs of a model, whatever its backend. Parameters, gradients and moments

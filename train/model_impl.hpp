@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "parallel/sequence_layout.hpp"
 #include "ringattn/error.hpp"
 #include "train/model.hpp"
 
@@ -33,7 +34,10 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
       cp_(cp_comm),
       grad_comm_(std::move(grad_comm)),
       backend_(std::make_unique<B>()),
-      ring_(cp_comm, layout),
+      // The local-attention control: a ring of this rank alone over its shard, whose positions
+      // are then 0 .. Sl-1 in the shard's (increasing) order.
+      ring_(options.local_attention ? split_communicator(*cp_comm, cp_comm->rank(), 0) : cp_comm,
+            layout),
       infos_(parameter_list(shape_)) {
   if (batch <= 0 || seq_len <= 0) {
     ringattn::detail::fail("Model", "batch ", batch, " and seq_len ", seq_len, " must be > 0");
@@ -71,7 +75,9 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     lp_.push_back({find(p + "attn_norm"), find(p + "wqkv"), find(p + "wo"), find(p + "mlp_norm"),
                    find(p + "w_gate_up"), find(p + "w_down")});
   }
-  positions_ = ring_.global_positions(seq_len);  // throws when seq_len does not split
+  // The tokens' positions in the whole sequence (throws when seq_len does not split).
+  positions_ =
+      SequenceLayout(layout, cp_->size(), cp_->rank(), seq_len).global_positions();
   local_len_ = static_cast<std::int64_t>(positions_.size());
   backend_->set_rope(positions_, shape_.head_dim, config_.rope_theta);
   const std::int64_t n = batch_ * local_len_;

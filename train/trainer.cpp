@@ -159,6 +159,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   ModelOptions model_options;
   model_options.recompute = config.train.recompute;
   model_options.deterministic = config.train.deterministic;
+  model_options.local_attention = config.parallel.local_attention;
   if (s.backend == Backend::cuda) {
     // The ring and the gradients move device memory over NCCL, bootstrapped from the world's MPI
     // communicator; host scalars keep going through `world`.
@@ -204,7 +205,9 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     s.log("ringattn-train: world " + std::to_string(s.world->size()) + " = dp " +
           std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
           std::string(layout_name(config.parallel.layout)) + "), backend " +
-          s.model->backend_name() + (config.train.recompute ? " (recompute)" : "") + ", " +
+          s.model->backend_name() + (config.train.recompute ? " (recompute)" : "") +
+          (config.parallel.local_attention ? ", attention within each shard only (control)" : "") +
+          ", " +
           std::to_string(parameter_count()) + " parameters, data " +
           std::string(source_name(config.data.source)));
     if (s.world_rank == 0 && s.options.write_metrics) {

@@ -30,7 +30,7 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 44u);
+  EXPECT_EQ(keys.size(), 45u);
   for (const char* key :
        {"model.head_dim", "train.lr", "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
