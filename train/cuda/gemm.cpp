@@ -35,6 +35,7 @@
 // The heuristic's choice depends on the pointers' alignment (by default it assumes 256 bytes), so
 // the cache key holds the alignment the call's pointers actually have, from 16 to 256 bytes.
 #include "train/cuda/gemm.hpp"
+#include "train/cuda/ops.hpp"
 
 #include <cublasLt.h>
 
@@ -77,6 +78,7 @@ struct Key {
   Product product;
   std::int64_t rows, in_features, out_features;
   Write write;
+  bool fp32_out;  // a bf16 product computed into fp32 (see Gemm::Impl::run)
   std::uintptr_t alignment;
   auto operator<=>(const Key&) const = default;
 };
@@ -93,21 +95,23 @@ struct Problem {
   Stored a, b, d;
 };
 
-Problem problem_of(Product product, const cpu::MatmulShape& s) {
+// fp32_out: D in fp32 whatever the product.
+Problem problem_of(Product product, const cpu::MatmulShape& s, bool fp32_out) {
   const std::int64_t rows = s.rows, in = s.in_features, out = s.out_features;
+  const cudaDataType_t activation_out = fp32_out ? CUDA_R_32F : CUDA_R_16BF;
   switch (product) {
     case Product::forward:
       return {CUBLAS_OP_T,
               CUBLAS_OP_N,
               {CUDA_R_16BF, in, out, in},      // W
               {CUDA_R_16BF, in, rows, in},     // X
-              {CUDA_R_16BF, out, rows, out}};  // Y
+              {activation_out, out, rows, out}};  // Y
     case Product::backward_input:
       return {CUBLAS_OP_N,
               CUBLAS_OP_N,
               {CUDA_R_16BF, in, out, in},     // W
               {CUDA_R_16BF, out, rows, out},  // dY
-              {CUDA_R_16BF, in, rows, in}};   // dX
+              {activation_out, in, rows, in}};   // dX
     case Product::backward_weight:
       return {CUBLAS_OP_N,
               CUBLAS_OP_T,
@@ -289,28 +293,43 @@ std::uintptr_t common_alignment(const void* a, const void* b, const void* d) {
 struct Gemm::Impl {
   explicit Impl(cudaStream_t s) : stream(s), workspace(kWorkspaceBytes) {}
 
-  // D (+)= the product: A and B as in problem_of, D the output (Write::add: cuBLASLt's C = D,
-  // beta = 1).
+  // D (+)= the product: A and B as in problem_of, D the output. Write::add into fp32 D is
+  // cuBLASLt's C = D with beta = 1. Into a bf16 D the product goes to fp32 (`sum`) and
+  // add_to_bf16 rounds D + product once: cuBLASLt's bf16 epilogue rounds the product to bf16
+  // before adding C, which loses up to a few bf16 roundings where the sum cancels.
   void run(const char* where, Product product, void* d, const void* a, const void* b,
            const cpu::MatmulShape& shape, Write write) {
+    const bool via_fp32 = write == Write::add && product != Product::backward_weight;
+    const std::int64_t outputs =
+        shape.rows * (product == Product::backward_input ? shape.in_features : shape.out_features);
+    void* target = d;
+    if (via_fp32) {
+      const std::size_t bytes = static_cast<std::size_t>(outputs) * sizeof(float);
+      if (sum.bytes() < bytes) sum = DeviceBuffer(bytes);
+      target = sum.data();
+    }
     const Key key{product,
                   shape.rows,
                   shape.in_features,
                   shape.out_features,
-                  write,
-                  common_alignment(a, b, d)};
+                  via_fp32 ? Write::overwrite : write,
+                  via_fp32,
+                  common_alignment(a, b, target)};
     auto it = plans.find(key);
     if (it == plans.end()) {
-      auto plan = std::make_unique<Plan>(handle.get(), key, problem_of(product, shape), where);
+      auto plan =
+          std::make_unique<Plan>(handle.get(), key, problem_of(product, shape, via_fp32), where);
       it = plans.emplace(key, std::move(plan)).first;
     }
-    it->second->run(handle.get(), a, b, d, write == Write::add ? 1.0f : 0.0f, workspace.data(),
-                    stream, where);
+    it->second->run(handle.get(), a, b, target, key.write == Write::add ? 1.0f : 0.0f,
+                    workspace.data(), stream, where);
+    if (via_fp32) add_to_bf16(static_cast<__nv_bfloat16*>(d), sum.as<float>(), outputs, stream);
   }
 
   cudaStream_t stream;
   Handle handle;
   DeviceBuffer workspace;
+  DeviceBuffer sum;  // fp32 products added into bf16 outputs, grown to the largest
   std::map<Key, std::unique_ptr<Plan>> plans;
 };
 

@@ -6,9 +6,9 @@
 //   backward_input   dX (+)= dY W       bf16 out
 //   backward_weight  dW (+)= dY^T X     fp32 out (Write::add accumulates over micro-batches)
 //
-// Write::add reads the output as cuBLASLt's C with beta = 1. Into a bf16 output cuBLASLt rounds
-// the product to bf16 before adding C: two roundings, within 2^-8 (|Y| + |C|) of the exact sum,
-// as a residual add of a bf16 product would be.
+// Write::add: into the fp32 output as cuBLASLt's C (beta = 1); into a bf16 output the product is
+// formed in fp32 and added with one rounding (cuBLASLt's bf16 epilogue would round the product
+// first).
 // One Gemm per stream: it owns a cuBLASLt handle and a workspace, and caches the
 // algorithm chosen for each shape. Pointers must be 16-byte aligned and sizes multiples of 8
 // (checked, with the argument named).
