@@ -113,17 +113,20 @@ class CpuBackend {
     cpu::swiglu_backward<T>(span(dgu, 2 * s.rows * s.hidden), span(dout, s.rows * s.hidden),
                             span(gu, 2 * s.rows * s.hidden), s);
   }
-  // The loss of the loaded batch; with_grad writes the gradient of scale * loss_sum over logits.
+  // The loss of the loaded batch's tokens [first, first + s.tokens) from their logits; with_grad
+  // writes the gradient of scale * loss_sum over the logits.
   cpu::CrossEntropySums cross_entropy(T* logits, const cpu::CrossEntropyShape& s, bool with_grad,
-                                      double scale, std::span<std::int32_t> predictions) {
+                                      double scale, std::span<std::int32_t> predictions,
+                                      std::int64_t first) {
     losses_.resize(s.tokens);
     predictions_.resize(s.tokens);
     const std::span<T> all = span(logits, s.tokens * s.vocab);
+    const auto targets = batch_.targets.subspan(first, s.tokens);
+    const std::span<const T> weights = std::span<const T>(weights_).subspan(first, s.tokens);
     const cpu::CrossEntropySums sums =
         with_grad ? cpu::cross_entropy_forward_backward<T>(all, losses_, predictions_, all,
-                                                           batch_.targets, weights_, s, scale)
-                  : cpu::cross_entropy_forward<T>(losses_, predictions_, all, batch_.targets,
-                                                  weights_, s);
+                                                           targets, weights, s, scale)
+                  : cpu::cross_entropy_forward<T>(losses_, predictions_, all, targets, weights, s);
     if (!predictions.empty()) std::copy(predictions_.begin(), predictions_.end(), predictions.begin());
     return sums;
   }

@@ -51,6 +51,9 @@ struct ModelOptions {
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU backend always is)
   // Attention within each rank's shard only (parallel.local_attention): a control.
   bool local_attention = false;
+  // The output head and the loss run over this many tokens at a time, so the logits held at once
+  // are [loss_chunk_tokens, vocab] rather than [batch * Sl, vocab].
+  std::int64_t loss_chunk_tokens = 8192;
 };
 
 // What the trainer needs of a model, whatever its backend. Parameters, gradients and moments
@@ -159,6 +162,10 @@ class Model final : public TrainModel {
   // The forward of block l from its input x_in_[l] into `L`, and (write_output) x_in_[l + 1].
   void layer_forward(std::size_t l, Layer& L, bool write_output);
   void run_forward(const ShardBatch& batch);
+  // The output head and the loss, chunk by chunk over the tokens; with_grad also adds the head's
+  // gradient and writes dh_ (the gradient of the final norm's output).
+  cpu::CrossEntropySums head_and_loss(bool with_grad, double grad_scale,
+                                      std::span<std::int32_t> predictions);
   const Master* master(std::size_t i) const { return params_.data() + offsets_[i]; }
   Master* grad(std::size_t i) { return grads_.data() + offsets_[i]; }
   const Act* weight(std::size_t i) const;  // what the GEMMs read
@@ -185,7 +192,7 @@ class Model final : public TrainModel {
   std::vector<Buffer<Act>> x_in_;
   std::vector<Layer> layers_;
   Buffer<Acc> inv_f_;
-  Buffer<Act> hf_, logits_;
+  Buffer<Act> hf_, logits_;  // logits_: [loss chunk, vocab]
   // The backward's temporaries.
   Buffer<Act> dh_, dx_, dact_, dgu_, dqkv_, dout_;
   Buffer<Acc> dqkv_acc_;  // the ring's gradients in the accumulator dtype where Acc != Act

@@ -88,7 +88,11 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   for (Layer& L : layers_) allocate_layer(L);
   inv_f_ = Buffer<Acc>(n);
   hf_ = Buffer<Act>(n * d);
-  logits_ = Buffer<Act>(n * shape_.vocab);
+  if (options_.loss_chunk_tokens < 1) {
+    ringattn::detail::fail("Model", "loss_chunk_tokens is ", options_.loss_chunk_tokens,
+                           "; expected >= 1");
+  }
+  logits_ = Buffer<Act>(std::min(n, options_.loss_chunk_tokens) * shape_.vocab);
   dh_ = Buffer<Act>(n * d);
   dx_ = Buffer<Act>(n * d);
   dact_ = Buffer<Act>(n * f);
@@ -253,15 +257,39 @@ void Model<B>::run_forward(const ShardBatch& batch) {
   }
   be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
                      config_.norm_eps);
-  be.matmul_forward(logits_.data(), hf_.data(), weight(head_), {n, d, v}, Write::overwrite);
+}
+
+template <class B>
+cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
+                                              std::span<std::int32_t> predictions) {
+  B& be = *backend_;
+  const std::int64_t n = batch_ * local_len_, d = shape_.d_model, v = shape_.vocab;
+  const std::int64_t chunk = std::min(n, options_.loss_chunk_tokens);
+  cpu::CrossEntropySums total;
+  for (std::int64_t first = 0; first < n; first += chunk) {
+    const std::int64_t rows = std::min(chunk, n - first);
+    const Act* h = hf_.data() + first * d;
+    be.matmul_forward(logits_.data(), h, weight(head_), {rows, d, v}, Write::overwrite);
+    // dlogits over the logits in place.
+    const cpu::CrossEntropySums sums = be.cross_entropy(
+        logits_.data(), {rows, v}, with_grad, grad_scale,
+        predictions.empty() ? predictions : predictions.subspan(first, rows), first);
+    total.loss_sum += sums.loss_sum;
+    total.weight_sum += sums.weight_sum;
+    if (with_grad) {
+      be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v}, Write::add);
+      be.matmul_backward_input(dh_.data() + first * d, logits_.data(), weight(head_), {rows, d, v},
+                               Write::overwrite);
+    }
+  }
+  return total;
 }
 
 template <class B>
 cpu::CrossEntropySums Model<B>::forward(const ShardBatch& batch,
                                         std::span<std::int32_t> predictions) {
   run_forward(batch);
-  return backend_->cross_entropy(logits_.data(), {batch_ * local_len_, shape_.vocab}, false, 0.0,
-                                 predictions);
+  return head_and_loss(false, 0.0, predictions);
 }
 
 template <class B>
@@ -273,12 +301,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
                      hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
   const std::int64_t row = (hq + 2 * hkv) * hd;
-  // dlogits over the logits in place.
-  const cpu::CrossEntropySums sums =
-      be.cross_entropy(logits_.data(), {n, v}, true, grad_scale, predictions);
-  const Act* dlogits = logits_.data();
-  be.matmul_backward_weight(grad(head_), dlogits, hf_.data(), {n, d, v}, Write::add);
-  be.matmul_backward_input(dh_.data(), dlogits, weight(head_), {n, d, v}, Write::overwrite);
+  const cpu::CrossEntropySums sums = head_and_loss(true, grad_scale, predictions);
   be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
                       master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
   for (std::size_t l = lp_.size(); l-- > 0;) {

@@ -42,12 +42,16 @@ ModelConfig tiny_model(bool tied) {
   return m;
 }
 
-void run_check(bool tied) {
+// loss_chunk_tokens: the output head and the loss in chunks of that many tokens (3 splits a
+// rank's 8 / N local tokens unevenly), or all at once.
+void run_check(bool tied, std::int64_t loss_chunk_tokens = 8192) {
   constexpr std::int64_t kBatch = 2, kSeq = 8;
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   const int size = communicator_size(*world), rank = communicator_rank(*world);
   const ModelConfig mc = tiny_model(tied);
-  CpuModel<double> model(mc, kBatch, kSeq, world, SequenceLayoutKind::zigzag);
+  ModelOptions options;
+  options.loss_chunk_tokens = loss_chunk_tokens;
+  CpuModel<double> model(mc, kBatch, kSeq, world, SequenceLayoutKind::zigzag, options);
   model.init(7);
   // Perturb the norm gains away from 1 so that their gradients are generic.
   std::mt19937_64 rng(99);
@@ -123,6 +127,10 @@ TEST(CpuModelGradcheck, TiedEmbeddings) {
 }
 TEST(CpuModelGradcheck, UntiedHead) {
   run_check(false);
+}
+TEST(CpuModelGradcheck, LossInChunks) {
+  run_check(true, 3);
+  run_check(false, 3);
 }
 
 }  // namespace

@@ -87,9 +87,10 @@ class CudaBackend {
   void rope_backward(Act* dx, const cpu::RopeShape& s);
   void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);
   void swiglu_backward(Act* dgu, const Act* dout, const Act* gu, const cpu::SwigluShape& s);
+  // The loaded batch's tokens [first, first + s.tokens).
   cpu::CrossEntropySums cross_entropy(Act* logits, const cpu::CrossEntropyShape& s,
                                       bool with_grad, double scale,
-                                      std::span<std::int32_t> predictions);
+                                      std::span<std::int32_t> predictions, std::int64_t first);
 
   // ---- optimizer ----
   double sum_of_squares(const float* grads, std::int64_t count);

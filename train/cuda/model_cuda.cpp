@@ -155,18 +155,20 @@ void CudaBackend::swiglu_backward(Act* dgu, const Act* dout, const Act* gu,
 
 cpu::CrossEntropySums CudaBackend::cross_entropy(Act* logits, const cpu::CrossEntropyShape& s,
                                                  bool with_grad, double scale,
-                                                 std::span<std::int32_t> predictions) {
+                                                 std::span<std::int32_t> predictions,
+                                                 std::int64_t first) {
   const cpu::CrossEntropySums sums =
       with_grad ? cuda::cross_entropy_forward_backward(
-                      logits, losses_.data(), predictions_.data(), logits, targets_.data(),
-                      weights_.data(), s, scale, host_losses_.data(), host_weights_.data(),
-                      stream_.get())
-                : cuda::cross_entropy_forward(losses_.data(), predictions_.data(), logits,
-                                              targets_.data(), weights_.data(), s,
-                                              host_losses_.data(), host_weights_.data(),
-                                              stream_.get());
+                      logits, losses_.data() + first, predictions_.data() + first, logits,
+                      targets_.data() + first, weights_.data() + first, s, scale,
+                      host_losses_.data() + first, host_weights_.data() + first, stream_.get())
+                : cuda::cross_entropy_forward(losses_.data() + first, predictions_.data() + first,
+                                              logits, targets_.data() + first,
+                                              weights_.data() + first, s,
+                                              host_losses_.data() + first,
+                                              host_weights_.data() + first, stream_.get());
   if (!predictions.empty()) {
-    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(predictions.data(), predictions_.data(),
+    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(predictions.data(), predictions_.data() + first,
                                         s.tokens * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
                                         stream_.get()));
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
