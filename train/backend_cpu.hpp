@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -129,6 +130,13 @@ class CpuBackend {
                   : cpu::cross_entropy_forward<T>(losses_, predictions_, all, targets, weights, s);
     if (!predictions.empty()) std::copy(predictions_.begin(), predictions_.end(), predictions.begin());
     return sums;
+  }
+
+  bool all_finite(const T* data, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(data[i])) return false;
+    }
+    return true;
   }
 
   // ---- optimizer ----

@@ -82,6 +82,10 @@ class TrainModel {
   virtual void all_reduce_gradients() = 0;
   virtual double gradient_sum_of_squares() = 0;
   virtual std::string first_non_finite_gradient() = 0;
+  // After a forward whose loss is not finite: where the first non-finite value is, in the order
+  // the forward made them ("parameter layers.0.wqkv", "layers.1.attention output", ...; the
+  // activations recomputation dropped are skipped), or "" when every tensor kept is finite.
+  virtual std::string first_non_finite_tensor() = 0;
   virtual void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) = 0;
 
   // Host copies of the parameters and the AdamW moments (parameter_count() floats each).
@@ -142,6 +146,7 @@ class Model final : public TrainModel {
   void all_reduce_gradients() override;
   double gradient_sum_of_squares() override;
   std::string first_non_finite_gradient() override;
+  std::string first_non_finite_tensor() override;
   void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) override;
   void export_state(std::vector<float>& params, std::vector<float>& m,
                     std::vector<float>& v) override;

@@ -394,6 +394,43 @@ std::string Model<B>::first_non_finite_gradient() {
 }
 
 template <class B>
+std::string Model<B>::first_non_finite_tensor() {
+  B& be = *backend_;
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    if (!std::isfinite(be.sum_of_squares(master(i), infos_[i].elements))) {
+      return "parameter " + infos_[i].name;
+    }
+  }
+  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
+                     f = shape_.ffn_hidden;
+  const std::int64_t row = (hq + 2 * shape_.kv_heads) * hd;
+  const auto finite = [&](const Act* data, std::int64_t count) {
+    return be.all_finite(data, count);
+  };
+  if (!finite(x_in_[0].data(), n * d)) return "tok_embedding output";
+  for (std::size_t l = 0; l < lp_.size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    if (!options_.recompute) {
+      const Layer& L = layers_[l];
+      const std::pair<const Act*, std::int64_t> kept[] = {
+          {L.h1.data(), n * d},           {L.qkv.data(), n * row}, {L.o.data(), n * hq * hd},
+          {L.x_mid.data(), n * d},        {L.h2.data(), n * d},    {L.gu.data(), n * 2 * f},
+          {L.act.data(), n * f}};
+      const char* names[] = {"attn_norm output", "wqkv output (after RoPE)", "attention output",
+                             "attention residual", "mlp_norm output", "w_gate_up output",
+                             "swiglu output"};
+      for (std::size_t k = 0; k < std::size(kept); ++k) {
+        if (!finite(kept[k].first, kept[k].second)) return p + names[k];
+      }
+    }
+    if (!finite(x_in_[l + 1].data(), n * d)) return p + "output";
+  }
+  if (!finite(hf_.data(), n * d)) return "final_norm output";
+  return {};
+}
+
+template <class B>
 void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     const std::int64_t o = offsets_[i];

@@ -304,7 +304,10 @@ StepMetrics Trainer::step() {
   s.world->all_reduce_sum(&loss_sum, 1, DType::f64, nullptr);
   const double loss = loss_sum / total_weight;
   if (!std::isfinite(loss)) {
-    ringattn::detail::fail("Trainer::step", "the loss is ", loss, " at step ", step + 1);
+    const std::string where = model.first_non_finite_tensor();
+    ringattn::detail::fail("Trainer::step", "the loss is ", loss, " at step ", step + 1,
+                           where.empty() ? std::string(" (every tensor kept is finite: the logits)")
+                                         : " (first non-finite: " + where + ")");
   }
   model.all_reduce_gradients();
   const double sum_sq = model.gradient_sum_of_squares();

@@ -195,6 +195,8 @@ TEST(TrainTiny, NonFiniteLossNamesTheStep) {
   }
   EXPECT_NE(message.find(" at step 2"), std::string::npos) << "got: '" << message << "'";
   EXPECT_NE(message.find("nan"), std::string::npos) << "got: '" << message << "'";
+  // and where the first non-finite value is (the first step's update made parameters of 1e30)
+  EXPECT_NE(message.find("(first non-finite: "), std::string::npos) << "got: '" << message << "'";
 }
 
 // Recomputation runs each block's forward again before its backward, from the block's saved

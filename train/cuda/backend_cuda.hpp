@@ -92,6 +92,10 @@ class CudaBackend {
                                       bool with_grad, double scale,
                                       std::span<std::int32_t> predictions, std::int64_t first);
 
+  // Whether every value is finite (through fp32 copies of up to 16M values at a time; for
+  // diagnostics, it waits on the stream).
+  bool all_finite(const Act* data, std::int64_t count);
+
   // ---- optimizer ----
   double sum_of_squares(const float* grads, std::int64_t count);
   void adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
@@ -102,7 +106,7 @@ class CudaBackend {
   CudaStream stream_;
   cuda::Gemm gemm_;
   DeviceArray<std::int32_t> tokens_, targets_, predictions_;
-  DeviceArray<float> weights_, losses_, rope_cos_, rope_sin_;
+  DeviceArray<float> weights_, losses_, rope_cos_, rope_sin_, scratch_;
   std::vector<float> host_weights_, host_losses_;
   std::int64_t rope_rows_ = 0;
   double peak_mib_ = 0.0;

@@ -1,6 +1,7 @@
 // The CUDA backend's host side (train/cuda/backend_cuda.hpp) and the model's instantiation on it.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -174,6 +175,17 @@ cpu::CrossEntropySums CudaBackend::cross_entropy(Act* logits, const cpu::CrossEn
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   }
   return sums;
+}
+
+bool CudaBackend::all_finite(const Act* data, std::int64_t count) {
+  constexpr std::int64_t kChunk = std::int64_t{1} << 24;
+  ensure(scratch_, std::min(count, kChunk));
+  for (std::int64_t first = 0; first < count; first += kChunk) {
+    const std::int64_t n = std::min(kChunk, count - first);
+    cuda::to_float(scratch_.data(), data + first, n, stream_.get());
+    if (!std::isfinite(cuda::sum_of_squares(scratch_.data(), n, stream_.get()))) return false;
+  }
+  return true;
 }
 
 double CudaBackend::sum_of_squares(const float* grads, std::int64_t count) {
