@@ -1,6 +1,7 @@
 // The model and the training loop on the CUDA backend (bf16 activations, fp32 master weights),
 // against the CPU backend (fp32) and against themselves:
-//   - one forward and backward of the same weights on the same batch: the loss within 1e-2
+//   - one forward and backward of the same weights on the same batch (the GPU's output head and
+//     loss in uneven chunks of tokens, the CPU's in one): the loss within 1e-2
 //     (relative) and every parameter's gradient within 6% (relative L2 error) of the CPU model's,
 //     the bf16 rounding of activations and their gradients (2^-9 per rounding, a few dozen
 //     roundings deep) being the bound;
@@ -141,7 +142,9 @@ TEST(CudaModel, MatchesTheCpuModel) {
   CpuModel<float> cpu_model(c.model, c.train.batch_size, c.train.seq_len, self_mpi(),
                             SequenceLayoutKind::zigzag);
   const Gradients expected = run_once(cpu_model, batch);
-  std::unique_ptr<TrainModel> gpu_model = cuda_model(c, {});
+  ModelOptions chunked;
+  chunked.loss_chunk_tokens = 300;  // the GPU's head and loss in 4 uneven chunks of 1024 tokens
+  std::unique_ptr<TrainModel> gpu_model = cuda_model(c, chunked);
   const Gradients actual = run_once(*gpu_model, batch);
   std::printf("loss cpu %.6f cuda %.6f\n", expected.loss, actual.loss);
   EXPECT_NEAR(actual.loss, expected.loss, 1e-2 * expected.loss);
