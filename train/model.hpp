@@ -171,6 +171,8 @@ class Model final : public TrainModel {
   // gradient and writes dh_ (the gradient of the final norm's output).
   cpu::CrossEntropySums head_and_loss(bool with_grad, double grad_scale,
                                       std::span<std::int32_t> predictions);
+  // The width of a packed QKV row: q heads, then k heads, then v heads.
+  std::int64_t qkv_width() const { return (shape_.q_heads + 2 * shape_.kv_heads) * shape_.head_dim; }
   const Master* master(std::size_t i) const { return params_.data() + offsets_[i]; }
   Master* grad(std::size_t i) { return grads_.data() + offsets_[i]; }
   const Act* weight(std::size_t i) const;  // what the GEMMs read

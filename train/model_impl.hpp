@@ -80,9 +80,9 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
       SequenceLayout(layout, cp_->size(), cp_->rank(), seq_len).global_positions();
   local_len_ = static_cast<std::int64_t>(positions_.size());
   backend_->set_rope(positions_, shape_.head_dim, config_.rope_theta);
-  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
-  const std::int64_t row = (shape_.q_heads + 2 * shape_.kv_heads) * hd;
+  const std::int64_t row = qkv_width();
   for (std::int64_t l = 0; l <= shape_.layers; ++l) x_in_.emplace_back(n * d);
   layers_.resize(options_.recompute ? std::min<std::int64_t>(1, shape_.layers) : shape_.layers);
   for (Layer& L : layers_) allocate_layer(L);
@@ -112,9 +112,9 @@ std::string Model<B>::backend_name() const {
 
 template <class B>
 void Model<B>::allocate_layer(Layer& L) {
-  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
-  const std::int64_t row = (shape_.q_heads + 2 * shape_.kv_heads) * hd;
+  const std::int64_t row = qkv_width();
   L.inv1 = Buffer<Acc>(n);
   L.lse = Buffer<Acc>(n * shape_.q_heads);
   L.inv2 = Buffer<Acc>(n);
@@ -158,7 +158,6 @@ void Model<B>::init(std::uint64_t seed) {
   // Box-Muller over mt19937_64: the same doubles on every platform and for every backend.
   std::mt19937_64 rng(seed);
   const auto uniform = [&] { return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53; };
-  std::vector<float> host;
   std::vector<double> wide;
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     const std::size_t count = static_cast<std::size_t>(infos_[i].elements);
@@ -193,7 +192,7 @@ TensorView Model<B>::view(const void* data, DType dtype, std::int64_t heads,
 template <class B>
 RingForwardArgs Model<B>::ring_forward_args(Layer& L) {
   const std::int64_t hd = shape_.head_dim, hq = shape_.q_heads, hkv = shape_.kv_heads;
-  const std::int64_t row = (hq + 2 * hkv) * hd;
+  const std::int64_t row = qkv_width();
   RingForwardArgs args;
   args.q = view(L.qkv.data(), B::act_dtype, hq, row);
   args.k = view(L.qkv.data() + hq * hd, B::act_dtype, hkv, row);
@@ -209,10 +208,10 @@ RingForwardArgs Model<B>::ring_forward_args(Layer& L) {
 template <class B>
 void Model<B>::layer_forward(std::size_t l, Layer& L, bool write_output) {
   B& be = *backend_;
-  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
                      hkv = shape_.kv_heads, f = shape_.ffn_hidden;
-  const std::int64_t row = (hq + 2 * hkv) * hd;
+  const std::int64_t row = qkv_width();
   const LayerParams& P = lp_[l];
   const Act* x_in = x_in_[l].data();
   be.rmsnorm_forward(L.h1.data(), L.inv1.data(), x_in, master(P.attn_norm), {n, d},
@@ -238,7 +237,7 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool write_output) {
 
 template <class B>
 void Model<B>::run_forward(const ShardBatch& batch) {
-  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t n = local_tokens();
   const auto check = [&](std::size_t size, const char* name) {
     if (static_cast<std::int64_t>(size) != n) {
       ringattn::detail::fail("Model::forward", name, " has ", size,
@@ -263,7 +262,7 @@ template <class B>
 cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
                                               std::span<std::int32_t> predictions) {
   B& be = *backend_;
-  const std::int64_t n = batch_ * local_len_, d = shape_.d_model, v = shape_.vocab;
+  const std::int64_t n = local_tokens(), d = shape_.d_model, v = shape_.vocab;
   const std::int64_t chunk = std::min(n, options_.loss_chunk_tokens);
   cpu::CrossEntropySums total;
   for (std::int64_t first = 0; first < n; first += chunk) {
@@ -297,10 +296,10 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                                                  std::span<std::int32_t> predictions) {
   run_forward(batch);
   B& be = *backend_;
-  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
                      hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
-  const std::int64_t row = (hq + 2 * hkv) * hd;
+  const std::int64_t row = qkv_width();
   const cpu::CrossEntropySums sums = head_and_loss(true, grad_scale, predictions);
   be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
                       master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
@@ -401,10 +400,10 @@ std::string Model<B>::first_non_finite_tensor() {
       return "parameter " + infos_[i].name;
     }
   }
-  const std::int64_t n = batch_ * local_len_;
+  const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
                      f = shape_.ffn_hidden;
-  const std::int64_t row = (hq + 2 * shape_.kv_heads) * hd;
+  const std::int64_t row = qkv_width();
   const auto finite = [&](const Act* data, std::int64_t count) {
     return be.all_finite(data, count);
   };
