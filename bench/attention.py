@@ -70,17 +70,30 @@ def main():
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args()
 
-    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-        subprocess.run([args.bench, "attention", "--seqlens", args.seqlens, "--head-dims",
-                        args.head_dims, "--json", tmp.name], check=True)
-        mine = json.load(open(tmp.name))
+    def run_bench(family=None):
+        env = dict(os.environ)
+        if family:
+            env["RINGATTN_FLASH_FAMILY"] = family
+        with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+            subprocess.run([args.bench, "attention", "--seqlens", args.seqlens, "--head-dims",
+                            args.head_dims, "--json", tmp.name], check=True, env=env)
+            return json.load(open(tmp.name))
+
+    mine = run_bench()
+    # The forward's sm_80 family (mma.sync) in the same run: on a Hopper GPU the default is the
+    # wgmma family, and this row says what it gains.
+    sm80 = {(r["seq"], r["head_dim"], r["causal"]): r for r in run_bench("sm80")["rows"]}
 
     rows = []
-    print(f"\n{'d':>3} {'mask':6} {'seq':>6} | {'ringattn fwd/bwd TF/s':>21} | {'FA2 fwd/bwd':>13} | "
+    print(f"\n{'d':>3} {'mask':6} {'seq':>6} | {'ringattn fwd/bwd TF/s':>21} | {'sm80 fwd/bwd':>13} | "
+          f"{'FA2 fwd/bwd':>13} | "
           f"{'cuDNN fwd/bwd':>13} | {'x FA2 fwd/bwd':>13} | {'x cuDNN fwd/bwd':>15}")
     for r in mine["rows"]:
         seq, d, causal = r["seq"], r["head_dim"], r["causal"]
         row = dict(r)
+        other = sm80.get((seq, d, causal), {})
+        row["sm80_forward_tflops"] = other.get("forward_tflops")
+        row["sm80_backward_tflops"] = other.get("backward_tflops")
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             fwd_ms, bwd_ms, error = time_sdpa(backend, seq, d, causal)
             row[f"{name}_forward_ms"], row[f"{name}_backward_ms"] = fwd_ms, bwd_ms
@@ -96,6 +109,7 @@ def main():
             return f"{text:>{width}}"
         print(f"{d:3d} {'causal' if causal else 'none':6} {seq:6d} | "
               f"{pair(r['forward_tflops'], r['backward_tflops'], 21)} | "
+              f"{pair(row['sm80_forward_tflops'], row['sm80_backward_tflops'])} | "
               f"{pair(row['flash_forward_tflops'], row['flash_backward_tflops'])} | "
               f"{pair(row['cudnn_forward_tflops'], row['cudnn_backward_tflops'])} | "
               f"{pair(row['ratio_flash_forward'], row['ratio_flash_backward'], 13, '{:.2f}')} | "

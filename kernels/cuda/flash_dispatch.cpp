@@ -5,10 +5,13 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/block_checks.hpp"
 #include "kernels/cuda/flash_launch.hpp"
 #include "ringattn/attention.hpp"
+#include "ringattn/config.h"
 #include "ringattn/error.hpp"
 #include "src/attention_checks.hpp"
 #include "src/cuda/cuda_check.hpp"
@@ -21,7 +24,7 @@ using cuda_detail::FlashParams;
 struct KernelSet {
   DType dtype;
   int head_dim;
-  void (*forward)(const FlashParams&, bool, cudaStream_t);
+  void (*forward)(const FlashParams&, bool, bool, cudaStream_t);
   void (*prepare)(const FlashParams&, cudaStream_t);
   void (*backward)(const FlashParams&, bool, cudaStream_t);
 };
@@ -45,6 +48,23 @@ const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* wh
   }
   detail::fail_as(ErrorKind::unsupported, where, "no kernels were built for ", dtype_name(dtype),
                   " with head_dim ", head_dim);
+}
+
+// The forward's kernel family: the Hopper one (wgmma) on a compute capability 9.0 GPU when the
+// library was built for sm_90a, the sm_80 one (mma.sync) otherwise. RINGATTN_FLASH_FAMILY=sm80 in
+// the environment keeps the sm_80 family on a Hopper GPU (to compare the two, or to test both).
+bool use_hopper_family() {
+#if RINGATTN_WITH_SM90A
+  const char* family = std::getenv("RINGATTN_FLASH_FAMILY");
+  if (family != nullptr && std::string_view(family) == "sm80") return false;
+  int device = 0, major = 0, minor = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
 }
 
 void check_device(const char* where) {
@@ -138,7 +158,7 @@ void flash_forward(const ForwardArgs& args, void* stream) {
   copy_strides(args.o, p.o_strides);
   p.lse = static_cast<float*>(args.lse.data);
   copy_strides(args.lse, p.lse_strides);
-  kernels.forward(p, args.combine, static_cast<cudaStream_t>(stream));
+  kernels.forward(p, args.combine, use_hopper_family(), static_cast<cudaStream_t>(stream));
 }
 
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,

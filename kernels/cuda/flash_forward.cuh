@@ -52,6 +52,131 @@ __device__ __forceinline__ void load_a_fragment(std::uint32_t (&frag)[4], const 
   ldmatrix_x4(frag, tile + swizzled<kHeadDim>(r, step * 16 + (lane / 16) * 8));
 }
 
+// The pieces of a forward step that both kernel families share. A thread holds, for one 16-row
+// tile, kKeyTiles n-tiles of scores s[nt][0..3] (rows[0] for elements 0-1, rows[1] for 2-3, keys
+// key0 + nt * 8 + quad_col + {0, 1}) and the fp32 O accumulator of the same two rows.
+
+// Hides the keys at or past k_len and, when causal, the keys after the row's position.
+template <bool kCausal, int kKeyTiles>
+__device__ __forceinline__ void mask_scores(float (&s)[kKeyTiles][4], int key0, const int (&rows)[2],
+                                            int quad_col, const FlashParams& p) {
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + nt * 8 + quad_col + (e & 1);
+      const bool hidden = key >= p.k_len ||
+                          (kCausal && static_cast<std::int64_t>(key) > rows[e / 2] + p.shift);
+      if (hidden) s[nt][e] = -kInfinity;
+    }
+  }
+}
+
+// Online softmax: new maximum, rescale what was accumulated, exponentiate the scores in place.
+template <int kKeyTiles, int kAccTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kKeyTiles][4], float (&acc)[kAccTiles][4],
+                                               float (&row_max)[2], float (&row_sum)[2],
+                                               float scale_log2) {
+  constexpr float kNegInf = -kInfinity;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tile_max = kNegInf;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    }
+    tile_max = quad_max(tile_max);
+    const float new_max = fmaxf(row_max[r], tile_max);
+    // A row that has seen nothing yet keeps zeros: subtract 0 instead of -inf (no NaN).
+    const float base = new_max == kNegInf ? 0.f : new_max * scale_log2;
+    const float correction =
+        row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * scale_log2 - base);
+    row_max[r] = new_max;
+    float partial_sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& x = s[nt][2 * r + c];
+        x = fast_exp2(x * scale_log2 - base);
+        partial_sum += x;
+      }
+    }
+    row_sum[r] = row_sum[r] * correction + partial_sum;
+#pragma unroll
+    for (int dt = 0; dt < kAccTiles; ++dt) {
+      acc[dt][2 * r] *= correction;
+      acc[dt][2 * r + 1] *= correction;
+    }
+  }
+}
+
+// The probabilities of keys [16 kstep, 16 kstep + 16) as an A fragment (registers only).
+template <typename T, int kKeyTiles>
+__device__ __forceinline__ void probability_fragment(std::uint32_t (&a)[4],
+                                                     const float (&s)[kKeyTiles][4], int kstep) {
+  a[0] = pack2<T>(s[2 * kstep][0], s[2 * kstep][1]);
+  a[1] = pack2<T>(s[2 * kstep][2], s[2 * kstep][3]);
+  a[2] = pack2<T>(s[2 * kstep + 1][0], s[2 * kstep + 1][1]);
+  a[3] = pack2<T>(s[2 * kstep + 1][2], s[2 * kstep + 1][3]);
+}
+
+// Epilogue for the two rows a thread holds: normalise, then write O and LSE, or merge them into
+// the running fp32 pair (combine mode). Every lane of the warp must call it (quad shuffles).
+template <typename T, int kHeadDim, bool kCombine>
+__device__ __forceinline__ void store_forward_rows(const FlashParams& p, int batch, int head,
+                                                   const int (&rows)[2],
+                                                   const float (&acc)[kHeadDim / 8][4],
+                                                   const float (&row_max)[2],
+                                                   const float (&row_sum)[2], int lane) {
+  constexpr float kNegInf = -kInfinity;
+  const int quad_col = 2 * (lane % 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = rows[r];
+    const bool valid = row < p.q_len;
+    const float total = quad_sum(row_sum[r]);
+    const bool empty = !(total > 0.f);
+    const float block_lse = empty ? kNegInf : row_max[r] * p.scale + __logf(total);
+    float* lse = p.lse + batch * p.lse_strides[0] + head * p.lse_strides[1] +
+                 static_cast<std::int64_t>(valid ? row : 0) * p.lse_strides[2];
+    if constexpr (kCombine) {
+      // One lane of the quad reads and writes the running LSE; the others get it by shuffle.
+      float old_lse = (valid && lane % 4 == 0) ? *lse : kNegInf;
+      old_lse = __shfl_sync(0xffffffffu, old_lse, lane & ~3);
+      if (!valid || empty) continue;
+      float* o = static_cast<float*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
+                 head * p.o_strides[2];
+      const float merged =
+          old_lse == kNegInf
+              ? block_lse
+              : fmaxf(old_lse, block_lse) + log1pf(__expf(-fabsf(old_lse - block_lse)));
+      const float keep = old_lse == kNegInf ? 0.f : __expf(old_lse - merged);
+      const float add = __expf(block_lse - merged) / total;
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        float2* out = reinterpret_cast<float2*>(o + dt * 8 + quad_col);
+        float2 value = *out;
+        value.x = value.x * keep + acc[dt][2 * r] * add;
+        value.y = value.y * keep + acc[dt][2 * r + 1] * add;
+        *out = value;
+      }
+      if (lane % 4 == 0) *lse = merged;
+    } else {
+      if (!valid) continue;
+      T* o = static_cast<T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
+             head * p.o_strides[2];
+      const float inv = empty ? 0.f : 1.f / total;
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        *reinterpret_cast<std::uint32_t*>(o + dt * 8 + quad_col) =
+            pack2<T>(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+      }
+      if (lane % 4 == 0) *lse = block_lse;
+    }
+  }
+}
+
 template <typename T, int kHeadDim, bool kCausal, bool kCombine>
 __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     flash_forward_kernel(const FlashParams p) {
@@ -169,54 +294,13 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     if (partial || diagonal) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = key0 + nt * 8 + quad_col + (e & 1);
-            const bool hidden =
-                key >= p.k_len ||
-                (kCausal && static_cast<std::int64_t>(key) > my_rows[mt][e / 2] + p.shift);
-            if (hidden) s[mt][nt][e] = kNegInf;
-          }
-        }
+        mask_scores<kCausal>(s[mt], key0, my_rows[mt], quad_col, p);
       }
     }
 
-    // Online softmax: new maximum, rescale what was accumulated, exponentiate in place.
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile_max = kNegInf;
-#pragma unroll
-        for (int nt = 0; nt < kKeyTiles; ++nt) {
-          tile_max = fmaxf(tile_max, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-        }
-        tile_max = quad_max(tile_max);
-        const float new_max = fmaxf(row_max[mt][r], tile_max);
-        // A row that has seen nothing yet keeps zeros: subtract 0 instead of -inf (no NaN).
-        const float base = new_max == kNegInf ? 0.f : new_max * p.scale_log2;
-        const float correction =
-            row_max[mt][r] == kNegInf ? 0.f : fast_exp2(row_max[mt][r] * p.scale_log2 - base);
-        row_max[mt][r] = new_max;
-        float partial_sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            float& x = s[mt][nt][2 * r + c];
-            x = fast_exp2(x * p.scale_log2 - base);
-            partial_sum += x;
-          }
-        }
-        row_sum[mt][r] = row_sum[mt][r] * correction + partial_sum;
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          acc[mt][dt][2 * r] *= correction;
-          acc[mt][dt][2 * r + 1] *= correction;
-        }
-      }
+      online_softmax(s[mt], acc[mt], row_max[mt], row_sum[mt], p.scale_log2);
     }
 
     // O += P V: the S accumulators become A fragments without leaving registers.
@@ -224,12 +308,7 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
       std::uint32_t a[kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt][0] = pack2<T>(s[mt][2 * kstep][0], s[mt][2 * kstep][1]);
-        a[mt][1] = pack2<T>(s[mt][2 * kstep][2], s[mt][2 * kstep][3]);
-        a[mt][2] = pack2<T>(s[mt][2 * kstep + 1][0], s[mt][2 * kstep + 1][1]);
-        a[mt][3] = pack2<T>(s[mt][2 * kstep + 1][2], s[mt][2 * kstep + 1][3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) probability_fragment<T>(a[mt], s[mt], kstep);
 #pragma unroll
       for (int pair = 0; pair < kDimSteps; ++pair) {
         std::uint32_t b[4];
@@ -246,53 +325,10 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     __syncthreads();
   }
 
-  // Epilogue: normalise, then write O and LSE, or merge them into the running fp32 pair.
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = my_rows[mt][r];
-      const bool valid = row < p.q_len;
-      const float total = quad_sum(row_sum[mt][r]);
-      const bool empty = !(total > 0.f);
-      const float block_lse = empty ? kNegInf : row_max[mt][r] * p.scale + __logf(total);
-      float* lse = p.lse + batch * p.lse_strides[0] + head * p.lse_strides[1] +
-                   static_cast<std::int64_t>(valid ? row : 0) * p.lse_strides[2];
-      if constexpr (kCombine) {
-        // One lane of the quad reads and writes the running LSE; the others get it by shuffle.
-        float old_lse = (valid && lane % 4 == 0) ? *lse : kNegInf;
-        old_lse = __shfl_sync(0xffffffffu, old_lse, lane & ~3);
-        if (!valid || empty) continue;
-        float* o = static_cast<float*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
-                   head * p.o_strides[2];
-        const float merged =
-            old_lse == kNegInf
-                ? block_lse
-                : fmaxf(old_lse, block_lse) + log1pf(__expf(-fabsf(old_lse - block_lse)));
-        const float keep = old_lse == kNegInf ? 0.f : __expf(old_lse - merged);
-        const float add = __expf(block_lse - merged) / total;
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          float2* out = reinterpret_cast<float2*>(o + dt * 8 + quad_col);
-          float2 value = *out;
-          value.x = value.x * keep + acc[mt][dt][2 * r] * add;
-          value.y = value.y * keep + acc[mt][dt][2 * r + 1] * add;
-          *out = value;
-        }
-        if (lane % 4 == 0) *lse = merged;
-      } else {
-        if (!valid) continue;
-        T* o = static_cast<T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
-               head * p.o_strides[2];
-        const float inv = empty ? 0.f : 1.f / total;
-#pragma unroll
-        for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-          *reinterpret_cast<std::uint32_t*>(o + dt * 8 + quad_col) =
-              pack2<T>(acc[mt][dt][2 * r] * inv, acc[mt][dt][2 * r + 1] * inv);
-        }
-        if (lane % 4 == 0) *lse = block_lse;
-      }
-    }
+    store_forward_rows<T, kHeadDim, kCombine>(p, batch, head, my_rows[mt], acc[mt], row_max[mt],
+                                              row_sum[mt], lane);
   }
 }
 

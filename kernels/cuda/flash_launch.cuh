@@ -4,8 +4,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/flash_backward.cuh"
 #include "kernels/cuda/flash_forward.cuh"
+#include "kernels/cuda/flash_forward_sm90.cuh"
 #include "kernels/cuda/flash_launch.hpp"
 #include "src/cuda/cuda_check.hpp"
 
@@ -32,19 +35,36 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
-template <DType kDtype, int kHeadDim>
-void launch_forward(const FlashParams& p, bool combine, cudaStream_t stream) {
-  using T = typename CudaType<kDtype>::type;
-  using Tiles = ForwardTiles<kHeadDim>;
-  const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
-  constexpr int kSmem = Tiles::kSmemBytes;
-  constexpr int kThreads = Tiles::kThreads;
-  if (p.causal) {
-    if (combine) launch(flash_forward_kernel<T, kHeadDim, true, true>, grid, kThreads, kSmem, stream, p);
-    else launch(flash_forward_kernel<T, kHeadDim, true, false>, grid, kThreads, kSmem, stream, p);
+// Calls launch_one(causal, combine) with both flags as std::bool_constant, so that the caller
+// names one kernel instantiation per combination in a single expression.
+template <typename LaunchOne>
+void with_forward_flags(bool causal, bool combine, LaunchOne&& launch_one) {
+  if (causal) {
+    if (combine) launch_one(std::true_type{}, std::true_type{});
+    else launch_one(std::true_type{}, std::false_type{});
   } else {
-    if (combine) launch(flash_forward_kernel<T, kHeadDim, false, true>, grid, kThreads, kSmem, stream, p);
-    else launch(flash_forward_kernel<T, kHeadDim, false, false>, grid, kThreads, kSmem, stream, p);
+    if (combine) launch_one(std::false_type{}, std::true_type{});
+    else launch_one(std::false_type{}, std::false_type{});
+  }
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  if (hopper) {
+    using Tiles = HopperForwardTiles<kHeadDim>;
+    const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
+    with_forward_flags(p.causal, combine, [&](auto causal, auto merge) {
+      launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
+             Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+    });
+  } else {
+    using Tiles = ForwardTiles<kHeadDim>;
+    const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
+    with_forward_flags(p.causal, combine, [&](auto causal, auto merge) {
+      launch(flash_forward_kernel<T, kHeadDim, causal.value, merge.value>, grid, Tiles::kThreads,
+             Tiles::kSmemBytes, stream, p);
+    });
   }
 }
 
@@ -81,7 +101,7 @@ void launch_backward(const FlashParams& p, bool deterministic, cudaStream_t stre
 // One line per instantiation file: RINGATTN_INSTANTIATE_FLASH(ringattn::DType::bf16, 128)
 #define RINGATTN_INSTANTIATE_FLASH(dtype, head_dim)                                          \
   template void ringattn::cuda_detail::launch_forward<dtype, head_dim>(                      \
-      const ::ringattn::cuda_detail::FlashParams&, bool, cudaStream_t);                      \
+      const ::ringattn::cuda_detail::FlashParams&, bool, bool, cudaStream_t);                \
   template void ringattn::cuda_detail::launch_backward_prepare<dtype, head_dim>(             \
       const ::ringattn::cuda_detail::FlashParams&, cudaStream_t);                            \
   template void ringattn::cuda_detail::launch_backward<dtype, head_dim>(                     \

@@ -10,8 +10,9 @@
 
 namespace ringattn::cuda_detail {
 
+// `hopper`: the sm_90a family (flash_forward_sm90.cuh); the caller checks that the GPU runs it.
 template <DType kDtype, int kHeadDim>
-void launch_forward(const FlashParams& params, bool combine, cudaStream_t stream);
+void launch_forward(const FlashParams& params, bool combine, bool hopper, cudaStream_t stream);
 
 // delta = rowsum(dO * O), then dK/dV (and dQ, with atomics unless deterministic).
 template <DType kDtype, int kHeadDim>
