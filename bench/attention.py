@@ -80,8 +80,8 @@ def main():
             return json.load(open(tmp.name))
 
     mine = run_bench()
-    # The forward's sm_80 family (mma.sync) in the same run: on a Hopper GPU the default is the
-    # wgmma family, and this row says what it gains.
+    # The sm_80 kernel family (mma.sync) in the same run: on a Hopper GPU the default is the
+    # wgmma family, and these columns say what it gains.
     sm80 = {(r["seq"], r["head_dim"], r["causal"]): r for r in run_bench("sm80")["rows"]}
 
     rows = []

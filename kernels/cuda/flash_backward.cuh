@@ -56,6 +56,98 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   }
 }
 
+// Stages the statistics of query rows [row_first, row_first + kRows) of one head in shared memory:
+// LSE in log2 units and delta. A row that sees no key (LSE = -inf), or no row at all, gets +inf:
+// exp2(s - inf) = 0.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void stage_row_statistics(const FlashParams& p, int batch, int head,
+                                                     int row_first, float* lse_log2,
+                                                     float* delta) {
+  for (int r = threadIdx.x; r < kRows; r += kThreads) {
+    const int row = row_first + r;
+    float l = -kInfinity, d = 0.f;
+    if (row < p.q_len) {
+      l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
+      d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
+    }
+    lse_log2[r] = l == -kInfinity ? kInfinity : l * kLog2e;
+    delta[r] = d;
+  }
+}
+
+// P^T and dS^T = P^T (dP^T - delta) in place of S^T and dP^T, for a thread's two keys (keys[0]
+// for elements 0-1, keys[1] for 2-3) and the tile's rows row_first + nt * 8 + quad_col + {0, 1};
+// `masked`: some (key, row) pair of the tile may be hidden.
+template <bool kCausal, int kRowTiles>
+__device__ __forceinline__ void probabilities_and_ds(float (&s)[kRowTiles][4],
+                                                     float (&dp)[kRowTiles][4],
+                                                     const int (&keys)[2], int row_first,
+                                                     int quad_col, bool masked,
+                                                     const float* lse_log2, const float* delta,
+                                                     const FlashParams& p) {
+#pragma unroll
+  for (int nt = 0; nt < kRowTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = nt * 8 + quad_col + (e & 1);
+      const int key = keys[e / 2];
+      float prob = fast_exp2(s[nt][e] * p.scale_log2 - lse_log2[r]);
+      if (masked) {
+        const bool hidden = key >= p.k_len ||
+                            (kCausal && static_cast<std::int64_t>(key) > row_first + r + p.shift);
+        if (hidden) prob = 0.f;
+      }
+      s[nt][e] = prob;
+      dp[nt][e] = prob * (dp[nt][e] - delta[r]);
+    }
+  }
+}
+
+// dQ[row, d0 + 8 dt + quad_col + {0, 1}] += scale * acc for a thread's two rows (row0, row0 + 8).
+template <int kTiles>
+__device__ __forceinline__ void add_dq_atomic(const FlashParams& p, int batch, int head, int row0,
+                                              int d0, int quad_col, const float (&acc)[kTiles][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    if (row >= p.q_len) continue;
+    float* out = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] + head * p.dq_strides[2];
+#pragma unroll
+    for (int dt = 0; dt < kTiles; ++dt) {
+      add_pair_atomic(out + d0 + dt * 8 + quad_col, acc[dt][2 * half] * p.scale,
+                      acc[dt][2 * half + 1] * p.scale);
+    }
+  }
+}
+
+// dK and dV of a thread's two keys belong to its CTA alone: added into the fp32 buffers without
+// atomics (dK scaled by the softmax scale).
+template <int kHeadDim>
+__device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
+                                                  const int (&keys)[2], int quad_col,
+                                                  const float (&dk)[kHeadDim / 8][4],
+                                                  const float (&dv)[kHeadDim / 8][4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = keys[half];
+    if (key >= p.k_len) continue;
+    float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
+    float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
+#pragma unroll
+    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      float2* gk = reinterpret_cast<float2*>(out_k + dt * 8 + quad_col);
+      float2* gv = reinterpret_cast<float2*>(out_v + dt * 8 + quad_col);
+      float2 vk = *gk, vv = *gv;
+      vk.x += dk[dt][2 * half] * p.scale;
+      vk.y += dk[dt][2 * half + 1] * p.scale;
+      vv.x += dv[dt][2 * half];
+      vv.y += dv[dt][2 * half + 1];
+      *gk = vk;
+      *gv = vv;
+    }
+  }
+}
+
 template <int kHeadDim>
 struct BackwardTiles {
   // 8 warps (128 keys) share each Q / dO row tile and its dQ atomics: 2-19% faster on an H200
@@ -78,8 +170,6 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kThreads = Tiles::kThreads;
   constexpr int kDimSteps = kHeadDim / 16;
   constexpr int kRowTiles = kRows / 8;  // n-tiles of S^T
-  constexpr float kNegInf = -kInfinity;
-  constexpr float kPosInf = kInfinity;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_tile = reinterpret_cast<T*>(smem_raw);
@@ -115,17 +205,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
                                                p.q_strides[1], row_first, p.q_len);
     load_tile_async<kRows, kHeadDim, kThreads>(do_tiles + stage * kRows * kHeadDim, g,
                                                p.dout_strides[1], row_first, p.q_len);
-    for (int r = threadIdx.x; r < kRows; r += kThreads) {
-      const int row = row_first + r;
-      float l = kNegInf, d = 0.f;
-      if (row < p.q_len) {
-        l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
-        d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
-      }
-      // A row that sees no key (LSE = -inf), or no row at all, gets +inf: exp2(s - inf) = 0.
-      lse_log2[stage * kRows + r] = l == kNegInf ? kPosInf : l * kLog2e;
-      delta[stage * kRows + r] = d;
-    }
+    stage_row_statistics<kRows, kThreads>(p, batch, head, row_first, lse_log2 + stage * kRows,
+                                          delta + stage * kRows);
   };
 
   const int key_limit = min(p.k_len, key0 + kKeys);
@@ -178,34 +259,15 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     // P^T = exp2(S^T * scale * log2e - LSE * log2e), zero where hidden; dS^T = P^T (dP^T - delta).
     const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
     const bool partial = key0 + kKeys > p.k_len;
-#pragma unroll
-    for (int nt = 0; nt < kRowTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = nt * 8 + quad_col + (e & 1);
-        const int key = my_keys[e / 2];
-        float prob = fast_exp2(s[nt][e] * p.scale_log2 - lse_s[r]);
-        if (partial || diagonal) {
-          const bool hidden = key >= p.k_len ||
-                              (kCausal && static_cast<std::int64_t>(key) > row_first + r + p.shift);
-          if (hidden) prob = 0.f;
-        }
-        s[nt][e] = prob;
-        dp[nt][e] = prob * (dp[nt][e] - delta_s[r]);
-      }
-    }
+    probabilities_and_ds<kCausal>(s, dp, my_keys, row_first, quad_col, partial || diagonal, lse_s,
+                                  delta_s, p);
 
     // dV += P^T dO and dK += dS^T Q: the row index is the reduction axis.
 #pragma unroll
     for (int kstep = 0; kstep < kRows / 16; ++kstep) {
-      const std::uint32_t a_p[4] = {pack2<T>(s[2 * kstep][0], s[2 * kstep][1]),
-                                    pack2<T>(s[2 * kstep][2], s[2 * kstep][3]),
-                                    pack2<T>(s[2 * kstep + 1][0], s[2 * kstep + 1][1]),
-                                    pack2<T>(s[2 * kstep + 1][2], s[2 * kstep + 1][3])};
-      const std::uint32_t a_ds[4] = {pack2<T>(dp[2 * kstep][0], dp[2 * kstep][1]),
-                                     pack2<T>(dp[2 * kstep][2], dp[2 * kstep][3]),
-                                     pack2<T>(dp[2 * kstep + 1][0], dp[2 * kstep + 1][1]),
-                                     pack2<T>(dp[2 * kstep + 1][2], dp[2 * kstep + 1][3])};
+      std::uint32_t a_p[4], a_ds[4];
+      probability_fragment<T>(a_p, s, kstep);
+      probability_fragment<T>(a_ds, dp, kstep);
       if constexpr (kAtomicDq) {
         // Stage dS^T (the rounded values the MMAs use) for the dQ product below.
         T* ds_row0 = ds_tile + (warp * 16 + group_row) * Tiles::kDsPitch + kstep * 16 + quad_col;
@@ -251,40 +313,11 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
           mma_16816<T>(dq[2 * pair + 1], a, b[2], b[3]);
         }
       }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row_first + m0 + group_row + 8 * half;
-        if (row >= p.q_len) continue;
-        float* out = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] + head * p.dq_strides[2];
-#pragma unroll
-        for (int dt = 0; dt < kBandDims / 8; ++dt) {
-          add_pair_atomic(out + d0 + dt * 8 + quad_col, dq[dt][2 * half] * p.scale,
-                          dq[dt][2 * half + 1] * p.scale);
-        }
-      }
+      add_dq_atomic(p, batch, head, row_first + m0 + group_row, d0, quad_col, dq);
     }
   }
 
-  // dK and dV belong to this CTA alone: add them into the fp32 buffers without atomics.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = my_keys[half];
-    if (key >= p.k_len) continue;
-    float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
-    float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
-#pragma unroll
-    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-      float2* gk = reinterpret_cast<float2*>(out_k + dt * 8 + quad_col);
-      float2* gv = reinterpret_cast<float2*>(out_v + dt * 8 + quad_col);
-      float2 vk = *gk, vv = *gv;
-      vk.x += dk[dt][2 * half] * p.scale;
-      vk.y += dk[dt][2 * half + 1] * p.scale;
-      vv.x += dv[dt][2 * half];
-      vv.y += dv[dt][2 * half + 1];
-      *gk = vk;
-      *gv = vv;
-    }
-  }
+  add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
 }
 
 // Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.

@@ -1,6 +1,6 @@
 // Host side of the CUDA flash block: every check that can be made before a launch, then one
-// dispatch table over (dtype, head_dim). Causal, combine and deterministic are picked inside the
-// launchers. A second kernel family (Hopper) adds rows to the table with an architecture column.
+// dispatch table over (dtype, head_dim). Causal, combine, deterministic and the kernel family
+// (sm_80 or Hopper, use_hopper_family) are picked inside the launchers.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -26,7 +26,7 @@ struct KernelSet {
   int head_dim;
   void (*forward)(const FlashParams&, bool, bool, cudaStream_t);
   void (*prepare)(const FlashParams&, cudaStream_t);
-  void (*backward)(const FlashParams&, bool, cudaStream_t);
+  void (*backward)(const FlashParams&, bool, bool, cudaStream_t);
 };
 
 template <DType kDtype, int kHeadDim>
@@ -50,7 +50,7 @@ const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* wh
                   " with head_dim ", head_dim);
 }
 
-// The forward's kernel family: the Hopper one (wgmma) on a compute capability 9.0 GPU when the
+// The kernel family: the Hopper one (wgmma) on a compute capability 9.0 GPU when the
 // library was built for sm_90a, the sm_80 one (mma.sync) otherwise. RINGATTN_FLASH_FAMILY=sm80 in
 // the environment keeps the sm_80 family on a Hopper GPU (to compare the two, or to test both).
 bool use_hopper_family() {
@@ -218,7 +218,7 @@ void flash_backward(const BackwardArgs& args, void* stream) {
   copy_strides(args.dq, p.dq_strides);
   copy_strides(args.dk, p.dk_strides);
   copy_strides(args.dv, p.dv_strides);
-  kernels.backward(p, args.deterministic, static_cast<cudaStream_t>(stream));
+  kernels.backward(p, args.deterministic, use_hopper_family(), static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace ringattn::cuda

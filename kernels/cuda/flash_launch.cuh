@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/flash_backward.cuh"
+#include "kernels/cuda/flash_backward_sm90.cuh"
 #include "kernels/cuda/flash_forward.cuh"
 #include "kernels/cuda/flash_forward_sm90.cuh"
 #include "kernels/cuda/flash_launch.hpp"
@@ -35,15 +36,15 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
-// Calls launch_one(causal, combine) with both flags as std::bool_constant, so that the caller
+// Calls launch_one(first, second) with both flags as std::bool_constant, so that the caller
 // names one kernel instantiation per combination in a single expression.
 template <typename LaunchOne>
-void with_forward_flags(bool causal, bool combine, LaunchOne&& launch_one) {
-  if (causal) {
-    if (combine) launch_one(std::true_type{}, std::true_type{});
+void with_flags(bool first, bool second, LaunchOne&& launch_one) {
+  if (first) {
+    if (second) launch_one(std::true_type{}, std::true_type{});
     else launch_one(std::true_type{}, std::false_type{});
   } else {
-    if (combine) launch_one(std::false_type{}, std::true_type{});
+    if (second) launch_one(std::false_type{}, std::true_type{});
     else launch_one(std::false_type{}, std::false_type{});
   }
 }
@@ -54,14 +55,14 @@ void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_
   if (hopper) {
     using Tiles = HopperForwardTiles<kHeadDim>;
     const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
-    with_forward_flags(p.causal, combine, [&](auto causal, auto merge) {
+    with_flags(p.causal, combine, [&](auto causal, auto merge) {
       launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
              Tiles::kThreads, Tiles::kSmemBytes, stream, p);
     });
   } else {
     using Tiles = ForwardTiles<kHeadDim>;
     const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
-    with_forward_flags(p.causal, combine, [&](auto causal, auto merge) {
+    with_flags(p.causal, combine, [&](auto causal, auto merge) {
       launch(flash_forward_kernel<T, kHeadDim, causal.value, merge.value>, grid, Tiles::kThreads,
              Tiles::kSmemBytes, stream, p);
     });
@@ -79,20 +80,28 @@ void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
 }
 
 template <DType kDtype, int kHeadDim>
-void launch_backward(const FlashParams& p, bool deterministic, cudaStream_t stream) {
+void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  using Tiles = BackwardTiles<kHeadDim>;
-  const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
+  // The main kernel adds dQ with atomics unless deterministic; then flash_dq_kernel computes it.
+  auto main_kernel = [&](auto causal, auto atomic_dq) {
+    if (hopper) {
+      using Tiles = HopperBackwardTiles<kHeadDim>;
+      const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
+      launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
+             Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+    } else {
+      using Tiles = BackwardTiles<kHeadDim>;
+      const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
+      launch(flash_backward_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
+             Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+    }
+  };
+  with_flags(p.causal, !deterministic, main_kernel);
   if (deterministic) {
-    if (p.causal) launch(flash_backward_kernel<T, kHeadDim, true, false>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
-    else launch(flash_backward_kernel<T, kHeadDim, false, false>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
     const dim3 dq_grid((p.q_len + DqTiles::kRows - 1) / DqTiles::kRows, p.q_heads, p.batch);
     constexpr int kDqSmem = dq_smem_bytes<kHeadDim>();
     if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, DqTiles::kThreads, kDqSmem, stream, p);
     else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, DqTiles::kThreads, kDqSmem, stream, p);
-  } else {
-    if (p.causal) launch(flash_backward_kernel<T, kHeadDim, true, true>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
-    else launch(flash_backward_kernel<T, kHeadDim, false, true>, grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p);
   }
 }
 
@@ -105,4 +114,4 @@ void launch_backward(const FlashParams& p, bool deterministic, cudaStream_t stre
   template void ringattn::cuda_detail::launch_backward_prepare<dtype, head_dim>(             \
       const ::ringattn::cuda_detail::FlashParams&, cudaStream_t);                            \
   template void ringattn::cuda_detail::launch_backward<dtype, head_dim>(                     \
-      const ::ringattn::cuda_detail::FlashParams&, bool, cudaStream_t)
+      const ::ringattn::cuda_detail::FlashParams&, bool, bool, cudaStream_t)

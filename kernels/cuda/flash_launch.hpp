@@ -10,7 +10,8 @@
 
 namespace ringattn::cuda_detail {
 
-// `hopper`: the sm_90a family (flash_forward_sm90.cuh); the caller checks that the GPU runs it.
+// `hopper`: the sm_90a family (flash_forward_sm90.cuh, flash_backward_sm90.cuh); the caller
+// checks that the GPU runs it.
 template <DType kDtype, int kHeadDim>
 void launch_forward(const FlashParams& params, bool combine, bool hopper, cudaStream_t stream);
 
@@ -18,6 +19,7 @@ void launch_forward(const FlashParams& params, bool combine, bool hopper, cudaSt
 template <DType kDtype, int kHeadDim>
 void launch_backward_prepare(const FlashParams& params, cudaStream_t stream);
 template <DType kDtype, int kHeadDim>
-void launch_backward(const FlashParams& params, bool deterministic, cudaStream_t stream);
+void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
+                     cudaStream_t stream);
 
 }  // namespace ringattn::cuda_detail
