@@ -3,8 +3,8 @@
 # Usage: bench/retrieval_demo.sh OUTDIR
 #
 # configs/retrieval-16k.yaml on DEMO_RANKS ranks (cp = ranks, default 2), in two phases: DEMO_SHORT_STEPS
-# steps at a DEMO_SHORT_SEQ-token context (default 600 at 2048), then resumed at DEMO_SEQ (default
-# 16384) up to DEMO_STEPS steps in all (default 2000); every run stops after DEMO_MINUTES minutes of
+# steps at a DEMO_SHORT_SEQ-token context (default 600 at 256), then resumed at DEMO_SEQ (default
+# 16384) up to DEMO_STEPS steps in all (default 2500); every run stops after DEMO_MINUTES minutes of
 # wall time a phase at most (default 5; SIGTERM: a final checkpoint, a clean exit). Then the control,
 # the same schedule with parallel.local_attention=true (each rank attends only to its own shard),
 # unless DEMO_CONTROL=0. DEMO_SET adds --set overrides to every run ("train.lr=2e-3 ...");
@@ -20,8 +20,8 @@ export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 build="${DEMO_BUILD:-build-gpu}"
 ranks="${DEMO_RANKS:-2}"
-short_seq="${DEMO_SHORT_SEQ:-2048}" short_steps="${DEMO_SHORT_STEPS:-600}"
-seq="${DEMO_SEQ:-16384}" steps="${DEMO_STEPS:-2000}"
+short_seq="${DEMO_SHORT_SEQ:-256}" short_steps="${DEMO_SHORT_STEPS:-600}"
+seq="${DEMO_SEQ:-16384}" steps="${DEMO_STEPS:-2500}"
 minutes="${DEMO_MINUTES:-5}"
 read -r -a extra <<<"${DEMO_SET:-}"
 sets=()
