@@ -184,8 +184,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const int key0 = blockIdx.x * kKeys;
   const int kv_head = blockIdx.y, batch = blockIdx.z;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_strides[0] + kv_head * p.k_strides[2];
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_strides[0] + kv_head * p.v_strides[2];
+  const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
+  const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
   // Row tiles that see some key of this CTA: causal hides rows before key0 - shift.
   int first_tile = 0;
@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   auto issue_step = [&](int step, int stage) {
     const int head = kv_head * p.group + step / row_tiles;
     const int row_first = (first_tile + step % row_tiles) * kRows;
-    const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
-    const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2];
+    const T* q = head_slice<T>(p.q, p.q_strides, batch, head);
+    const T* g = head_slice<T>(p.dout, p.dout_strides, batch, head);
     load_tile_async<kRows, kHeadDim, kThreads>(q_tiles + stage * kRows * kHeadDim, q,
                                                p.q_strides[1], row_first, p.q_len);
     load_tile_async<kRows, kHeadDim, kThreads>(do_tiles + stage * kRows * kHeadDim, g,
@@ -347,16 +347,12 @@ __global__ void __launch_bounds__(DqTiles::kThreads) flash_dq_kernel(const Flash
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const int row0 = blockIdx.x * kRows;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
-  const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] + head * p.dout_strides[2];
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_strides[0] + kv_head * p.k_strides[2];
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_strides[0] + kv_head * p.v_strides[2];
+  const T* q = head_slice<T>(p.q, p.q_strides, batch, head);
+  const T* g = head_slice<T>(p.dout, p.dout_strides, batch, head);
+  const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
+  const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
-  int key_end = p.k_len;
-  if (kCausal) {
-    const std::int64_t last_row = min(row0 + kRows, p.q_len) - 1;
-    key_end = clamp_to(last_row + p.shift + 1, 0, p.k_len);
-  }
+  const int key_end = visible_key_end<kCausal>(p, row0, kRows);
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
   if (key_tiles == 0) return;
 

@@ -52,6 +52,22 @@ __device__ __forceinline__ void load_a_fragment(std::uint32_t (&frag)[4], const 
   ldmatrix_x4(frag, tile + swizzled<kHeadDim>(r, step * 16 + (lane / 16) * 8));
 }
 
+// The [len, head_dim] slice of (batch, head) in a [batch, len, heads, head_dim] input.
+template <typename T>
+__device__ __forceinline__ const T* head_slice(const void* base, const std::int64_t (&strides)[3],
+                                               int batch, int head) {
+  return static_cast<const T*>(base) + batch * strides[0] + head * strides[2];
+}
+
+// Keys [0, end) that some query row of [row0, row0 + rows) can see: all of them, or when causal
+// those up to the last row's position.
+template <bool kCausal>
+__device__ __forceinline__ int visible_key_end(const FlashParams& p, int row0, int rows) {
+  if (!kCausal) return p.k_len;
+  const std::int64_t last_row = min(row0 + rows, p.q_len) - 1;
+  return clamp_to(last_row + p.shift + 1, 0, p.k_len);
+}
+
 // The pieces of a forward step that both kernel families share. A thread holds, for one 16-row
 // tile, kKeyTiles n-tiles of scores s[nt][0..3] (rows[0] for elements 0-1, rows[1] for 2-3, keys
 // key0 + nt * 8 + quad_col + {0, 1}) and the fp32 O accumulator of the same two rows.
@@ -198,16 +214,12 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   const int warp_row = warp * 16 * kMTiles;  // first row of this warp within the CTA
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
 
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_strides[0] + kv_head * p.k_strides[2];
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_strides[0] + kv_head * p.v_strides[2];
+  const T* q = head_slice<T>(p.q, p.q_strides, batch, head);
+  const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
+  const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
   // Keys [0, key_end) can be seen by some row of this CTA.
-  int key_end = p.k_len;
-  if (kCausal) {
-    const std::int64_t last_row = min(row0 + kRows, p.q_len) - 1;
-    key_end = clamp_to(last_row + p.shift + 1, 0, p.k_len);
-  }
+  const int key_end = visible_key_end<kCausal>(p, row0, kRows);
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
 
   if (key_tiles > 0) {

@@ -59,15 +59,11 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
   const int row0 = blockIdx.x * kRows;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
 
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_strides[0] + head * p.q_strides[2];
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_strides[0] + kv_head * p.k_strides[2];
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_strides[0] + kv_head * p.v_strides[2];
+  const T* q = head_slice<T>(p.q, p.q_strides, batch, head);
+  const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
+  const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
-  int key_end = p.k_len;
-  if (kCausal) {
-    const std::int64_t last_row = min(row0 + kRows, p.q_len) - 1;
-    key_end = clamp_to(last_row + p.shift + 1, 0, p.k_len);
-  }
+  const int key_end = visible_key_end<kCausal>(p, row0, kRows);
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
 
   if (key_tiles > 0) {
