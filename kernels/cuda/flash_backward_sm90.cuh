@@ -122,21 +122,18 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
     // S^T = K Q^T and dP^T = V dO^T: k-step `dstep` reads columns [16 dstep, 16 dstep + 16).
     float s[kRowTiles][4], dp[kRowTiles][4];
+    auto key_rows_times_rows = [&](float (&acc)[kRowTiles][4], const T* key_rows, const T* rows) {
+#pragma unroll
+      for (int dstep = 0; dstep < kDimSteps; ++dstep) {
+        const int panel = dstep / 4, offset = (dstep % 4) * 16;
+        const std::uint64_t b = wgmma_descriptor(rows + panel * kRows * 64 + offset, 16, 1024);
+        const std::uint64_t a = wgmma_descriptor(key_rows + panel * kKeys * 64 + offset, 16, 1024);
+        wgmma_ss<kRows, T>(acc, a, b, dstep > 0 ? 1 : 0);
+      }
+    };
     wgmma_fence();
-#pragma unroll
-    for (int dstep = 0; dstep < kDimSteps; ++dstep) {
-      const int panel = dstep / 4, offset = (dstep % 4) * 16;
-      const std::uint64_t b_q = wgmma_descriptor(q_tile + panel * kRows * 64 + offset, 16, 1024);
-      const std::uint64_t a_k = wgmma_descriptor(k_rows + panel * kKeys * 64 + offset, 16, 1024);
-      wgmma_ss<kRows, T>(s, a_k, b_q, dstep > 0 ? 1 : 0);
-    }
-#pragma unroll
-    for (int dstep = 0; dstep < kDimSteps; ++dstep) {
-      const int panel = dstep / 4, offset = (dstep % 4) * 16;
-      const std::uint64_t b_do = wgmma_descriptor(do_tile + panel * kRows * 64 + offset, 16, 1024);
-      const std::uint64_t a_v = wgmma_descriptor(v_rows + panel * kKeys * 64 + offset, 16, 1024);
-      wgmma_ss<kRows, T>(dp, a_v, b_do, dstep > 0 ? 1 : 0);
-    }
+    key_rows_times_rows(s, k_rows, q_tile);
+    key_rows_times_rows(dp, v_rows, do_tile);
     wgmma_commit();
     wgmma_wait<0>();
 
