@@ -24,6 +24,39 @@ void check_unit_interval(std::string_view where, std::string_view name, double v
 
 }  // namespace
 
+AdamWScalars adamw_scalars(std::string_view where, const AdamWHyper& h, std::int64_t step,
+                           WeightDecay decay, float grad_scale) {
+  detail::check_positive(where, "step", step);
+  if (!(h.lr >= 0.0) || !std::isfinite(h.lr)) {
+    ringattn::detail::fail(where, "hyper.lr is ", h.lr, "; expected a finite value >= 0");
+  }
+  check_unit_interval(where, "hyper.beta1", h.beta1);
+  check_unit_interval(where, "hyper.beta2", h.beta2);
+  if (!(h.eps > 0.0) || !std::isfinite(h.eps)) {
+    ringattn::detail::fail(where, "hyper.eps is ", h.eps, "; expected a finite value > 0");
+  }
+  if (!(h.weight_decay >= 0.0) || !std::isfinite(h.weight_decay)) {
+    ringattn::detail::fail(where, "hyper.weight_decay is ", h.weight_decay,
+                           "; expected a finite value >= 0");
+  }
+  if (!std::isfinite(grad_scale)) {
+    ringattn::detail::fail(where, "grad_scale is ", grad_scale, "; expected a finite value");
+  }
+  AdamWScalars s{};
+  s.beta1 = static_cast<float>(h.beta1);
+  s.beta2 = static_cast<float>(h.beta2);
+  s.one_minus_beta1 = 1.0f - s.beta1;
+  s.one_minus_beta2 = 1.0f - s.beta2;
+  s.lr = static_cast<float>(h.lr);
+  s.eps = static_cast<float>(h.eps);
+  const double t = static_cast<double>(step);
+  s.correction1 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta1, t)));
+  s.correction2 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta2, t)));
+  s.keep = decay == WeightDecay::apply ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
+  s.grad_scale = grad_scale;
+  return s;
+}
+
 void adamw_step(std::span<float> params, std::span<const float> grads, std::span<float> m,
                 std::span<float> v, const AdamWHyper& h, std::int64_t step, WeightDecay decay) {
   constexpr const char* kWhere = "train::cpu::adamw_step";
@@ -33,37 +66,11 @@ void adamw_step(std::span<float> params, std::span<const float> grads, std::span
   detail::check_size(kWhere, "grads", grads, n, "params.size()");
   detail::check_size(kWhere, "m", m, n, "params.size()");
   detail::check_size(kWhere, "v", v, n, "params.size()");
-  detail::check_positive(kWhere, "step", step);
-  if (!(h.lr >= 0.0) || !std::isfinite(h.lr)) {
-    ringattn::detail::fail(kWhere, "hyper.lr is ", h.lr, "; expected a finite value >= 0");
-  }
-  check_unit_interval(kWhere, "hyper.beta1", h.beta1);
-  check_unit_interval(kWhere, "hyper.beta2", h.beta2);
-  if (!(h.eps > 0.0) || !std::isfinite(h.eps)) {
-    ringattn::detail::fail(kWhere, "hyper.eps is ", h.eps, "; expected a finite value > 0");
-  }
-  if (!(h.weight_decay >= 0.0) || !std::isfinite(h.weight_decay)) {
-    ringattn::detail::fail(kWhere, "hyper.weight_decay is ", h.weight_decay,
-                           "; expected a finite value >= 0");
-  }
-
-  const float beta1 = static_cast<float>(h.beta1), beta2 = static_cast<float>(h.beta2);
-  const float eps = static_cast<float>(h.eps), lr = static_cast<float>(h.lr);
-  const double t = static_cast<double>(step);
-  const float correction1 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta1, t)));
-  const float correction2 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta2, t)));
-  const float keep =
-      decay == WeightDecay::apply ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
-
+  const AdamWScalars s = adamw_scalars(kWhere, h, step, decay, 1.0f);
   ringattn::detail::parallel_for((n + kChunkElements - 1) / kChunkElements, [&](std::int64_t c) {
     const std::int64_t end = std::min(n, (c + 1) * kChunkElements);
     for (std::int64_t i = c * kChunkElements; i < end; ++i) {
-      const float g = grads[i];
-      const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-      const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      params[i] = params[i] * keep - lr * (mi * correction1) / (std::sqrt(vi * correction2) + eps);
+      adamw_update(params.data(), grads.data(), m.data(), v.data(), i, s);
     }
   });
 }

@@ -13,8 +13,10 @@
 //   parts  ->  scale_buffers(grads, clip_factor(global, max_norm))
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "train/op_common.hpp"
 
@@ -30,6 +32,59 @@ struct AdamWHyper {
 
 // Whether a tensor takes weight decay (matrices do; norms' gains and, by choice, embeddings not).
 enum class WeightDecay { skip, apply };
+
+// The scalars of one step, formed once in double and rounded once to float: the CPU op and its
+// CUDA twin (train/cuda/ops.hpp) update with the same values.
+struct AdamWScalars {
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float lr, eps;
+  float correction1, correction2;  // 1 / (1 - beta^t)
+  float keep;                      // 1 - lr * weight_decay where decay applies, else 1
+  float grad_scale;                // the gradient is multiplied by it first
+};
+
+// Checks the hyperparameters (errors name `where`, the value and what was expected) and forms
+// the scalars of step `step` (>= 1).
+AdamWScalars adamw_scalars(std::string_view where, const AdamWHyper& hyper, std::int64_t step,
+                           WeightDecay decay, float grad_scale);
+
+#if defined(__CUDACC__)
+#define RINGATTN_TRAIN_HOST_DEVICE __host__ __device__
+#else
+#define RINGATTN_TRAIN_HOST_DEVICE
+#endif
+
+// The update of element i, operation for operation the same on the host and the device (the
+// device's _rn intrinsics keep nvcc from contracting a multiply and an add into an FMA, so both
+// round alike); returns the new parameter.
+RINGATTN_TRAIN_HOST_DEVICE inline float adamw_update(float* params, const float* grads, float* m,
+                                                     float* v, std::int64_t i,
+                                                     const AdamWScalars& s) {
+#if defined(__CUDA_ARCH__)
+  const float g = __fmul_rn(grads[i], s.grad_scale);
+  const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, g));
+  const float vi =
+      __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  m[i] = mi;
+  v[i] = vi;
+  const float denominator = __fadd_rn(__fsqrt_rn(__fmul_rn(vi, s.correction2)), s.eps);
+  const float step = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mi, s.correction1)), denominator);
+  const float p = __fsub_rn(__fmul_rn(params[i], s.keep), step);
+#else
+  const float g = grads[i] * s.grad_scale;
+  const float mi = s.beta1 * m[i] + s.one_minus_beta1 * g;
+  const float vi = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  const float p =
+      params[i] * s.keep - s.lr * (mi * s.correction1) / (std::sqrt(vi * s.correction2) + s.eps);
+#endif
+  params[i] = p;
+  return p;
+}
+
+#undef RINGATTN_TRAIN_HOST_DEVICE
 
 // One step on one tensor: params, m, v updated in place; step counts steps taken including this
 // one (1 on the first step), for the bias correction.

@@ -253,34 +253,15 @@ __global__ void __launch_bounds__(kSumThreads)
 constexpr int kStepThreads = 256;
 constexpr std::int64_t kStepMaxBlocks = 65535;  // the grid-stride loop covers the rest
 
-// The step's scalars, formed on the host as cpu::adamw_step forms them.
-struct AdamWScalars {
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float lr, eps;
-  float correction1, correction2;  // 1 / (1 - beta^t)
-  float keep;                      // 1 - lr * weight_decay where decay applies, else 1
-  float grad_scale;
-};
-
-// cpu::adamw_step's expression, operation for operation; the _rn intrinsics keep nvcc from
-// contracting a multiply and an add into an FMA, so the result is the CPU twin's to the bit.
+// cpu::adamw_update, element by element (the same scalars, the same rounding: the result is the
+// CPU twin's to the bit).
 __global__ void __launch_bounds__(kStepThreads)
     adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
-                 std::int64_t count, AdamWScalars s) {
+                 std::int64_t count, cpu::AdamWScalars s) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kStepThreads;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStepThreads + threadIdx.x;
        i < count; i += stride) {
-    const float g = __fmul_rn(grads[i], s.grad_scale);
-    const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, g));
-    const float vi =
-        __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-    m[i] = mi;
-    v[i] = vi;
-    const float denominator = __fadd_rn(__fsqrt_rn(__fmul_rn(vi, s.correction2)), s.eps);
-    const float step = __fdiv_rn(__fmul_rn(s.lr, __fmul_rn(mi, s.correction1)), denominator);
-    const float p = __fsub_rn(__fmul_rn(params[i], s.keep), step);
-    params[i] = p;
+    const float p = cpu::adamw_update(params, grads, m, v, i, s);
     if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
   }
 }
@@ -296,12 +277,6 @@ void check_pointer(const char* where, const char* name, const void* pointer,
                    const char* memory = "device") {
   if (pointer == nullptr)
     ringattn::detail::fail(where, name, " is null; expected ", memory, " memory");
-}
-
-void check_unit_interval(const char* where, const char* name, double value) {
-  if (!(value >= 0.0 && value < 1.0)) {
-    ringattn::detail::fail(where, name, " is ", value, "; expected a value in [0, 1)");
-  }
 }
 
 // backward = false: the forward alone (dlogits and scale unused).
@@ -452,37 +427,8 @@ void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, 
   check_pointer(kWhere, "m", m);
   check_pointer(kWhere, "v", v);
   train::detail::check_positive(kWhere, "count", count);
-  train::detail::check_positive(kWhere, "step", step);
-  if (!(h.lr >= 0.0) || !std::isfinite(h.lr)) {
-    ringattn::detail::fail(kWhere, "hyper.lr is ", h.lr, "; expected a finite value >= 0");
-  }
-  check_unit_interval(kWhere, "hyper.beta1", h.beta1);
-  check_unit_interval(kWhere, "hyper.beta2", h.beta2);
-  if (!(h.eps > 0.0) || !std::isfinite(h.eps)) {
-    ringattn::detail::fail(kWhere, "hyper.eps is ", h.eps, "; expected a finite value > 0");
-  }
-  if (!(h.weight_decay >= 0.0) || !std::isfinite(h.weight_decay)) {
-    ringattn::detail::fail(kWhere, "hyper.weight_decay is ", h.weight_decay,
-                           "; expected a finite value >= 0");
-  }
-  if (!std::isfinite(grad_scale)) {
-    ringattn::detail::fail(kWhere, "grad_scale is ", grad_scale, "; expected a finite value");
-  }
-
-  // The scalars exactly as cpu::adamw_step forms them: in double, rounded once to float.
-  AdamWScalars s{};
-  s.beta1 = static_cast<float>(h.beta1);
-  s.beta2 = static_cast<float>(h.beta2);
-  s.one_minus_beta1 = 1.0f - s.beta1;
-  s.one_minus_beta2 = 1.0f - s.beta2;
-  s.lr = static_cast<float>(h.lr);
-  s.eps = static_cast<float>(h.eps);
-  const double t = static_cast<double>(step);
-  s.correction1 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta1, t)));
-  s.correction2 = static_cast<float>(1.0 / (1.0 - std::pow(h.beta2, t)));
-  s.keep =
-      decay == cpu::WeightDecay::apply ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
-  s.grad_scale = grad_scale;
+  // The scalars exactly as cpu::adamw_step forms them (the same function), checks included.
+  const cpu::AdamWScalars s = cpu::adamw_scalars(kWhere, h, step, decay, grad_scale);
   const std::int64_t blocks = std::min((count + kStepThreads - 1) / kStepThreads, kStepMaxBlocks);
   adamw_kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, stream>>>(params, params_bf16,
                                                                            grads, m, v, count, s);
