@@ -54,7 +54,7 @@ struct TrainingConfig {
   int seq_len = 256;     // tokens per sequence (the whole context, over all cp ranks)
   int batch_size = 8;    // sequences per data-parallel rank per micro-step
   int grad_accum = 1;    // micro-steps per optimizer step
-  int steps = 100;       // optimizer steps
+  int steps = 400;       // optimizer steps
   double lr = 3e-3;      // peak learning rate, after linear warmup
   double min_lr = 3e-4;  // the end of the cosine decay
   int warmup_steps = 10;
@@ -68,7 +68,7 @@ struct TrainingConfig {
   bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
   int log_every = 10;          // steps between log lines
   int eval_every = 50;         // steps between evaluations; 0: never
-  int eval_batches = 4;        // batches per evaluation
+  int eval_batches = 8;        // batches per evaluation
   int checkpoint_every = 0;    // steps between checkpoints; 0: only at the end and on a signal
   int keep_checkpoints = 3;    // the newest this many are kept
 
@@ -89,12 +89,13 @@ struct ParallelConfig {
 
 enum class DataSource { hdf5, retrieval };
 
-// The synthetic key-value retrieval task (train/retrieval_task.hpp).
+// The synthetic key-value retrieval task (train/retrieval_task.hpp); one pair and one query (the
+// default) is passkey retrieval.
 struct RetrievalConfig {
-  int pairs = 8;         // key-value pairs scattered through each sequence
+  int pairs = 1;         // key-value pairs scattered through each sequence
   int key_tokens = 1;    // tokens per key
   int value_tokens = 1;  // tokens per value (the answer of a query)
-  int queries = 8;       // queries at the end of each sequence, distinct pairs
+  int queries = 1;       // queries at the end of each sequence, distinct pairs
 
   friend bool operator==(const RetrievalConfig&, const RetrievalConfig&) = default;
 };

@@ -336,7 +336,10 @@ INSTANTIATE_TEST_SUITE_P(
                      2,
                      {"train.beta2 is 1; expected 0 <= beta2 < 1"}},
         ValidateCase{"warmup",
-                     [](TrainConfig& c) { c.train.warmup_steps = 101; },
+                     [](TrainConfig& c) {
+                       c.train.steps = 100;
+                       c.train.warmup_steps = 101;
+                     },
                      2,
                      {"train.warmup_steps (101) is more than train.steps (100)"}},
         ValidateCase{"grad_clip",
@@ -364,11 +367,18 @@ INSTANTIATE_TEST_SUITE_P(
                      2,
                      {"data.retrieval.pairs (64) is more than the 63 distinct keys"}},
         ValidateCase{"retrieval_fit",
-                     [](TrainConfig& c) { c.train.seq_len = 32; },
+                     [](TrainConfig& c) {
+                       c.data.retrieval.pairs = 8;
+                       c.data.retrieval.queries = 8;
+                       c.train.seq_len = 32;
+                     },
                      2,
                      {"need 40 tokens", "train.seq_len + 1 = 33"}},
         ValidateCase{"retrieval_queries",
-                     [](TrainConfig& c) { c.data.retrieval.queries = 9; },
+                     [](TrainConfig& c) {
+                       c.data.retrieval.pairs = 8;
+                       c.data.retrieval.queries = 9;
+                     },
                      2,
                      {"data.retrieval.queries (9) is more than data.retrieval.pairs (8)"}},
         ValidateCase{"run_dir", [](TrainConfig& c) { c.run.dir.clear(); }, 2, {"run.dir is empty"}},
