@@ -49,7 +49,6 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kDimSteps = kHeadDim / 16;  // k-steps of S^T and dP^T
   constexpr int kRowTiles = kRows / 8;      // n-tiles of S^T
   constexpr int kRowSteps = kRows / 16;     // k-steps of dV and dK
-  constexpr int kPanelRowBytes = 128;       // one row of a 64-column panel
   using KvLayout = PanelSwizzle<kKeys, kHeadDim>;
   using RowLayout = PanelSwizzle<kRows, kHeadDim>;
   using DsLayout = PanelSwizzle<kKeys, kRows>;  // dS^T: [keys][rows], rows contiguous
@@ -126,8 +125,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int dstep = 0; dstep < kDimSteps; ++dstep) {
         const int panel = dstep / 4, offset = (dstep % 4) * 16;
-        const std::uint64_t b = wgmma_descriptor(rows + panel * kRows * 64 + offset, 16, 1024);
-        const std::uint64_t a = wgmma_descriptor(key_rows + panel * kKeys * 64 + offset, 16, 1024);
+        const std::uint64_t b = k_major_descriptor(rows + panel * kRows * 64 + offset);
+        const std::uint64_t a = k_major_descriptor(key_rows + panel * kKeys * 64 + offset);
         wgmma_ss<kRows, T>(acc, a, b, dstep > 0 ? 1 : 0);
       }
     };
@@ -164,14 +163,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-      const std::uint64_t b_do =
-          wgmma_descriptor(do_tile + kstep * 16 * 64, kRows * kPanelRowBytes, 1024);
+      const std::uint64_t b_do = mn_major_descriptor(do_tile + kstep * 16 * 64, kRows);
       wgmma_rs_mn<kHeadDim, T>(dv, a_p[kstep], b_do, 1);
     }
 #pragma unroll
     for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-      const std::uint64_t b_q =
-          wgmma_descriptor(q_tile + kstep * 16 * 64, kRows * kPanelRowBytes, 1024);
+      const std::uint64_t b_q = mn_major_descriptor(q_tile + kstep * 16 * 64, kRows);
       wgmma_rs_mn<kHeadDim, T>(dk, a_ds[kstep], b_q, 1);
     }
     wgmma_commit();
@@ -190,9 +187,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int kstep = 0; kstep < kKeySteps; ++kstep) {
         const int key = dq_key + kstep * 16;
-        const std::uint64_t a_ds_t = wgmma_descriptor(ds_tile + key * kRows, 16, 1024);
+        // dS read M-major: its 64 rows are one panel, so the leading offset is unused.
+        const std::uint64_t a_ds_t = wgmma_descriptor(ds_tile + key * kRows, 16, kSwizzleAtomBytes);
         const std::uint64_t b_k =
-            wgmma_descriptor(k_tile + panel * kKeys * 64 + key * 64, kKeys * kPanelRowBytes, 1024);
+            mn_major_descriptor(k_tile + panel * kKeys * 64 + key * 64, kKeys);
         wgmma_ss_mn<64, T>(dq, a_ds_t, b_k, kstep > 0 ? 1 : 0);
       }
       wgmma_commit();

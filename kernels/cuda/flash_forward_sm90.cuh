@@ -30,7 +30,6 @@ struct HopperForwardTiles {
   static constexpr int kThreads = 128 * kWarpGroups;
   static constexpr int kRows = 64 * kWarpGroups;  // query rows per CTA
   static constexpr int kKeys = 128;               // keys per K/V stage
-  static constexpr int kPanelBytes = 64 * 2;      // one row of a 64-column panel
   // Q, then two stages of K and V (160 KiB at head_dim 128, 80 KiB at 64), plus the slack that
   // aligns the tiles to the swizzle's 1024-byte period.
   static constexpr int kSmemBytes = (kRows + 4 * kKeys) * kHeadDim * 2 + 1024;
@@ -103,8 +102,8 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
       const int panel = step / 4, offset = (step % 4) * 16;
-      const std::uint64_t a = wgmma_descriptor(q_rows + panel * kRows * 64 + offset, 16, 1024);
-      const std::uint64_t b = wgmma_descriptor(k_tile + panel * kKeys * 64 + offset, 16, 1024);
+      const std::uint64_t a = k_major_descriptor(q_rows + panel * kRows * 64 + offset);
+      const std::uint64_t b = k_major_descriptor(k_tile + panel * kKeys * 64 + offset);
       wgmma_ss<kKeys, T>(s, a, b, step > 0 ? 1 : 0);
     }
     wgmma_commit();
@@ -126,8 +125,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-      const std::uint64_t b =
-          wgmma_descriptor(v_tile + kstep * 16 * 64, kKeys * Tiles::kPanelBytes, 1024);
+      const std::uint64_t b = mn_major_descriptor(v_tile + kstep * 16 * 64, kKeys);
       wgmma_rs_mn<kHeadDim, T>(acc, probabilities[kstep], b, 1);
     }
     wgmma_commit();

@@ -41,6 +41,20 @@ __device__ __forceinline__ std::uint64_t wgmma_descriptor(const void* smem, std:
          (static_cast<std::uint64_t>((stride & 0x3FFFF) >> 4) << 32) | (std::uint64_t{1} << 62);
 }
 
+constexpr std::uint32_t kPanelRowBytes = 128;      // one row of a 64-column panel
+constexpr std::uint32_t kSwizzleAtomBytes = 1024;  // 8 panel rows: the swizzle's period
+
+// A panel-swizzled operand whose contiguous dimension is K (the descriptor's leading offset is
+// unused there), starting at `tile`.
+__device__ __forceinline__ std::uint64_t k_major_descriptor(const void* tile) {
+  return wgmma_descriptor(tile, 16, kSwizzleAtomBytes);
+}
+// A panel-swizzled operand whose contiguous dimension is M or N, with `panel_rows` rows per
+// 64-column panel (the panels' distance), starting at `tile`.
+__device__ __forceinline__ std::uint64_t mn_major_descriptor(const void* tile, int panel_rows) {
+  return wgmma_descriptor(tile, panel_rows * kPanelRowBytes, kSwizzleAtomBytes);
+}
+
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
