@@ -88,11 +88,12 @@ __device__ __forceinline__ void mask_scores(float (&s)[kKeyTiles][4], int key0, 
   }
 }
 
-// Online softmax: new maximum, rescale what was accumulated, exponentiate the scores in place.
-template <int kKeyTiles, int kAccTiles>
-__device__ __forceinline__ void online_softmax(float (&s)[kKeyTiles][4], float (&acc)[kAccTiles][4],
-                                               float (&row_max)[2], float (&row_sum)[2],
-                                               float scale_log2) {
+// Online softmax over one tile of scores: the new row maxima, the scores exponentiated in place,
+// the row sums; `correction` receives the factor that rescales what was accumulated before.
+template <int kKeyTiles>
+__device__ __forceinline__ void online_softmax_scores(float (&s)[kKeyTiles][4], float (&row_max)[2],
+                                                      float (&row_sum)[2], float scale_log2,
+                                                      float (&correction)[2]) {
   constexpr float kNegInf = -kInfinity;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -105,8 +106,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kKeyTiles][4], float (
     const float new_max = fmaxf(row_max[r], tile_max);
     // A row that has seen nothing yet keeps zeros: subtract 0 instead of -inf (no NaN).
     const float base = new_max == kNegInf ? 0.f : new_max * scale_log2;
-    const float correction =
-        row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * scale_log2 - base);
+    correction[r] = row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * scale_log2 - base);
     row_max[r] = new_max;
     float partial_sum = 0.f;
 #pragma unroll
@@ -118,13 +118,31 @@ __device__ __forceinline__ void online_softmax(float (&s)[kKeyTiles][4], float (
         partial_sum += x;
       }
     }
-    row_sum[r] = row_sum[r] * correction + partial_sum;
-#pragma unroll
-    for (int dt = 0; dt < kAccTiles; ++dt) {
-      acc[dt][2 * r] *= correction;
-      acc[dt][2 * r + 1] *= correction;
-    }
+    row_sum[r] = row_sum[r] * correction[r] + partial_sum;
   }
+}
+
+// Scales the accumulator rows a thread holds (row g and row g + 8).
+template <int kAccTiles>
+__device__ __forceinline__ void rescale_rows(float (&acc)[kAccTiles][4],
+                                             const float (&correction)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < kAccTiles; ++dt) {
+    acc[dt][0] *= correction[0];
+    acc[dt][1] *= correction[0];
+    acc[dt][2] *= correction[1];
+    acc[dt][3] *= correction[1];
+  }
+}
+
+// Online softmax: new maximum, rescale what was accumulated, exponentiate the scores in place.
+template <int kKeyTiles, int kAccTiles>
+__device__ __forceinline__ void online_softmax(float (&s)[kKeyTiles][4], float (&acc)[kAccTiles][4],
+                                               float (&row_max)[2], float (&row_sum)[2],
+                                               float scale_log2) {
+  float correction[2];
+  online_softmax_scores(s, row_max, row_sum, scale_log2, correction);
+  rescale_rows(acc, correction);
 }
 
 // The probabilities of keys [16 kstep, 16 kstep + 16) as an A fragment (registers only).

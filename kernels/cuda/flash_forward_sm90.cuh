@@ -1,17 +1,21 @@
 // The CUDA local block, forward, Hopper family (sm_90a): the same algorithm and epilogue as
-// flash_forward.cuh, with both products on warpgroup MMAs (wgmma) that read K and V straight from
-// shared memory.
+// flash_forward.cuh, with both products on warpgroup MMAs (wgmma) fed by TMA copies.
 //
-// One CTA of two warpgroups owns 128 query rows of one (batch, head); each warpgroup owns 64 of
-// them (each warp 16) and keeps their fp32 O and softmax statistics in registers. K and V tiles
-// of 128 keys stream through two shared-memory stages by cp.async: the next tile's copies run
-// while the current one is multiplied. Per tile, S = Q K^T is one chain of head_dim / 16 wgmmas
-// with both operands in shared memory (K-major); after the online softmax in registers, the
-// probabilities become A fragments in registers and O += P V is a chain of 8 wgmmas whose B, V,
-// is read MN-major (its contiguous dimension is head_dim). The two warpgroups run their
-// softmax and their MMAs independently between the per-tile barriers.
+// One CTA owns 128 query rows of one (batch, head): two consumer warpgroups of 64 rows each
+// (every warp 16), which keep their fp32 O and softmax statistics in registers, and a producer
+// warpgroup that hands most of its registers to them. One producer thread copies Q once and the
+// K and V tiles of 128 keys into a ring of shared-memory stages with TMA (128-byte swizzle, rows
+// past the end as zeros); full / empty mbarriers per stage hand each buffer between the producer
+// and the consumers, so no CTA-wide barrier stands in the loop.
+//
+// Per tile j a consumer warpgroup issues S_j = Q K_j^T (head_dim / 16 wgmmas, both operands in
+// shared memory) and then O += P_{j-1} V_{j-1} (8 wgmmas, P from registers, V read MN-major),
+// and runs the online softmax of S_j while the second product is still in flight. The two
+// warpgroups take turns to issue (two named barriers), so one's softmax overlaps the other's
+// products on the tensor cores.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,117 +23,212 @@
 #include "kernels/cuda/flash_forward.cuh"
 #include "kernels/cuda/flash_params.hpp"
 #include "kernels/cuda/mma_ptx.cuh"
-#include "kernels/cuda/smem_tile.cuh"
+#include "kernels/cuda/tma_ptx.cuh"
 #include "kernels/cuda/wgmma_ptx.cuh"
 
 namespace ringattn::cuda_detail {
 
 template <int kHeadDim>
 struct HopperForwardTiles {
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kThreads = 128 * kWarpGroups;
-  static constexpr int kRows = 64 * kWarpGroups;  // query rows per CTA
-  static constexpr int kKeys = 128;               // keys per K/V stage
-  // Q, then two stages of K and V (160 KiB at head_dim 128, 80 KiB at 64), plus the slack that
-  // aligns the tiles to the swizzle's 1024-byte period.
-  static constexpr int kSmemBytes = (kRows + 4 * kKeys) * kHeadDim * 2 + 1024;
+  static constexpr int kConsumerGroups = 2;
+  static constexpr int kConsumerThreads = 128 * kConsumerGroups;
+  static constexpr int kThreads = kConsumerThreads + 128;  // and the producer warpgroup
+  // Registers a thread: the producer gives back all but 24, the consumers take 240 (65536 in all).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kRows = 64 * kConsumerGroups;      // query rows per CTA
+  static constexpr int kKeys = 128;                       // keys per K/V stage
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : 2;
+  static constexpr int kQBytes = kRows * kHeadDim * 2;
+  static constexpr int kTileBytes = kKeys * kHeadDim * 2;  // one K or V stage
+  static constexpr int kBarriers = 1 + 4 * kStages;        // Q; full and empty of K and V
+  // Q, the K and V stages (160 KiB at head_dim 128, 144 KiB at 64) and the barriers, plus the
+  // slack that aligns the tiles to the swizzle's 1024-byte period.
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers + 1024;
 };
 
 template <typename T, int kHeadDim, bool kCausal, bool kCombine>
 __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
-    flash_forward_sm90_kernel(const FlashParams p) {
+    flash_forward_sm90_kernel(const FlashParams p, const __grid_constant__ CUtensorMap q_map,
+                              const __grid_constant__ CUtensorMap k_map,
+                              const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tiles = HopperForwardTiles<kHeadDim>;
-  constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kThreads = Tiles::kThreads;
-  constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T
-  constexpr int kKeyTiles = kKeys / 8;      // n-tiles of S
+  constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kStages = Tiles::kStages;
+  constexpr int kGroups = Tiles::kConsumerGroups;
+  constexpr int kDimSteps = kHeadDim / 16;   // k-steps of Q K^T
+  constexpr int kKeyTiles = kKeys / 8;       // n-tiles of S
+  constexpr int kPanels = kHeadDim / 64;     // 64-column panels of a tile
+  constexpr int kTileElements = kKeys * kHeadDim;
+  constexpr int kScheduleBarrier = 1;        // named barriers kScheduleBarrier + warp group
+  constexpr int kPairThreads = 256;          // one warpgroup syncs, the previous one arrives
   constexpr float kNegInf = -kInfinity;
-  using QLayout = PanelSwizzle<kRows, kHeadDim>;
-  using KvLayout = PanelSwizzle<kKeys, kHeadDim>;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   T* q_tile = reinterpret_cast<T*>(smem);
-  T* k_tiles = q_tile + kRows * kHeadDim;  // [2][kKeys * kHeadDim]
-  T* v_tiles = k_tiles + 2 * kKeys * kHeadDim;
+  T* k_tiles = q_tile + kRows * kHeadDim;  // [kStages][kKeys * kHeadDim]
+  T* v_tiles = k_tiles + kStages * kTileElements;
+  std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(v_tiles + kStages * kTileElements);
+  std::uint64_t* k_full = q_full + 1;
+  std::uint64_t* v_full = k_full + kStages;
+  std::uint64_t* k_empty = v_full + kStages;
+  std::uint64_t* v_empty = k_empty + kStages;
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
-  const int row0 = blockIdx.x * kRows;
+  // Causal: the last row blocks see the most keys; start them first so that the short ones fill
+  // the tail of the grid.
+  const int row_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int row0 = row_block * kRows;
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
-
-  const T* q = head_slice<T>(p.q, p.q_strides, batch, head);
-  const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
-  const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
   const int key_end = visible_key_end<kCausal>(p, row0, kRows);
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
 
-  if (key_tiles > 0) {
-    load_tile_async<kRows, kHeadDim, kThreads, QLayout>(q_tile, q, p.q_strides[1], row0, p.q_len);
-    load_tile_async<kKeys, kHeadDim, kThreads, KvLayout>(k_tiles, k, p.k_strides[1], 0, key_end);
-    load_tile_async<kKeys, kHeadDim, kThreads, KvLayout>(v_tiles, v, p.v_strides[1], 0, key_end);
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbarrier_init(k_full + stage, 1);
+      mbarrier_init(v_full + stage, 1);
+      mbarrier_init(k_empty + stage, 4 * kGroups);  // one arrival per consumer warp
+      mbarrier_init(v_empty + stage, 4 * kGroups);
+    }
+    mbarrier_init_fence();
   }
-  cp_async_commit();
+  __syncthreads();
 
+  if (warp_group == kGroups) {
+    // The producer: Q, then K and V of each tile once the consumers have freed its stage; one
+    // thread issues every copy.
+    warpgroup_registers_decrease<Tiles::kProducerRegisters>();
+    if (threadIdx.x % 128 == 0 && key_tiles > 0) {
+      mbarrier_arrive_expect_bytes(q_full, Tiles::kQBytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        tma_load_box(q_tile + panel * kRows * 64, &q_map, panel * 64, row0, head, batch, q_full);
+      }
+      for (int tile = 0; tile < key_tiles; ++tile) {
+        const int stage = tile % kStages, free_parity = ((tile / kStages) & 1) ^ 1;
+        const auto load = [&](T* tiles, const CUtensorMap* map, std::uint64_t* empty,
+                              std::uint64_t* full) {
+          mbarrier_wait(empty + stage, free_parity);
+          mbarrier_arrive_expect_bytes(full + stage, Tiles::kTileBytes);
+          for (int panel = 0; panel < kPanels; ++panel) {
+            tma_load_box(tiles + stage * kTileElements + panel * kKeys * 64, map, panel * 64,
+                         tile * kKeys, kv_head, batch, full + stage);
+          }
+        };
+        load(k_tiles, &k_map, k_empty, k_full);
+        load(v_tiles, &v_map, v_empty, v_full);
+      }
+    }
+    return;
+  }
+
+  warpgroup_registers_increase<Tiles::kConsumerRegisters>();
   float acc[kHeadDim / 8][4] = {};
   float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};
   const int my_rows[2] = {row0 + warp_group * 64 + warp * 16 + group_row,
                           row0 + warp_group * 64 + warp * 16 + group_row + 8};
-  // This warpgroup's 64 rows of Q: the panels start kRows * 128 bytes apart.
-  const T* q_rows = q_tile + warp_group * 64 * 64;
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
-    const int stage = tile & 1;
-    const T* k_tile = k_tiles + stage * kKeys * kHeadDim;
-    const T* v_tile = v_tiles + stage * kKeys * kHeadDim;
-    cp_async_wait<0>();
-    fence_proxy_async_shared();
-    __syncthreads();
-    // Every warpgroup has finished reading the other stage (its wgmmas were waited for).
-    if (tile + 1 < key_tiles) {
-      const int next = (stage ^ 1) * kKeys * kHeadDim;
-      load_tile_async<kKeys, kHeadDim, kThreads, KvLayout>(k_tiles + next, k, p.k_strides[1],
-                                                           (tile + 1) * kKeys, key_end);
-      load_tile_async<kKeys, kHeadDim, kThreads, KvLayout>(v_tiles + next, v, p.v_strides[1],
-                                                           (tile + 1) * kKeys, key_end);
-    }
-    cp_async_commit();
-
-    // S = Q K^T: k-step `step` reads columns [16 step, 16 step + 16), 32 bytes into its panel.
+  if (key_tiles > 0) {
+    // This warpgroup's 64 rows of Q: the panels start kRows * 128 bytes apart.
+    const T* q_rows = q_tile + warp_group * 64 * 64;
     float s[kKeyTiles][4];
-    wgmma_fence();
+    std::uint32_t probabilities[kKeys / 16][4];
+    float correction[2];
+
+    const auto release = [&](std::uint64_t* empty) {
+      if (lane == 0) mbarrier_arrive(empty);
+    };
+    // Issue turns: warpgroup g waits for g - 1 (the last one for the first), then hands on.
+    // The last warpgroup's final hand-over would have no taker and is skipped.
+    const auto wait_turn = [&] { named_barrier_sync(kScheduleBarrier + warp_group, kPairThreads); };
+    const auto hand_over = [&](int tile) {
+      if (warp_group + 1 < kGroups || tile + 1 < key_tiles) {
+        named_barrier_arrive(kScheduleBarrier + (warp_group + 1) % kGroups, kPairThreads);
+      }
+    };
+    // S = Q K^T: k-step `step` reads columns [16 step, 16 step + 16), 32 bytes into its panel.
+    const auto issue_scores = [&](int stage) {
+      const T* k_tile = k_tiles + stage * kTileElements;
+      wgmma_fence();
 #pragma unroll
-    for (int step = 0; step < kDimSteps; ++step) {
-      const int panel = step / 4, offset = (step % 4) * 16;
-      const std::uint64_t a = k_major_descriptor(q_rows + panel * kRows * 64 + offset);
-      const std::uint64_t b = k_major_descriptor(k_tile + panel * kKeys * 64 + offset);
-      wgmma_ss<kKeys, T>(s, a, b, step > 0 ? 1 : 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-
-    const int key0 = tile * kKeys;
-    const bool partial = key0 + kKeys > p.k_len;
-    const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
-    if (partial || diagonal) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
-    online_softmax(s, acc, row_max, row_sum, p.scale_log2);
-
+      for (int step = 0; step < kDimSteps; ++step) {
+        const int panel = step / 4, offset = (step % 4) * 16;
+        const std::uint64_t a = k_major_descriptor(q_rows + panel * kRows * 64 + offset);
+        const std::uint64_t b = k_major_descriptor(k_tile + panel * kKeys * 64 + offset);
+        wgmma_ss<kKeys, T>(s, a, b, step > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
     // O += P V: k-step `kstep` covers keys [16 kstep, 16 kstep + 16), 2048 bytes into the panels;
     // V's 64-column panels are kKeys * 128 bytes apart.
-    std::uint32_t probabilities[kKeys / 16][4];
+    const auto issue_values = [&](int stage) {
+      const T* v_tile = v_tiles + stage * kTileElements;
+      wgmma_fence();
 #pragma unroll
-    for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-      probability_fragment<T>(probabilities[kstep], s, kstep);
-    }
-    wgmma_fence();
+      for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
+        const std::uint64_t b = mn_major_descriptor(v_tile + kstep * 16 * 64, kKeys);
+        wgmma_rs_mn<kHeadDim, T>(acc, probabilities[kstep], b, 1);
+      }
+      wgmma_commit();
+    };
+    const auto softmax = [&](int tile) {
+      const int key0 = tile * kKeys;
+      const bool partial = key0 + kKeys > p.k_len;
+      const bool diagonal =
+          kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
+      if (partial || diagonal) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
+      online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
+    };
+    const auto to_probabilities = [&] {
 #pragma unroll
-    for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-      const std::uint64_t b = mn_major_descriptor(v_tile + kstep * 16 * 64, kKeys);
-      wgmma_rs_mn<kHeadDim, T>(acc, probabilities[kstep], b, 1);
+      for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
+        probability_fragment<T>(probabilities[kstep], s, kstep);
+      }
+    };
+
+    mbarrier_wait(q_full, 0);
+    if (warp_group == kGroups - 1) {
+      named_barrier_arrive(kScheduleBarrier, kPairThreads);  // the first turn is group 0's
     }
-    wgmma_commit();
+    mbarrier_wait(k_full, 0);
+    wait_turn();
+    issue_scores(0);
+    hand_over(0);
     wgmma_wait<0>();
+    pin_registers(s);
+    release(k_empty);
+    softmax(0);
+    to_probabilities();
+
+    for (int tile = 1; tile < key_tiles; ++tile) {
+      const int stage = tile % kStages, parity = (tile / kStages) & 1;
+      const int previous = (tile - 1) % kStages, previous_parity = ((tile - 1) / kStages) & 1;
+      mbarrier_wait(k_full + stage, parity);
+      wait_turn();
+      issue_scores(stage);
+      rescale_rows(acc, correction);
+      mbarrier_wait(v_full + previous, previous_parity);
+      issue_values(previous);
+      hand_over(tile);
+      wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+      pin_registers(s);
+      release(k_empty + stage);
+      softmax(tile);
+      wgmma_wait<0>();
+      pin_registers(acc);
+      release(v_empty + previous);
+      to_probabilities();
+    }
+
+    const int last = key_tiles - 1;
+    rescale_rows(acc, correction);
+    mbarrier_wait(v_full + last % kStages, (last / kStages) & 1);
+    issue_values(last % kStages);
+    wgmma_wait<0>();
+    pin_registers(acc);
   }
 
   store_forward_rows<T, kHeadDim, kCombine>(p, batch, head, my_rows, acc, row_max, row_sum, lane);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/flash_forward.cuh"
 #include "kernels/cuda/flash_forward_sm90.cuh"
 #include "kernels/cuda/flash_launch.hpp"
+#include "kernels/cuda/tma_descriptor.hpp"
 #include "src/cuda/cuda_check.hpp"
 
 namespace ringattn::cuda_detail {
@@ -27,12 +28,12 @@ struct CudaType<DType::f16> {
 };
 
 // Raises the kernel's dynamic shared memory limit (needed above 48 KiB) and launches it.
-template <typename Kernel>
+template <typename Kernel, typename... Args>
 void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-            const FlashParams& params) {
+            const Args&... args) {
   RINGATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<grid, threads, smem_bytes, stream>>>(params);
+  kernel<<<grid, threads, smem_bytes, stream>>>(args...);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
@@ -52,12 +53,21 @@ void with_flags(bool first, bool second, LaunchOne&& launch_one) {
 template <DType kDtype, int kHeadDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  if (hopper) {
-    using Tiles = HopperForwardTiles<kHeadDim>;
-    const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
+  using HopperTiles = HopperForwardTiles<kHeadDim>;
+  CUtensorMap q_map, k_map, v_map;
+  // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
+  // sm_80 kernel.
+  if (hopper &&
+      make_row_tile_map(q_map, p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
+                        HopperTiles::kRows) &&
+      make_row_tile_map(k_map, p.k, p.k_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
+                        HopperTiles::kKeys) &&
+      make_row_tile_map(v_map, p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
+                        HopperTiles::kKeys)) {
+    const dim3 grid((p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows, p.q_heads, p.batch);
     with_flags(p.causal, combine, [&](auto causal, auto merge) {
       launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
-             Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+             HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, q_map, k_map, v_map);
     });
   } else {
     using Tiles = ForwardTiles<kHeadDim>;

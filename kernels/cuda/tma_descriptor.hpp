@@ -1,0 +1,18 @@
+// Tensor maps (TMA descriptors) for the Hopper kernels: one per strided [batch, len, heads,
+// head_dim] input of FlashParams, made on the host before a launch.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace ringattn::cuda_detail {
+
+// Describes the 16-bit view at `base` (strides in elements: batch, row, head; unit stride along
+// head_dim) for copies of boxes of [box_rows, 64] elements into the 128-byte swizzle; rows past
+// `len` read as zeros. Returns false when the driver cannot describe the view (no TMA entry point,
+// or strides it cannot take); the caller then uses a kernel that does not need one.
+bool make_row_tile_map(CUtensorMap& map, const void* base, const std::int64_t (&strides)[3],
+                       int batch, int len, int heads, int head_dim, int box_rows);
+
+}  // namespace ringattn::cuda_detail
