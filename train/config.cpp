@@ -229,6 +229,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.grad_clip),
       RINGATTN_CONFIG_KEY(train.seed),
       RINGATTN_CONFIG_KEY(train.recompute),
+      RINGATTN_CONFIG_KEY(train.recompute_attention),
       RINGATTN_CONFIG_KEY(train.deterministic),
       RINGATTN_CONFIG_KEY(train.log_every),
       RINGATTN_CONFIG_KEY(train.eval_every),
@@ -639,6 +640,12 @@ void validate(const TrainConfig& config, int world_size) {
   p.unit_interval("train.beta2", t.beta2);
   p.positive("train.adam_eps", t.adam_eps);
   p.at_least("train.grad_clip", t.grad_clip, 0.0);
+  if (t.recompute_attention && !t.recompute) {
+    p.add(
+        "train.recompute_attention is true but train.recompute is false; the attention is "
+        "recomputed only as part of recomputation: set train.recompute to true or "
+        "train.recompute_attention to false");
+  }
   p.at_least("train.log_every", t.log_every, 1);
   p.at_least("train.eval_every", t.eval_every, 0);
   p.at_least("train.eval_batches", t.eval_batches, 1);

@@ -14,9 +14,13 @@
 // loss-mask sum over every rank and micro-batch of the step), and all-reduces (sums) the
 // gradients over every rank that holds the same parameters (the cp group and the dp replicas).
 //
-// Recomputation (ModelOptions::recompute) keeps only each block's input through the forward and
-// runs the block's forward again (ring attention included) before its backward: the activations
-// of one block instead of L, at the cost of a second forward. The result is bitwise the same.
+// Recomputation (ModelOptions::recompute) keeps only each block's input, attention output and LSE
+// through the forward, and runs the rest of the block's forward again before its backward
+// (rmsnorm, wqkv and RoPE, whose q, k, v the attention backward reads, then wo and the MLP): the
+// activations of one block instead of L, at the cost of a second forward without its costliest
+// part, the ring attention. ModelOptions::recompute_attention runs the ring attention again too
+// and keeps nothing but each block's input: the least memory. The result is bitwise the same in
+// every mode.
 //
 // Every call is collective over the cp communicator (the ring).
 #pragma once
@@ -48,6 +52,9 @@ struct ShardBatch {
 
 struct ModelOptions {
   bool recompute = false;      // keep one block's activations, recompute the others
+  // With recompute: run the ring attention again too, instead of keeping every block's attention
+  // output and LSE.
+  bool recompute_attention = false;
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU backend always is)
   // Attention within each rank's shard only (parallel.local_attention): a control.
   bool local_attention = false;
@@ -157,15 +164,17 @@ class Model final : public TrainModel {
 
  private:
   struct Layer {
-    Buffer<Acc> inv1, lse, inv2;
-    Buffer<Act> h1, qkv, o, x_mid, h2, gu, act;
+    Buffer<Acc> inv1, inv2;
+    Buffer<Act> h1, qkv, x_mid, h2, gu, act;
   };
   struct LayerParams {
     std::size_t attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down;
   };
   void allocate_layer(Layer& layer);
-  // The forward of block l from its input x_in_[l] into `L`, and (write_output) x_in_[l + 1].
-  void layer_forward(std::size_t l, Layer& L, bool write_output);
+  // The forward of block l from its input x_in_[l] into `L`, its attention output and LSE, and
+  // x_in_[l + 1]. Recomputing (before the block's backward) writes only `L`, and reads the
+  // attention output where every block keeps its own instead of running the ring again.
+  void layer_forward(std::size_t l, Layer& L, bool recomputing);
   void run_forward(const ShardBatch& batch);
   // The output head and the loss, chunk by chunk over the tokens; with_grad also adds the head's
   // gradient and writes dh_ (the gradient of the final norm's output).
@@ -178,7 +187,11 @@ class Model final : public TrainModel {
   const Act* weight(std::size_t i) const;  // what the GEMMs read
   void refresh_weights();                  // the bf16 copy after a change of the parameters
   TensorView view(const void* data, DType dtype, std::int64_t heads, std::int64_t stride) const;
-  RingForwardArgs ring_forward_args(Layer& L);
+  // Whether every block keeps its attention output and LSE (one pair is shared when recomputation
+  // runs the ring attention again), and which pair is block l's.
+  bool keeps_attention() const { return !options_.recompute || !options_.recompute_attention; }
+  std::size_t attention_slot(std::size_t l) const { return keeps_attention() ? l : 0; }
+  RingForwardArgs ring_forward_args(std::size_t l, Layer& L);
 
   ModelShape shape_;
   ModelConfig config_;
@@ -194,9 +207,12 @@ class Model final : public TrainModel {
   std::vector<std::int64_t> positions_;
   std::size_t emb_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerParams> lp_;
-  // Activations: the input of every block (x_in_[L] is the final norm's input), and the rest of
-  // every block's (L of them, or one when recomputing).
+  // Activations: the input of every block (x_in_[L] is the final norm's input), the attention
+  // output and LSE of every block (one pair when recomputing the attention), and the rest of every
+  // block's (L of them, or one when recomputing).
   std::vector<Buffer<Act>> x_in_;
+  std::vector<Buffer<Act>> attn_o_;
+  std::vector<Buffer<Acc>> attn_lse_;
   std::vector<Layer> layers_;
   Buffer<Acc> inv_f_;
   Buffer<Act> hf_, logits_;  // logits_: [loss chunk, vocab]

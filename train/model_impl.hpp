@@ -84,7 +84,12 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
   const std::int64_t row = qkv_width();
   for (std::int64_t l = 0; l <= shape_.layers; ++l) x_in_.emplace_back(n * d);
-  layers_.resize(options_.recompute ? std::min<std::int64_t>(1, shape_.layers) : shape_.layers);
+  const std::int64_t one_or_none = std::min<std::int64_t>(1, shape_.layers);
+  for (std::int64_t l = 0; l < (keeps_attention() ? shape_.layers : one_or_none); ++l) {
+    attn_o_.emplace_back(n * shape_.q_heads * hd);
+    attn_lse_.emplace_back(n * shape_.q_heads);
+  }
+  layers_.resize(options_.recompute ? one_or_none : shape_.layers);
   for (Layer& L : layers_) allocate_layer(L);
   inv_f_ = Buffer<Acc>(n);
   hf_ = Buffer<Act>(n * d);
@@ -116,11 +121,9 @@ void Model<B>::allocate_layer(Layer& L) {
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
   const std::int64_t row = qkv_width();
   L.inv1 = Buffer<Acc>(n);
-  L.lse = Buffer<Acc>(n * shape_.q_heads);
   L.inv2 = Buffer<Acc>(n);
   L.h1 = Buffer<Act>(n * d);
   L.qkv = Buffer<Act>(n * row);
-  L.o = Buffer<Act>(n * shape_.q_heads * hd);
   L.x_mid = Buffer<Act>(n * d);
   L.h2 = Buffer<Act>(n * d);
   L.gu = Buffer<Act>(n * 2 * f);
@@ -190,15 +193,17 @@ TensorView Model<B>::view(const void* data, DType dtype, std::int64_t heads,
 }
 
 template <class B>
-RingForwardArgs Model<B>::ring_forward_args(Layer& L) {
+RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
   const std::int64_t hd = shape_.head_dim, hq = shape_.q_heads, hkv = shape_.kv_heads;
   const std::int64_t row = qkv_width();
+  const std::size_t a = attention_slot(l);
   RingForwardArgs args;
   args.q = view(L.qkv.data(), B::act_dtype, hq, row);
   args.k = view(L.qkv.data() + hq * hd, B::act_dtype, hkv, row);
   args.v = view(L.qkv.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
-  args.o = view(L.o.data(), B::act_dtype, hq, hq * hd);
-  args.lse = TensorView::contiguous(L.lse.data(), B::acc_dtype, {batch_, hq, local_len_}, B::memory);
+  args.o = view(attn_o_[a].data(), B::act_dtype, hq, hq * hd);
+  args.lse = TensorView::contiguous(attn_lse_[a].data(), B::acc_dtype, {batch_, hq, local_len_},
+                                    B::memory);
   args.scale = 1.0 / std::sqrt(static_cast<double>(hd));
   args.causal = true;
   args.stream = backend_->stream();
@@ -206,7 +211,7 @@ RingForwardArgs Model<B>::ring_forward_args(Layer& L) {
 }
 
 template <class B>
-void Model<B>::layer_forward(std::size_t l, Layer& L, bool write_output) {
+void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   B& be = *backend_;
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
@@ -219,16 +224,17 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool write_output) {
   be.matmul_forward(L.qkv.data(), L.h1.data(), weight(P.wqkv), {n, d, row}, Write::overwrite);
   be.rope_forward(L.qkv.data(), {n, hq, hd, row});
   be.rope_forward(L.qkv.data() + hq * hd, {n, hkv, hd, row});
-  ring_.forward(ring_forward_args(L));
+  if (!recomputing || !keeps_attention()) ring_.forward(ring_forward_args(l, L));
   // x_mid = x_in + o W_o^T
   be.copy(L.x_mid.data(), x_in, n * d);
-  be.matmul_forward(L.x_mid.data(), L.o.data(), weight(P.wo), {n, hq * hd, d}, Write::add);
+  be.matmul_forward(L.x_mid.data(), attn_o_[attention_slot(l)].data(), weight(P.wo),
+                    {n, hq * hd, d}, Write::add);
   be.rmsnorm_forward(L.h2.data(), L.inv2.data(), L.x_mid.data(), master(P.mlp_norm), {n, d},
                      config_.norm_eps);
   be.matmul_forward(L.gu.data(), L.h2.data(), weight(P.w_gate_up), {n, d, 2 * f},
                     Write::overwrite);
   be.swiglu_forward(L.act.data(), L.gu.data(), {n, f});
-  if (write_output) {
+  if (!recomputing) {
     Act* out = x_in_[l + 1].data();
     be.copy(out, L.x_mid.data(), n * d);
     be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add);
@@ -252,7 +258,7 @@ void Model<B>::run_forward(const ShardBatch& batch) {
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
   be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d});
   for (std::size_t l = 0; l < lp_.size(); ++l) {
-    layer_forward(l, layers_[options_.recompute ? 0 : l], true);
+    layer_forward(l, layers_[options_.recompute ? 0 : l], false);
   }
   be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
                      config_.norm_eps);
@@ -305,7 +311,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                       master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
   for (std::size_t l = lp_.size(); l-- > 0;) {
     Layer& L = layers_[options_.recompute ? 0 : l];
-    if (options_.recompute) layer_forward(l, L, false);
+    if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];
     // out = x_mid + act W_down^T
     be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
@@ -319,10 +325,11 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
                         master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
     // x_mid = x_in + o W_o^T
-    be.matmul_backward_weight(grad(P.wo), dx_.data(), L.o.data(), {n, hq * hd, d}, Write::add);
+    be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
+                              {n, hq * hd, d}, Write::add);
     be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
                              Write::overwrite);
-    const RingForwardArgs fwd = ring_forward_args(L);
+    const RingForwardArgs fwd = ring_forward_args(l, L);
     Acc* dqkv_acc;
     if constexpr (std::is_same_v<Act, Acc>) {
       dqkv_acc = dqkv_.data();
@@ -413,8 +420,8 @@ std::string Model<B>::first_non_finite_tensor() {
     if (!options_.recompute) {
       const Layer& L = layers_[l];
       const std::pair<const Act*, std::int64_t> kept[] = {
-          {L.h1.data(), n * d},           {L.qkv.data(), n * row}, {L.o.data(), n * hq * hd},
-          {L.x_mid.data(), n * d},        {L.h2.data(), n * d},    {L.gu.data(), n * 2 * f},
+          {L.h1.data(), n * d},    {L.qkv.data(), n * row}, {attn_o_[l].data(), n * hq * hd},
+          {L.x_mid.data(), n * d}, {L.h2.data(), n * d},    {L.gu.data(), n * 2 * f},
           {L.act.data(), n * f}};
       const char* names[] = {"attn_norm output", "wqkv output (after RoPE)", "attention output",
                              "attention residual", "mlp_norm output", "w_gate_up output",
@@ -422,6 +429,8 @@ std::string Model<B>::first_non_finite_tensor() {
       for (std::size_t k = 0; k < std::size(kept); ++k) {
         if (!finite(kept[k].first, kept[k].second)) return p + names[k];
       }
+    } else if (keeps_attention() && !finite(attn_o_[l].data(), n * hq * hd)) {
+      return p + "attention output";  // the one activation of a block that recomputation keeps
     }
     if (!finite(x_in_[l + 1].data(), n * d)) return p + "output";
   }

@@ -158,6 +158,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.ranges = shard_ranges(config.train.seq_len, s.cp, s.cp_rank, config.parallel.layout);
   ModelOptions model_options;
   model_options.recompute = config.train.recompute;
+  model_options.recompute_attention = config.train.recompute_attention;
   model_options.deterministic = config.train.deterministic;
   model_options.local_attention = config.parallel.local_attention;
   if (s.backend == Backend::cuda) {
@@ -205,7 +206,11 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     s.log("ringattn-train: world " + std::to_string(s.world->size()) + " = dp " +
           std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
           std::string(layout_name(config.parallel.layout)) + "), backend " +
-          s.model->backend_name() + (config.train.recompute ? " (recompute)" : "") +
+          s.model->backend_name() +
+          (config.train.recompute
+               ? (config.train.recompute_attention ? " (recompute, attention included)"
+                                                   : " (recompute)")
+               : "") +
           (config.parallel.local_attention ? ", attention within each shard only (control)" : "") +
           ", " +
           std::to_string(parameter_count()) + " parameters, data " +

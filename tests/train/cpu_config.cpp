@@ -30,7 +30,7 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 45u);
+  EXPECT_EQ(keys.size(), 46u);
   for (const char* key :
        {"model.head_dim", "train.lr", "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
@@ -61,6 +61,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.grad_clip = real(2.0);
   c.train.seed = rng();
   c.train.recompute = true;
+  c.train.recompute_attention = true;
   c.train.deterministic = true;
   c.train.log_every = integer(11, 99);
   c.train.eval_every = integer(51, 999);
@@ -120,16 +121,18 @@ TEST(Config, FileSetsOnlyWhatItNames) {
 
 TEST(Config, OverridesSetEveryKind) {
   TrainConfig c;
-  apply_overrides(c, std::vector<std::string>{
-                         "train.lr=3e-4", "train.steps=20", "model.head_dim=32",
-                         "train.recompute=true", "parallel.layout=contiguous",
-                         "data.retrieval.pairs=16", "run.resume=latest", "data.train_path=a=b.h5",
-                         "train.seed=18446744073709551615", "run.backend=cpu", "data.source=hdf5"});
+  apply_overrides(
+      c, std::vector<std::string>{
+             "train.lr=3e-4", "train.steps=20", "model.head_dim=32", "train.recompute=true",
+             "train.recompute_attention=true", "parallel.layout=contiguous",
+             "data.retrieval.pairs=16", "run.resume=latest", "data.train_path=a=b.h5",
+             "train.seed=18446744073709551615", "run.backend=cpu", "data.source=hdf5"});
   EXPECT_EQ(c.train.lr, 3e-4);
   EXPECT_EQ(c.train.steps, 20);
   EXPECT_EQ(c.model.head_dim, 32);
   EXPECT_EQ(c.model.resolved_head_dim(), 32);
   EXPECT_TRUE(c.train.recompute);
+  EXPECT_TRUE(c.train.recompute_attention);
   EXPECT_EQ(c.parallel.layout, ShardLayout::contiguous);
   EXPECT_EQ(c.data.retrieval.pairs, 16);
   EXPECT_EQ(c.run.resume, "latest");
@@ -202,6 +205,9 @@ INSTANTIATE_TEST_SUITE_P(
         ReadCase{"not_bool",
                  "train:\n  recompute: yes\n",
                  {"train.recompute is 'yes'; expected true or false"}},
+        ReadCase{"recompute_attention",
+                 "train:\n  recompute_attention: 1\n",
+                 {"my.yaml:2: ", "train.recompute_attention is '1'; expected true or false"}},
         ReadCase{"not_choice",
                  "parallel:\n  layout: zigzg\n",
                  {"parallel.layout is 'zigzg'; expected one of zigzag, contiguous"}},
@@ -346,6 +352,11 @@ INSTANTIATE_TEST_SUITE_P(
                      [](TrainConfig& c) { c.train.grad_clip = -1.0; },
                      2,
                      {"train.grad_clip is -1; expected at least 0"}},
+        ValidateCase{"recompute_attention",
+                     [](TrainConfig& c) { c.train.recompute_attention = true; },
+                     2,
+                     {"train.recompute_attention is true but train.recompute is false",
+                      "set train.recompute to true or train.recompute_attention to false"}},
         ValidateCase{"keep",
                      [](TrainConfig& c) { c.train.keep_checkpoints = 0; },
                      2,
@@ -403,6 +414,17 @@ TEST(Config, HeadDimGivenLiftsTheDivisibilityRule) {
   c.parallel.cp = 3;
   c.train.seq_len = 255;
   EXPECT_NO_THROW(validate(c, 3));
+}
+
+// train.recompute_attention is off by default, and valid on with train.recompute (the
+// combination without it is among the validation errors above).
+TEST(Config, RecomputeAttentionGoesWithRecompute) {
+  EXPECT_FALSE(TrainConfig{}.train.recompute_attention);
+  const TrainConfig c =
+      load_config_string("train:\n  recompute: true\n  recompute_attention: true\n", "<yaml>");
+  EXPECT_TRUE(c.train.recompute);
+  EXPECT_TRUE(c.train.recompute_attention);
+  EXPECT_NO_THROW(validate(c, 2));
 }
 
 // The cuda backend's limits name the keys; the embedded GPU default passes them and the rules of

@@ -200,7 +200,9 @@ TEST(TrainTiny, NonFiniteLossNamesTheStep) {
 }
 
 // Recomputation runs each block's forward again before its backward, from the block's saved
-// input: the losses are bitwise those of the run that keeps every activation.
+// input and, unless train.recompute_attention, its kept attention output and LSE: the losses are
+// bitwise those of the run that keeps every activation, with or without the ring attention
+// recomputed.
 TEST(TrainTiny, RecomputeGivesBitwiseTheSameLosses) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   TrainConfig config = tiny_config();
@@ -209,9 +211,13 @@ TEST(TrainTiny, RecomputeGivesBitwiseTheSameLosses) {
   const std::vector<double> kept = losses_of(config, world);
   config.train.recompute = true;
   const std::vector<double> recomputed = losses_of(config, world);
+  config.train.recompute_attention = true;
+  const std::vector<double> attention_recomputed = losses_of(config, world);
   ASSERT_EQ(kept.size(), recomputed.size());
+  ASSERT_EQ(kept.size(), attention_recomputed.size());
   for (std::size_t i = 0; i < kept.size(); ++i) {
     EXPECT_EQ(kept[i], recomputed[i]) << "step " << i + 1;
+    EXPECT_EQ(kept[i], attention_recomputed[i]) << "step " << i + 1 << ", attention recomputed";
   }
   EXPECT_LT(kept.back(), kept.front());
 }
