@@ -56,22 +56,26 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   }
 }
 
-// Stages the statistics of query rows [row_first, row_first + kRows) of one head in shared memory:
-// LSE in log2 units and delta. A row that sees no key (LSE = -inf), or no row at all, gets +inf:
-// exp2(s - inf) = 0.
+// The statistics of query row `row` of one head: LSE in log2 units and delta. A row that sees no
+// key (LSE = -inf), or no row at all, gets +inf: exp2(s - inf) = 0.
+__device__ __forceinline__ void row_statistics(const FlashParams& p, int batch, int head, int row,
+                                               float& lse_log2, float& delta) {
+  float l = -kInfinity, d = 0.f;
+  if (row < p.q_len) {
+    l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
+    d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
+  }
+  lse_log2 = l == -kInfinity ? kInfinity : l * kLog2e;
+  delta = d;
+}
+
+// Stages the statistics of query rows [row_first, row_first + kRows) of one head in shared memory.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void stage_row_statistics(const FlashParams& p, int batch, int head,
                                                      int row_first, float* lse_log2,
                                                      float* delta) {
   for (int r = threadIdx.x; r < kRows; r += kThreads) {
-    const int row = row_first + r;
-    float l = -kInfinity, d = 0.f;
-    if (row < p.q_len) {
-      l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
-      d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
-    }
-    lse_log2[r] = l == -kInfinity ? kInfinity : l * kLog2e;
-    delta[r] = d;
+    row_statistics(p, batch, head, row_first + r, lse_log2[r], delta[r]);
   }
 }
 

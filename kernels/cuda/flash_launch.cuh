@@ -92,13 +92,27 @@ void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
 template <DType kDtype, int kHeadDim>
 void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
+  using HopperTiles = HopperBackwardTiles<kHeadDim>;
+  CUtensorMap k_map, v_map, q_map, do_map;
+  // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
+  // sm_80 kernel.
+  const bool tma = hopper &&
+                   make_row_tile_map(k_map, p.k, p.k_strides, p.batch, p.k_len, p.kv_heads,
+                                     kHeadDim, HopperTiles::kKeys) &&
+                   make_row_tile_map(v_map, p.v, p.v_strides, p.batch, p.k_len, p.kv_heads,
+                                     kHeadDim, HopperTiles::kKeys) &&
+                   make_row_tile_map(q_map, p.q, p.q_strides, p.batch, p.q_len, p.q_heads,
+                                     kHeadDim, HopperTiles::kRows) &&
+                   make_row_tile_map(do_map, p.dout, p.dout_strides, p.batch, p.q_len, p.q_heads,
+                                     kHeadDim, HopperTiles::kRows);
   // The main kernel adds dQ with atomics unless deterministic; then flash_dq_kernel computes it.
   auto main_kernel = [&](auto causal, auto atomic_dq) {
-    if (hopper) {
-      using Tiles = HopperBackwardTiles<kHeadDim>;
-      const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
+    if (tma) {
+      const dim3 grid((p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys, p.kv_heads,
+                      p.batch);
       launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
-             Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+             HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, k_map, v_map, q_map,
+             do_map);
     } else {
       using Tiles = BackwardTiles<kHeadDim>;
       const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
