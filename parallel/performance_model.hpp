@@ -15,7 +15,9 @@ struct RingPlanInput {
   std::int64_t head_dim = 128;
   bool causal = true;
   bool zigzag = true;
-  double attention_tflops = 220;    // achieved by the local block on full blocks
+  // Achieved by the local block, forward + backward on a whole problem: 403 on an H200 at 128k
+  // causal, 16 heads of 128 (bench/results/ring-bench-2xh200-2026-11-30.md, 54df0ae).
+  double attention_tflops = 400;
   double link_gbytes_per_s = 205;   // one direction, per rank (NVLink pair: ~205 at 64 MiB)
   double memory_gib = 139;          // free device memory per rank
   int element_bytes = 2;            // bf16 / f16

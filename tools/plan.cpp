@@ -3,7 +3,7 @@
 // sequence whose attention (forward + backward) fits in the GPUs' memory.
 //
 //   ringattn-plan --ranks 2 --seq 131072 --heads 16 --head-dim 128 --causal \
-//       --tflops 220 --link-gbps 205 --memory-gib 139
+//       --tflops 400 --link-gbps 205 --memory-gib 139
 #include <CLI/CLI.hpp>
 
 #include <cstdio>

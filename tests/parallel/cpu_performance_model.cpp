@@ -29,11 +29,11 @@ TEST(PerformanceModel, DesignExampleHidesFromAboutTwoThousandTokens) {
 }
 
 TEST(PerformanceModel, StepTimesFollowFromFlopsAndBytes) {
-  RingPlanInput in;  // 2 ranks, 128k, 16 x 128, causal zigzag, 220 TFLOP/s, 205 GB/s
+  RingPlanInput in;  // 2 ranks, 128k, 16 x 128, causal zigzag, 400 TFLOP/s, 205 GB/s
   const RingPlan p = plan_ring(in);
   const double c = 65536;
   EXPECT_EQ(p.tokens_per_rank, 65536);
-  EXPECT_NEAR(p.forward_compute_ms, 0.5 * 4 * c * c * 128 * 16 / 220e12 * 1e3, 1e-9);
+  EXPECT_NEAR(p.forward_compute_ms, 0.5 * 4 * c * c * 128 * 16 / 400e12 * 1e3, 1e-9);
   EXPECT_NEAR(p.forward_transfer_ms, 2 * c * 128 * 16 * 2 / 205e9 * 1e3, 1e-9);
   EXPECT_TRUE(p.forward_hidden);
   EXPECT_TRUE(p.backward_hidden);
