@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   using Tiles = HopperBackwardTiles<kHeadDim>;
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
-  constexpr int kDimSteps = kHeadDim / 16;  // k-steps of S^T and dP^T
   constexpr int kRowTiles = kRows / 8;      // n-tiles of S^T
   constexpr int kRowSteps = kRows / 16;     // k-steps of dV and dK
   constexpr int kPanels = kHeadDim / 64;
@@ -192,21 +191,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       const float* delta = lse_log2 + kRows;
       mbarrier_wait(rows_full + stage, (step / kStages) & 1);
 
-      // S^T = K Q^T and dP^T = V dO^T: k-step `dstep` reads columns [16 dstep, 16 dstep + 16).
+      // S^T = K Q^T and dP^T = V dO^T.
       float s[kRowTiles][4], dp[kRowTiles][4];
-      const auto key_rows_times_rows = [&](float (&acc)[kRowTiles][4], const T* key_rows,
-                                           const T* rows) {
-#pragma unroll
-        for (int dstep = 0; dstep < kDimSteps; ++dstep) {
-          const int panel = dstep / 4, offset = (dstep % 4) * 16;
-          const std::uint64_t b = k_major_descriptor(rows + panel * kRows * 64 + offset);
-          const std::uint64_t a = k_major_descriptor(key_rows + panel * kKeys * 64 + offset);
-          wgmma_ss<kRows, T>(acc, a, b, dstep > 0 ? 1 : 0);
-        }
-      };
       wgmma_fence();
-      key_rows_times_rows(s, k_rows, q_tile);
-      key_rows_times_rows(dp, v_rows, do_tile);
+      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows>(s, k_rows, q_tile);
+      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows>(dp, v_rows, do_tile);
       wgmma_commit();
       wgmma_wait<0>();
       pin_registers(s);

@@ -56,7 +56,6 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
   using Tiles = HopperForwardTiles<kHeadDim>;
   constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
-  constexpr int kDimSteps = kHeadDim / 16;   // k-steps of Q K^T
   constexpr int kKeyTiles = kKeys / 8;       // n-tiles of S
   constexpr int kPanels = kHeadDim / 64;     // 64-column panels of a tile
   constexpr int kTileElements = kKeys * kHeadDim;
@@ -149,17 +148,11 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
         named_barrier_arrive(kScheduleBarrier + (warp_group + 1) % kGroups, kPairThreads);
       }
     };
-    // S = Q K^T: k-step `step` reads columns [16 step, 16 step + 16), 32 bytes into its panel.
+    // S = Q K^T.
     const auto issue_scores = [&](int stage) {
-      const T* k_tile = k_tiles + stage * kTileElements;
       wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kDimSteps; ++step) {
-        const int panel = step / 4, offset = (step % 4) * 16;
-        const std::uint64_t a = k_major_descriptor(q_rows + panel * kRows * 64 + offset);
-        const std::uint64_t b = k_major_descriptor(k_tile + panel * kKeys * 64 + offset);
-        wgmma_ss<kKeys, T>(s, a, b, step > 0 ? 1 : 0);
-      }
+      wgmma_rows_times_rows<kKeys, kHeadDim, kRows, kKeys>(s, q_rows,
+                                                           k_tiles + stage * kTileElements);
       wgmma_commit();
     };
     // O += P V: k-step `kstep` covers keys [16 kstep, 16 kstep + 16), 2048 bytes into the panels;

@@ -88,6 +88,22 @@ template <int kN, typename T>
 __device__ __forceinline__ void wgmma_ss_mn(float (&d)[kN / 8][4], std::uint64_t a,
                                             std::uint64_t b, int accumulate);
 
+// D (64 x kN) = A B^T, contracted over kHeadDim columns: A is 64 rows of a panel-swizzled tile
+// whose panels hold kAPanelRows rows (starting at row `a_rows`), B the kN rows of one whose panels
+// hold kBPanelRows (starting at `b_rows`); both K-major. k-step `step` reads columns
+// [16 step, 16 step + 16), 32 bytes into its panel. The caller fences and commits.
+template <int kN, int kHeadDim, int kAPanelRows, int kBPanelRows, typename T>
+__device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], const T* a_rows,
+                                                      const T* b_rows) {
+#pragma unroll
+  for (int step = 0; step < kHeadDim / 16; ++step) {
+    const int panel = step / 4, offset = (step % 4) * 16;
+    const std::uint64_t a = k_major_descriptor(a_rows + panel * kAPanelRows * 64 + offset);
+    const std::uint64_t b = k_major_descriptor(b_rows + panel * kBPanelRows * 64 + offset);
+    wgmma_ss<kN, T>(d, a, b, step > 0 ? 1 : 0);
+  }
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // One definition per (form, N), instantiated for both 16-bit types.
 // The 32 fp32 accumulator registers of an m64n64 tile, as asm operands and as their names.
