@@ -1,9 +1,11 @@
 // The CPU backend of the model (train/model.hpp): host buffers and the ops of train/op_*.hpp, in
 // fp32 for training and fp64 for gradient checks. Activations, statistics and parameters all have
-// the element type T; the ring runs the CPU flash block over MPI.
+// the element type T; the ring runs the CPU flash block over MPI. Every op is done when it returns,
+// so the profile's intervals are steady_clock readings around the calls.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -167,6 +169,20 @@ class CpuBackend {
     }
   }
 
+  // ---- profile ----
+  void begin_interval(std::size_t i) {
+    if (interval_begin_.size() <= i) interval_begin_.resize(i + 1);
+    interval_begin_[i] = std::chrono::steady_clock::now();
+  }
+  void end_interval(std::size_t i) {
+    const auto end = std::chrono::steady_clock::now();
+    if (interval_ms_.size() <= i) interval_ms_.resize(i + 1);
+    interval_ms_[i] = std::chrono::duration<double, std::milli>(end - interval_begin_[i]).count();
+  }
+  void intervals_ms(std::size_t count, std::vector<double>& ms) {
+    ms.assign(interval_ms_.begin(), interval_ms_.begin() + static_cast<std::ptrdiff_t>(count));
+  }
+
  private:
   template <typename E>
   static std::span<E> span(E* data, std::int64_t count) {
@@ -190,6 +206,8 @@ class CpuBackend {
   std::vector<std::int32_t> predictions_;
   std::vector<std::int64_t> positions_, token_positions_;
   double theta_ = 10000.0;
+  std::vector<std::chrono::steady_clock::time_point> interval_begin_;
+  std::vector<double> interval_ms_;
 };
 
 }  // namespace ringattn::train

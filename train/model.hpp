@@ -22,6 +22,14 @@
 // and keeps nothing but each block's input: the least memory. The result is bitwise the same in
 // every mode.
 //
+// The phase profile (train.profile): between start_profiled_step() and finish_profiled_step()
+// every op the model runs is timed under a stable phase name ("matmul.qkv", "attention.backward",
+// "adamw", ...; the list is at the call sites in train/model_impl.hpp) by the backend's clock:
+// steady_clock around each synchronous op on the CPU, a pair of CUDA events on the stream on the
+// GPU, resolved at the step's end with one wait on the last event. The phases do not nest, so
+// their sum is the time the ops took; what the step spends elsewhere (loading data, the host's
+// scalar all-reduces) is in none. Outside a profiled step each marker costs one branch.
+//
 // Every call is collective over the cp communicator (the ring).
 #pragma once
 
@@ -48,6 +56,13 @@ struct ShardBatch {
   std::span<const std::int32_t> inputs;
   std::span<const std::int32_t> targets;
   std::span<const float> loss_mask;
+};
+
+// One phase of the profile: its intervals and their total over every profiled step.
+struct PhaseTime {
+  std::string name;
+  std::int64_t calls = 0;
+  double total_ms = 0.0;
 };
 
 struct ModelOptions {
@@ -104,6 +119,13 @@ class TrainModel {
   virtual void export_gradients(std::vector<float>& grads) = 0;
   // Peak memory of the backend's device in MiB (0 on the CPU: the trainer reports the process's).
   virtual double device_memory_mib() = 0;
+
+  // The phase profile (see the top of this file): the calls between the two are timed by phase;
+  // finish_profiled_step() waits for the device and adds the step's times into phase_times()
+  // (phases in the order first seen).
+  virtual void start_profiled_step() = 0;
+  virtual void finish_profiled_step() = 0;
+  virtual const std::vector<PhaseTime>& phase_times() const = 0;
 };
 
 template <class Backend>
@@ -161,6 +183,9 @@ class Model final : public TrainModel {
                     const std::vector<float>& v) override;
   void export_gradients(std::vector<float>& grads) override;
   double device_memory_mib() override;
+  void start_profiled_step() override;
+  void finish_profiled_step() override;
+  const std::vector<PhaseTime>& phase_times() const override { return phases_; }
 
  private:
   struct Layer {
@@ -192,6 +217,9 @@ class Model final : public TrainModel {
   bool keeps_attention() const { return !options_.recompute || !options_.recompute_attention; }
   std::size_t attention_slot(std::size_t l) const { return keeps_attention() ? l : 0; }
   RingForwardArgs ring_forward_args(std::size_t l, Layer& L);
+  // Runs op(); within a profiled step, as one interval of `phase` on the backend's clock.
+  template <class Op>
+  void timed(const char* phase, Op&& op);
 
   ModelShape shape_;
   ModelConfig config_;
@@ -219,6 +247,12 @@ class Model final : public TrainModel {
   // The backward's temporaries.
   Buffer<Act> dh_, dx_, dact_, dgu_, dqkv_, dout_;
   Buffer<Acc> dqkv_acc_;  // the ring's gradients in the accumulator dtype where Acc != Act
+  // The profile: whether a step is being profiled, the phase of each of its intervals so far (the
+  // backend's interval i is interval_phase_[i]), and the totals.
+  bool profiling_ = false;
+  std::vector<std::size_t> interval_phase_;
+  std::vector<double> interval_ms_;
+  std::vector<PhaseTime> phases_;
 };
 
 // The model on this rank's GPU (the CUDA backend, train/cuda/backend_cuda.hpp), for the trainer:

@@ -8,6 +8,9 @@
 //              fill_zero, copy, to_act (Acc or Master -> Act where they differ), stream()
 //   ops        embedding, rmsnorm, matmul, rope (set_rope once), swiglu, cross_entropy,
 //              sum_of_squares, adamw, memory_mib
+//   profile    begin_interval(i), end_interval(i) around interval i (0, 1, ...) of a step, and
+//              intervals_ms(count, ms): waits for the end of interval count - 1 and gives the
+//              durations of intervals 0 .. count - 1
 #pragma once
 
 #include <cmath>
@@ -181,7 +184,7 @@ void Model<B>::init(std::uint64_t seed) {
 
 template <class B>
 void Model<B>::zero_grad() {
-  backend_->fill_zero(grads_.data(), offsets_.back());
+  timed("grad.zero", [&] { backend_->fill_zero(grads_.data(), offsets_.back()); });
 }
 
 template <class B>
@@ -211,6 +214,43 @@ RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
 }
 
 template <class B>
+template <class Op>
+void Model<B>::timed(const char* phase, Op&& op) {
+  if (!profiling_) {
+    op();
+    return;
+  }
+  std::size_t p = 0;
+  while (p < phases_.size() && phases_[p].name != phase) ++p;
+  if (p == phases_.size()) phases_.push_back({phase, 0, 0.0});
+  const std::size_t interval = interval_phase_.size();
+  interval_phase_.push_back(p);
+  backend_->begin_interval(interval);
+  op();
+  backend_->end_interval(interval);
+}
+
+template <class B>
+void Model<B>::start_profiled_step() {
+  interval_phase_.clear();
+  profiling_ = true;
+}
+
+template <class B>
+void Model<B>::finish_profiled_step() {
+  profiling_ = false;
+  backend_->intervals_ms(interval_phase_.size(), interval_ms_);
+  for (std::size_t i = 0; i < interval_phase_.size(); ++i) {
+    PhaseTime& phase = phases_[interval_phase_[i]];
+    ++phase.calls;
+    phase.total_ms += interval_ms_[i];
+  }
+  interval_phase_.clear();
+}
+
+// The phases' names are the profile's columns (train.profile): keep them stable. A recomputed
+// forward (ModelOptions::recompute) counts under the forward's names.
+template <class B>
 void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   B& be = *backend_;
   const std::int64_t n = local_tokens();
@@ -219,25 +259,41 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   const std::int64_t row = qkv_width();
   const LayerParams& P = lp_[l];
   const Act* x_in = x_in_[l].data();
-  be.rmsnorm_forward(L.h1.data(), L.inv1.data(), x_in, master(P.attn_norm), {n, d},
-                     config_.norm_eps);
-  be.matmul_forward(L.qkv.data(), L.h1.data(), weight(P.wqkv), {n, d, row}, Write::overwrite);
-  be.rope_forward(L.qkv.data(), {n, hq, hd, row});
-  be.rope_forward(L.qkv.data() + hq * hd, {n, hkv, hd, row});
-  if (!recomputing || !keeps_attention()) ring_.forward(ring_forward_args(l, L));
+  timed("rmsnorm", [&] {
+    be.rmsnorm_forward(L.h1.data(), L.inv1.data(), x_in, master(P.attn_norm), {n, d},
+                       config_.norm_eps);
+  });
+  timed("matmul.qkv", [&] {
+    be.matmul_forward(L.qkv.data(), L.h1.data(), weight(P.wqkv), {n, d, row}, Write::overwrite);
+  });
+  timed("rope", [&] {
+    be.rope_forward(L.qkv.data(), {n, hq, hd, row});
+    be.rope_forward(L.qkv.data() + hq * hd, {n, hkv, hd, row});
+  });
+  if (!recomputing || !keeps_attention()) {
+    timed("attention.forward", [&] { ring_.forward(ring_forward_args(l, L)); });
+  }
   // x_mid = x_in + o W_o^T
-  be.copy(L.x_mid.data(), x_in, n * d);
-  be.matmul_forward(L.x_mid.data(), attn_o_[attention_slot(l)].data(), weight(P.wo),
-                    {n, hq * hd, d}, Write::add);
-  be.rmsnorm_forward(L.h2.data(), L.inv2.data(), L.x_mid.data(), master(P.mlp_norm), {n, d},
-                     config_.norm_eps);
-  be.matmul_forward(L.gu.data(), L.h2.data(), weight(P.w_gate_up), {n, d, 2 * f},
-                    Write::overwrite);
-  be.swiglu_forward(L.act.data(), L.gu.data(), {n, f});
+  timed("residual.copy", [&] { be.copy(L.x_mid.data(), x_in, n * d); });
+  timed("matmul.wo", [&] {
+    be.matmul_forward(L.x_mid.data(), attn_o_[attention_slot(l)].data(), weight(P.wo),
+                      {n, hq * hd, d}, Write::add);
+  });
+  timed("rmsnorm", [&] {
+    be.rmsnorm_forward(L.h2.data(), L.inv2.data(), L.x_mid.data(), master(P.mlp_norm), {n, d},
+                       config_.norm_eps);
+  });
+  timed("matmul.gate_up", [&] {
+    be.matmul_forward(L.gu.data(), L.h2.data(), weight(P.w_gate_up), {n, d, 2 * f},
+                      Write::overwrite);
+  });
+  timed("swiglu", [&] { be.swiglu_forward(L.act.data(), L.gu.data(), {n, f}); });
   if (!recomputing) {
     Act* out = x_in_[l + 1].data();
-    be.copy(out, L.x_mid.data(), n * d);
-    be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add);
+    timed("residual.copy", [&] { be.copy(out, L.x_mid.data(), n * d); });
+    timed("matmul.down", [&] {
+      be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add);
+    });
   }
 }
 
@@ -254,14 +310,16 @@ void Model<B>::run_forward(const ShardBatch& batch) {
   check(batch.targets.size(), "targets");
   check(batch.loss_mask.size(), "loss_mask");
   B& be = *backend_;
-  be.load_batch(batch, shape_.vocab);
+  timed("batch.load", [&] { be.load_batch(batch, shape_.vocab); });
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
-  be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d});
+  timed("embedding", [&] { be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d}); });
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     layer_forward(l, layers_[options_.recompute ? 0 : l], false);
   }
-  be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
-                     config_.norm_eps);
+  timed("rmsnorm", [&] {
+    be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
+                       config_.norm_eps);
+  });
 }
 
 template <class B>
@@ -274,17 +332,24 @@ cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
   for (std::int64_t first = 0; first < n; first += chunk) {
     const std::int64_t rows = std::min(chunk, n - first);
     const Act* h = hf_.data() + first * d;
-    be.matmul_forward(logits_.data(), h, weight(head_), {rows, d, v}, Write::overwrite);
+    timed("loss.head_matmul", [&] {
+      be.matmul_forward(logits_.data(), h, weight(head_), {rows, d, v}, Write::overwrite);
+    });
     // dlogits over the logits in place.
-    const cpu::CrossEntropySums sums = be.cross_entropy(
-        logits_.data(), {rows, v}, with_grad, grad_scale,
-        predictions.empty() ? predictions : predictions.subspan(first, rows), first);
+    cpu::CrossEntropySums sums;
+    timed("loss.cross_entropy", [&] {
+      sums = be.cross_entropy(logits_.data(), {rows, v}, with_grad, grad_scale,
+                              predictions.empty() ? predictions : predictions.subspan(first, rows),
+                              first);
+    });
     total.loss_sum += sums.loss_sum;
     total.weight_sum += sums.weight_sum;
     if (with_grad) {
-      be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v}, Write::add);
-      be.matmul_backward_input(dh_.data() + first * d, logits_.data(), weight(head_), {rows, d, v},
-                               Write::overwrite);
+      timed("loss.head_matmul.backward", [&] {
+        be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v}, Write::add);
+        be.matmul_backward_input(dh_.data() + first * d, logits_.data(), weight(head_),
+                                 {rows, d, v}, Write::overwrite);
+      });
     }
   }
   return total;
@@ -307,28 +372,40 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                      hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
   const std::int64_t row = qkv_width();
   const cpu::CrossEntropySums sums = head_and_loss(true, grad_scale, predictions);
-  be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
-                      master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
+  timed("rmsnorm.backward", [&] {
+    be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
+                        master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
+  });
   for (std::size_t l = lp_.size(); l-- > 0;) {
     Layer& L = layers_[options_.recompute ? 0 : l];
     if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];
     // out = x_mid + act W_down^T
-    be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
-    be.matmul_backward_input(dact_.data(), dx_.data(), weight(P.w_down), {n, f, d},
-                             Write::overwrite);
-    be.swiglu_backward(dgu_.data(), dact_.data(), L.gu.data(), {n, f});
-    be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f},
-                              Write::add);
-    be.matmul_backward_input(dh_.data(), dgu_.data(), weight(P.w_gate_up), {n, d, 2 * f},
-                             Write::overwrite);
-    be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
-                        master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
+    timed("matmul.down.backward", [&] {
+      be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
+      be.matmul_backward_input(dact_.data(), dx_.data(), weight(P.w_down), {n, f, d},
+                               Write::overwrite);
+    });
+    timed("swiglu.backward", [&] {
+      be.swiglu_backward(dgu_.data(), dact_.data(), L.gu.data(), {n, f});
+    });
+    timed("matmul.gate_up.backward", [&] {
+      be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f},
+                                Write::add);
+      be.matmul_backward_input(dh_.data(), dgu_.data(), weight(P.w_gate_up), {n, d, 2 * f},
+                               Write::overwrite);
+    });
+    timed("rmsnorm.backward", [&] {
+      be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
+                          master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
+    });
     // x_mid = x_in + o W_o^T
-    be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
-                              {n, hq * hd, d}, Write::add);
-    be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
-                             Write::overwrite);
+    timed("matmul.wo.backward", [&] {
+      be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
+                                {n, hq * hd, d}, Write::add);
+      be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
+                               Write::overwrite);
+    });
     const RingForwardArgs fwd = ring_forward_args(l, L);
     Acc* dqkv_acc;
     if constexpr (std::is_same_v<Act, Acc>) {
@@ -350,17 +427,27 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.causal = true;
     args.deterministic = options_.deterministic || B::memory == Memory::host;
     args.stream = fwd.stream;
-    ring_.backward(args);
-    if constexpr (!std::is_same_v<Act, Acc>) be.to_act(dqkv_.data(), dqkv_acc, n * row);
-    be.rope_backward(dqkv_.data(), {n, hq, hd, row});
-    be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
-    be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, Write::add);
-    be.matmul_backward_input(dh_.data(), dqkv_.data(), weight(P.wqkv), {n, d, row},
-                             Write::overwrite);
-    be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), x_in_[l].data(),
-                        master(P.attn_norm), L.inv1.data(), {n, d}, Write::add);
+    timed("attention.backward", [&] { ring_.backward(args); });
+    if constexpr (!std::is_same_v<Act, Acc>) {
+      timed("attention.backward.to_act", [&] { be.to_act(dqkv_.data(), dqkv_acc, n * row); });
+    }
+    timed("rope.backward", [&] {
+      be.rope_backward(dqkv_.data(), {n, hq, hd, row});
+      be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
+    });
+    timed("matmul.qkv.backward", [&] {
+      be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, Write::add);
+      be.matmul_backward_input(dh_.data(), dqkv_.data(), weight(P.wqkv), {n, d, row},
+                               Write::overwrite);
+    });
+    timed("rmsnorm.backward", [&] {
+      be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), x_in_[l].data(),
+                          master(P.attn_norm), L.inv1.data(), {n, d}, Write::add);
+    });
   }
-  be.embedding_backward(grad(emb_), dx_.data(), {n, v, d}, options_.deterministic);
+  timed("embedding.backward", [&] {
+    be.embedding_backward(grad(emb_), dx_.data(), {n, v, d}, options_.deterministic);
+  });
   return sums;
 }
 
@@ -380,13 +467,17 @@ double Model<B>::loss_and_gradients(const ShardBatch& batch) {
 template <class B>
 void Model<B>::all_reduce_gradients() {
   if (grad_comm_ && grad_comm_->size() > 1) {
-    grad_comm_->all_reduce_sum(grads_.data(), grads_.size(), B::master_dtype, backend_->stream());
+    timed("grad.allreduce", [&] {
+      grad_comm_->all_reduce_sum(grads_.data(), grads_.size(), B::master_dtype, backend_->stream());
+    });
   }
 }
 
 template <class B>
 double Model<B>::gradient_sum_of_squares() {
-  return backend_->sum_of_squares(grads_.data(), offsets_.back());
+  double sum = 0.0;
+  timed("grad.norm", [&] { sum = backend_->sum_of_squares(grads_.data(), offsets_.back()); });
+  return sum;
 }
 
 template <class B>
@@ -440,15 +531,17 @@ std::string Model<B>::first_non_finite_tensor() {
 
 template <class B>
 void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
-  for (std::size_t i = 0; i < infos_.size(); ++i) {
-    const std::int64_t o = offsets_[i];
-    Act* copy = nullptr;
-    if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + o;
-    backend_->adamw(params_.data() + o, copy, grads_.data() + o, adam_m_.data() + o,
-                    adam_v_.data() + o, infos_[i].elements, hyper, step,
-                    infos_[i].weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip,
-                    grad_scale);
-  }
+  timed("adamw", [&] {
+    for (std::size_t i = 0; i < infos_.size(); ++i) {
+      const std::int64_t o = offsets_[i];
+      Act* copy = nullptr;
+      if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + o;
+      backend_->adamw(params_.data() + o, copy, grads_.data() + o, adam_m_.data() + o,
+                      adam_v_.data() + o, infos_[i].elements, hyper, step,
+                      infos_[i].weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip,
+                      grad_scale);
+    }
+  });
 }
 
 template <class B>

@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -80,6 +81,9 @@ struct Trainer::Impl {
   std::optional<TokenDataset> train_data, val_data;
   std::optional<SequenceSampler> sampler;
   int steps_done = 0;
+  // train.profile: the steps profiled so far and their wall time (the phases are the model's).
+  int profiled_steps = 0;
+  double profiled_ms = 0.0;
 
   // On a terminal, rank 0 keeps a progress bar on the last line; log lines print above it.
   // Under mpirun a rank's stdout is a pipe or a pseudo-terminal whatever the user's is, so the
@@ -133,6 +137,59 @@ struct Trainer::Impl {
     }
     for (float w : mb.mask) mb.weight += w;
     return mb;
+  }
+
+  // The profile of the steps so far (train.profile) on rank 0, slowest phase first: a table on the
+  // log and <run.dir>/profile.json. "untracked" is the steps' wall time that no phase holds.
+  void report_profile() const {
+    if (world_rank != 0 || profiled_steps == 0) return;
+    std::vector<PhaseTime> phases = model->phase_times();
+    std::stable_sort(phases.begin(), phases.end(), [](const PhaseTime& a, const PhaseTime& b) {
+      return a.total_ms > b.total_ms;
+    });
+    double phases_ms = 0.0;
+    for (const PhaseTime& p : phases) phases_ms += p.total_ms;
+    const double untracked_ms = profiled_ms - phases_ms;
+    const double steps = profiled_steps;
+    const auto share = [&](double ms) { return profiled_ms > 0.0 ? ms / profiled_ms : 0.0; };
+    char line[256];
+    std::snprintf(line, sizeof line, "profile of rank 0 (%s): %d steps, %.3f ms per step",
+                  model->backend_name().c_str(), profiled_steps, profiled_ms / steps);
+    log(line);
+    std::snprintf(line, sizeof line, "  %-26s %8s %12s %10s %7s", "phase", "calls", "total ms",
+                  "ms/step", "share");
+    log(line);
+    for (const PhaseTime& p : phases) {
+      std::snprintf(line, sizeof line, "  %-26s %8lld %12.3f %10.3f %6.1f%%", p.name.c_str(),
+                    static_cast<long long>(p.calls), p.total_ms, p.total_ms / steps,
+                    100.0 * share(p.total_ms));
+      log(line);
+    }
+    std::snprintf(line, sizeof line, "  %-26s %8s %12.3f %10.3f %6.1f%%",
+                  "untracked (wall - phases)", "", untracked_ms, untracked_ms / steps,
+                  100.0 * share(untracked_ms));
+    log(line);
+    if (!options.write_metrics) return;
+    const std::filesystem::path path = std::filesystem::path(config.run.dir) / "profile.json";
+    std::ofstream out(path);
+    out << "{\"rank\": 0, \"backend\": \"" << model->backend_name()
+        << "\", \"steps\": " << profiled_steps
+        << ", \"step_ms\": " << format_double(profiled_ms / steps)
+        << ", \"total_ms\": " << format_double(profiled_ms) << ",\n \"phases\": [";
+    const char* separator = "\n  ";
+    for (const PhaseTime& p : phases) {
+      out << separator << "{\"name\": \"" << p.name << "\", \"calls\": " << p.calls
+          << ", \"total_ms\": " << format_double(p.total_ms)
+          << ", \"ms_per_step\": " << format_double(p.total_ms / steps)
+          << ", \"share\": " << format_double(share(p.total_ms)) << "}";
+      separator = ",\n  ";
+    }
+    out << "],\n \"untracked\": {\"total_ms\": " << format_double(untracked_ms)
+        << ", \"ms_per_step\": " << format_double(untracked_ms / steps)
+        << ", \"share\": " << format_double(share(untracked_ms)) << "}}\n";
+    out.close();
+    if (!out) ringattn::detail::fail("Trainer::run", "cannot write ", path.string());
+    log("profile " + path.string());
   }
 };
 
@@ -285,6 +342,7 @@ StepMetrics Trainer::step() {
   const TrainingConfig& t = s.config.train;
   const auto start = std::chrono::steady_clock::now();
   const int step = s.steps_done;
+  if (t.profile) s.model->start_profiled_step();
   std::vector<MicroBatch> micro;
   double weights[2] = {0.0, 0.0};  // the step's loss-mask sum, then its loss sum
   for (int m = 0; m < t.grad_accum; ++m) {
@@ -332,9 +390,15 @@ StepMetrics Trainer::step() {
   hyper.eps = t.adam_eps;
   hyper.weight_decay = t.weight_decay;
   model.adamw(hyper, step + 1, factor);
+  // The profile waits for the step's last op, so its wall time holds all of the step's work.
+  if (t.profile) model.finish_profiled_step();
   s.steps_done = step + 1;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (t.profile) {
+    ++s.profiled_steps;
+    s.profiled_ms += 1e3 * seconds;
+  }
   StepMetrics metrics;
   metrics.step = step + 1;
   metrics.loss = loss;
@@ -474,6 +538,7 @@ std::vector<StepMetrics> Trainer::run() {
       }
     }
   }
+  if (t.profile) s.report_profile();
   return all;
 }
 

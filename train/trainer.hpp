@@ -20,6 +20,10 @@
 // a pure function of the step, so a resumed run continues with the same samples.
 // The loss reported is the step's weighted mean over all its tokens. A non-finite loss or
 // gradient norm throws ringattn::Error naming the step (on every rank alike).
+// train.profile times every step's ops by phase (TrainModel's profile, train/model.hpp); at the
+// end of run() rank 0 logs a table of the phases, slowest first (calls, total ms, ms per step,
+// share of the steps' wall time, and the wall time no phase holds), and writes it as JSON to
+// <run.dir>/profile.json when it writes metrics.
 #pragma once
 
 #include <csignal>

@@ -30,7 +30,7 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 46u);
+  EXPECT_EQ(keys.size(), 47u);
   for (const char* key :
        {"model.head_dim", "train.lr", "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
@@ -63,6 +63,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.recompute = true;
   c.train.recompute_attention = true;
   c.train.deterministic = true;
+  c.train.profile = true;
   c.train.log_every = integer(11, 99);
   c.train.eval_every = integer(51, 999);
   c.train.eval_batches = integer(5, 99);
@@ -124,7 +125,7 @@ TEST(Config, OverridesSetEveryKind) {
   apply_overrides(
       c, std::vector<std::string>{
              "train.lr=3e-4", "train.steps=20", "model.head_dim=32", "train.recompute=true",
-             "train.recompute_attention=true", "parallel.layout=contiguous",
+             "train.recompute_attention=true", "train.profile=true", "parallel.layout=contiguous",
              "data.retrieval.pairs=16", "run.resume=latest", "data.train_path=a=b.h5",
              "train.seed=18446744073709551615", "run.backend=cpu", "data.source=hdf5"});
   EXPECT_EQ(c.train.lr, 3e-4);
@@ -133,6 +134,7 @@ TEST(Config, OverridesSetEveryKind) {
   EXPECT_EQ(c.model.resolved_head_dim(), 32);
   EXPECT_TRUE(c.train.recompute);
   EXPECT_TRUE(c.train.recompute_attention);
+  EXPECT_TRUE(c.train.profile);
   EXPECT_EQ(c.parallel.layout, ShardLayout::contiguous);
   EXPECT_EQ(c.data.retrieval.pairs, 16);
   EXPECT_EQ(c.run.resume, "latest");
@@ -208,6 +210,9 @@ INSTANTIATE_TEST_SUITE_P(
         ReadCase{"recompute_attention",
                  "train:\n  recompute_attention: 1\n",
                  {"my.yaml:2: ", "train.recompute_attention is '1'; expected true or false"}},
+        ReadCase{"profile",
+                 "train:\n  profile: on\n",
+                 {"my.yaml:2: ", "train.profile is 'on'; expected true or false"}},
         ReadCase{"not_choice",
                  "parallel:\n  layout: zigzg\n",
                  {"parallel.layout is 'zigzg'; expected one of zigzag, contiguous"}},
@@ -252,6 +257,9 @@ TEST(Config, OverrideErrorsNameTheAssignment) {
       throws_error_with([&] { apply_override(c, "train.steps=abc"); },
                         {"--set train.steps=abc", "train.steps is 'abc'; expected an integer"}));
   EXPECT_TRUE(throws_error_with([&] { apply_override(c, "lr=1"); }, {"did you mean 'train.lr'?"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { apply_override(c, "train.profile=1"); },
+                        {"--set train.profile=1", "train.profile is '1'; expected true or false"}));
   EXPECT_TRUE(c == TrainConfig{}) << "a failed override must not change the config";
 }
 
@@ -414,6 +422,23 @@ TEST(Config, HeadDimGivenLiftsTheDivisibilityRule) {
   c.parallel.cp = 3;
   c.train.seq_len = 255;
   EXPECT_NO_THROW(validate(c, 3));
+}
+
+// train.profile is off by default; a file or --set turns it on, and a dump (the checkpoint's
+// config) keeps it. Its wrong types are among the read and override errors above.
+TEST(Config, ProfileIsOffByDefaultAndRoundTrips) {
+  EXPECT_FALSE(TrainConfig{}.train.profile);
+  const TrainConfig c = load_config_string("train:\n  profile: true\n", "<yaml>");
+  EXPECT_TRUE(c.train.profile);
+  EXPECT_NO_THROW(validate(c, 2));
+  const std::string yaml = dump_config(c);
+  EXPECT_NE(yaml.find("profile: true"), std::string::npos) << yaml;
+  EXPECT_TRUE(load_config_string(yaml, "<dump>") == c) << yaml;
+  TrainConfig set;
+  apply_override(set, "train.profile=true");
+  EXPECT_TRUE(set == c);
+  apply_override(set, "train.profile=false");
+  EXPECT_TRUE(set == TrainConfig{});
 }
 
 // train.recompute_attention is off by default, and valid on with train.recompute (the

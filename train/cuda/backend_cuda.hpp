@@ -2,7 +2,7 @@
 // statistics, attention gradients, master weights, gradients and AdamW moments; GEMMs through
 // cuBLASLt (train/cuda/gemm.hpp), the other ops in train/cuda/ops.hpp, the ring over NCCL. All
 // work is queued on the backend's stream; the host waits only where a number comes back (the
-// loss sums, the gradient norm).
+// loss sums, the gradient norm) and, in a profiled step, once at its end.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -102,6 +102,13 @@ class CudaBackend {
              std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
              cpu::WeightDecay decay, float grad_scale);
 
+  // ---- profile ----
+  // A pair of timing events per interval, recorded on the stream: the pool grows to the most
+  // intervals a step has had and is reused by every later step.
+  void begin_interval(std::size_t i);
+  void end_interval(std::size_t i);
+  void intervals_ms(std::size_t count, std::vector<double>& ms);
+
  private:
   CudaStream stream_;
   cuda::Gemm gemm_;
@@ -110,6 +117,7 @@ class CudaBackend {
   std::vector<float> host_weights_, host_losses_;
   std::int64_t rope_rows_ = 0;
   double peak_mib_ = 0.0;
+  std::vector<std::unique_ptr<CudaEvent>> interval_events_;  // interval i: 2 i (begin), 2 i + 1
 };
 
 extern template class Model<CudaBackend>;

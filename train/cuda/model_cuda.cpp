@@ -199,6 +199,30 @@ void CudaBackend::adamw(float* params, Act* params_bf16, const float* grads, flo
                    stream_.get());
 }
 
+void CudaBackend::begin_interval(std::size_t i) {
+  while (interval_events_.size() < 2 * (i + 1)) {
+    interval_events_.push_back(std::make_unique<CudaEvent>(cudaEventDefault));
+  }
+  interval_events_[2 * i]->record(stream_.get());
+}
+
+void CudaBackend::end_interval(std::size_t i) {
+  interval_events_[2 * i + 1]->record(stream_.get());
+}
+
+void CudaBackend::intervals_ms(std::size_t count, std::vector<double>& ms) {
+  ms.resize(count);
+  if (count == 0) return;
+  // Every event is on the one stream: once the last has completed, all have.
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(interval_events_[2 * count - 1]->get()));
+  for (std::size_t i = 0; i < count; ++i) {
+    float elapsed_ms = 0.0f;
+    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&elapsed_ms, interval_events_[2 * i]->get(),
+                                             interval_events_[2 * i + 1]->get()));
+    ms[i] = elapsed_ms;
+  }
+}
+
 template class Model<CudaBackend>;
 
 double cuda_peak_bf16_flops() {
