@@ -7,6 +7,8 @@
 #   also 32768x1 and 131072x1 (recompute) at cp = 2
 #   TRAINER_STEPS (default 12) steps each; the first 3 are warm-up, the median of the others counts
 #   TRAINER_SHAPES overrides the one-GPU list, TRAINER_TORCH=0 skips PyTorch
+#   CUDA_VISIBLE_DEVICES limits the GPUs (the cp = 2 runs need two); RINGATTN_REVISION names the
+#   revision in the JSON (default: git's HEAD)
 #
 # Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
 # for the same shape and the ratio.
@@ -18,7 +20,12 @@ if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 build="${RINGATTN_BUILD:-build-gpu}"
 steps="${TRAINER_STEPS:-12}"
 shapes="${TRAINER_SHAPES:-8192x4,32768x1,131072x1}"
-gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
+# The GPUs the runs may use: CUDA_VISIBLE_DEVICES's list when it is set, else every GPU.
+if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+  gpus="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)"
+else
+  gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
+fi
 runs="$out/trainer-runs"
 mkdir -p "$runs"
 
@@ -52,9 +59,9 @@ if [[ "${TRAINER_TORCH:-1}" == 1 ]]; then
     --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch.json" 2>&1 | tail -15
 fi
 
-python3 - "$runs" "$out/trainer_torch.json" "$out/trainer.json" <<'EOF'
+python3 - "$runs" "$out/trainer_torch.json" "$out/trainer.json" "${gpus:-0}" <<'EOF'
 import json, os, statistics, subprocess, sys, datetime
-runs, torch_path, out_path = sys.argv[1:4]
+runs, torch_path, out_path, visible = sys.argv[1:5]
 torch = {}
 if os.path.exists(torch_path):
     for r in json.load(open(torch_path)).get("results", []):
@@ -85,10 +92,11 @@ for name in sorted(os.listdir(runs)):
           f"  peak {row.get('peak_memory_mib', 0):8.0f} MiB"
           + (f"  torch {t['tokens_per_s']:.0f} tokens/s  ratio {row['ratio_to_torch']:.2f}"
              if t is not None and "ratio_to_torch" in row else ""))
-rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+rev = os.environ.get("RINGATTN_REVISION") or subprocess.run(
+    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                      text=True).stdout.strip().splitlines()
-json.dump({"gpu": gpu[0] if gpu else "", "gpus": len(gpu), "date": datetime.date.today().isoformat(),
+json.dump({"gpu": gpu[0] if gpu else "", "gpus": int(visible), "date": datetime.date.today().isoformat(),
            "revision": rev, "config": "configs/small-32k.yaml on synthetic tokens",
            "results": results}, open(out_path, "w"), indent=1)
 EOF
