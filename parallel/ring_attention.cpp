@@ -84,9 +84,21 @@ std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const Sequen
   if (!causal) {
     return {{0, queries.local_length(), 0, 0, keys.local_length(), 0, false}};
   }
+  const std::vector<SequenceChunk> q_chunks = queries.chunks(), k_chunks = keys.chunks();
+  // A rank's own shard against itself: its chunks lie in the order of their positions, so a key
+  // precedes a query in the sequence exactly when it does locally, and the causal mask of local
+  // indices (both starts 0) is the true one: one call, whatever the gaps between the chunks.
+  if (q_chunks == k_chunks) {
+    bool ordered = true;
+    for (std::size_t c = 1; c < q_chunks.size(); ++c) {
+      ordered = ordered && q_chunks[c].global_start > q_chunks[c - 1].global_start &&
+                q_chunks[c].local_start > q_chunks[c - 1].local_start;
+    }
+    if (ordered) return {{0, queries.local_length(), 0, 0, keys.local_length(), 0, true}};
+  }
   std::vector<BlockPair> pairs;
-  for (const SequenceChunk& q : queries.chunks()) {
-    for (const SequenceChunk& k : keys.chunks()) {
+  for (const SequenceChunk& q : q_chunks) {
+    for (const SequenceChunk& k : k_chunks) {
       const std::int64_t last_query = q.global_start + q.length - 1;
       const std::int64_t last_key = k.global_start + k.length - 1;
       if (k.global_start > last_query) continue;  // every key after every query
@@ -277,6 +289,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
       detail::check_block_layout(*view, name, kWhere);
     }
     layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
+    if (ranks == 1) return;  // no workspace: see below
     w.kv[0].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     w.kv[1].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     w.running_o.reserve(comm.memory(), static_cast<std::size_t>(args.o.numel()) *
@@ -284,6 +297,16 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
   });
 
   void* stream = args.stream;
+  // One rank holds the whole sequence in order (either layout): one block call on local positions
+  // writes O and LSE, with no copies and no running output.
+  if (ranks == 1) {
+    if (compute) {
+      flash_forward({args.q, args.k, args.v, args.o, args.lse, args.scale,
+                     Mask{args.causal, 0, 0}, false},
+                    stream);
+    }
+    return;
+  }
   const DType acc = accumulator_dtype(args.q.dtype);
   const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
                              paired_views(w.kv[1], s, args.q.dtype)};
@@ -366,19 +389,34 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     }
     layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
     const DType acc = accumulator_dtype(args.q.dtype);
+    w.delta.reserve(comm.memory(), static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
+    if (ranks == 1) return;  // the gradients go straight to dq, dk, dv: see below
     for (OwnedBuffer& buffer : w.kv) buffer.reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     for (OwnedBuffer& buffer : w.dkv) buffer.reserve(comm.memory(), paired_bytes(s, acc));
-    if (ranks > 1) w.dkv_step.reserve(comm.memory(), paired_bytes(s, acc));
-    w.delta.reserve(comm.memory(), static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
+    w.dkv_step.reserve(comm.memory(), paired_bytes(s, acc));
   });
 
   void* stream = args.stream;
   const DType acc = accumulator_dtype(args.q.dtype);
+  const TensorView delta = w.delta.view(acc, {s.batch, s.q_heads, s.q_len});
+  // One rank: one block call on local positions (as in the forward) adds into the zeroed
+  // gradients themselves.
+  if (ranks == 1) {
+    if (compute) {
+      flash_backward_prepare(args.o, args.dout, delta, stream);
+      for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
+        detail::fill(*gradient, 0.0, stream);
+      }
+      flash_backward({args.q, args.k, args.v, args.dout, args.lse, delta, args.dq, args.dk, args.dv,
+                      args.scale, Mask{args.causal, 0, 0}, args.deterministic},
+                     stream);
+    }
+    return;
+  }
   const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
                              paired_views(w.kv[1], s, args.q.dtype)};
   const PairedViews dkv[2] = {paired_views(w.dkv[0], s, acc), paired_views(w.dkv[1], s, acc)};
-  const PairedViews dkv_step = ranks > 1 ? paired_views(w.dkv_step, s, acc) : dkv[0];
-  const TensorView delta = w.delta.view(acc, {s.batch, s.q_heads, s.q_len});
+  const PairedViews dkv_step = paired_views(w.dkv_step, s, acc);
   if (compute) {
     flash_backward_prepare(args.o, args.dout, delta, stream);
     detail::fill(args.dq, 0.0, stream);
@@ -417,7 +455,6 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       block.deterministic = args.deterministic;
       flash_backward(block, stream);
     }
-    if (ranks == 1) break;  // the accumulator is already at its owner
     if (transfers) comm.exchange_wait(stream);
     if (step > 0 && !pairs.empty()) detail::add(dkv_step.both, dkv[arrived].both, stream);
     if (transfers) {

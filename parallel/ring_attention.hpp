@@ -13,8 +13,10 @@
 namespace ringattn {
 
 // Rows [q_local_start, +q_length) of this rank's Q against rows [k_local_start, +k_length) of the
-// visiting K/V shard. `causal` is set for a pair on the diagonal, which needs the mask (given by
-// the global starts); every other pair is fully visible and runs without mask arithmetic.
+// visiting K/V shard. `causal` is set for a pair on the diagonal, which needs the mask: key
+// k_global_start + j is visible to query q_global_start + i when it is not after it (for a rank's
+// own shard the starts are 0 and the positions local indices, which order the same way); every
+// other pair is fully visible and runs without mask arithmetic.
 struct BlockPair {
   std::int64_t q_local_start = 0, q_length = 0, q_global_start = 0;
   std::int64_t k_local_start = 0, k_length = 0, k_global_start = 0;
@@ -26,7 +28,8 @@ struct BlockPair {
 // The block calls of a step where `queries` holds Q and `keys` is the layout of the rank whose
 // K/V visits: every (query chunk, key chunk) pair that some query sees, fully masked pairs
 // skipped, fully visible pairs that share their rows or their keys merged into one call (fewer,
-// larger calls; fewer merges of the running output). Without a mask: one call, all against all.
+// larger calls; fewer merges of the running output). Without a mask: one call, all against all;
+// with one, a rank's own shard is one causal call too.
 std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
                                      bool causal);
 

@@ -82,8 +82,11 @@ struct Trainer::Impl {
   std::optional<SequenceSampler> sampler;
   int steps_done = 0;
   // train.profile: the steps profiled so far and their wall time (the phases are the model's).
+  // The process's first step pays one-time costs (allocations, GEMM algorithm choices): it is
+  // left out of the profile when more steps follow.
   int profiled_steps = 0;
   double profiled_ms = 0.0;
+  int first_step = -1;
 
   // On a terminal, rank 0 keeps a progress bar on the last line; log lines print above it.
   // Under mpirun a rank's stdout is a pipe or a pseudo-terminal whatever the user's is, so the
@@ -342,7 +345,9 @@ StepMetrics Trainer::step() {
   const TrainingConfig& t = s.config.train;
   const auto start = std::chrono::steady_clock::now();
   const int step = s.steps_done;
-  if (t.profile) s.model->start_profiled_step();
+  if (s.first_step < 0) s.first_step = step;
+  const bool profiled = t.profile && (step > s.first_step || step + 1 >= t.steps);
+  if (profiled) s.model->start_profiled_step();
   std::vector<MicroBatch> micro;
   double weights[2] = {0.0, 0.0};  // the step's loss-mask sum, then its loss sum
   for (int m = 0; m < t.grad_accum; ++m) {
@@ -391,11 +396,11 @@ StepMetrics Trainer::step() {
   hyper.weight_decay = t.weight_decay;
   model.adamw(hyper, step + 1, factor);
   // The profile waits for the step's last op, so its wall time holds all of the step's work.
-  if (t.profile) model.finish_profiled_step();
+  if (profiled) model.finish_profiled_step();
   s.steps_done = step + 1;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (t.profile) {
+  if (profiled) {
     ++s.profiled_steps;
     s.profiled_ms += 1e3 * seconds;
   }

@@ -58,11 +58,11 @@ void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_
   // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
   // sm_80 kernel.
   if (hopper &&
-      make_row_tile_map(q_map, p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
+      make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
                         HopperTiles::kRows) &&
-      make_row_tile_map(k_map, p.k, p.k_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
+      make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys) &&
-      make_row_tile_map(v_map, p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
+      make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys)) {
     const dim3 grid((p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows, p.q_heads, p.batch);
     with_flags(p.causal, combine, [&](auto causal, auto merge) {
@@ -97,13 +97,13 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
   // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
   // sm_80 kernel.
   const bool tma = hopper &&
-                   make_row_tile_map(k_map, p.k, p.k_strides, p.batch, p.k_len, p.kv_heads,
+                   make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads,
                                      kHeadDim, HopperTiles::kKeys) &&
-                   make_row_tile_map(v_map, p.v, p.v_strides, p.batch, p.k_len, p.kv_heads,
+                   make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads,
                                      kHeadDim, HopperTiles::kKeys) &&
-                   make_row_tile_map(q_map, p.q, p.q_strides, p.batch, p.q_len, p.q_heads,
+                   make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads,
                                      kHeadDim, HopperTiles::kRows) &&
-                   make_row_tile_map(do_map, p.dout, p.dout_strides, p.batch, p.q_len, p.q_heads,
+                   make_row_tile_map(do_map, "dout", p.dout, p.dout_strides, p.batch, p.q_len, p.q_heads,
                                      kHeadDim, HopperTiles::kRows);
   // The main kernel adds dQ with atomics unless deterministic; then flash_dq_kernel computes it.
   auto main_kernel = [&](auto causal, auto atomic_dq) {

@@ -1,10 +1,13 @@
 // The ring's element-wise operations on the device: fill, convert-copy and add over strided views
-// of rank <= 4. Memory-bound and tiny next to the block; one thread per element in a grid-stride
-// loop, indices decomposed from a linear index (64-bit: a shard may exceed 2^31 elements).
+// of rank <= 4. Memory-bound: the views are first reduced to rows of contiguous elements (adjacent
+// axes merged where both views allow), and where the rows and pointers allow, each thread moves 16
+// bytes at a time; otherwise one element a thread with its index decomposed (64-bit: a shard may
+// exceed 2^31 elements). Grid-stride loops over a capped grid.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "parallel/local_block.hpp"
@@ -24,13 +27,38 @@ struct Index4 {
   std::int64_t strides[4];
 };
 
-Index4 index_of(const TensorView& t) {
-  Index4 index{{1, 1, 1, 1}, {0, 0, 0, 0}};
-  for (int i = 0; i < t.rank; ++i) {
-    index.shape[i] = t.shape[i];
-    index.strides[i] = t.strides[i];
+// The views' axes as four, innermost last: axes of extent 1 dropped, each axis merged into the one
+// inside it where every view steps through both as one (the same element order, fewer axes), and
+// the rest padded with leading axes of extent 1.
+template <int kViews>
+void merged_indices(const TensorView* const (&views)[kViews], Index4 (&out)[kViews]) {
+  const TensorView& first = *views[0];
+  for (Index4& x : out) {
+    for (int axis = 0; axis < 4; ++axis) x.shape[axis] = 1, x.strides[axis] = 0;
   }
-  return index;
+  int inner = 4;  // out's axes [inner, 4) are filled
+  for (int from = first.rank - 1; from >= 0; --from) {
+    const std::int64_t extent = first.shape[from];
+    if (extent == 1) continue;
+    bool mergeable = inner < 4;
+    for (int v = 0; v < kViews && mergeable; ++v) {
+      const Index4& x = out[v];
+      mergeable = views[v]->strides[from] == x.shape[inner] * x.strides[inner];
+    }
+    if (mergeable) {
+      for (Index4& x : out) x.shape[inner] *= extent;
+      continue;
+    }
+    --inner;  // at most four axes remain after dropping and merging (the views have rank <= 4)
+    for (int v = 0; v < kViews; ++v) {
+      out[v].shape[inner] = extent;
+      out[v].strides[inner] = views[v]->strides[from];
+    }
+  }
+  // A view of one element, or of axes all of extent 1: one contiguous row.
+  if (inner == 4) {
+    for (Index4& x : out) x.strides[3] = 1;
+  }
 }
 
 __device__ std::int64_t offset_of(const Index4& index, std::int64_t linear) {
@@ -41,6 +69,19 @@ __device__ std::int64_t offset_of(const Index4& index, std::int64_t linear) {
   }
   return offset;
 }
+
+// The offset of row `row` (the three outer axes) of a view whose innermost axis is contiguous.
+__device__ std::int64_t row_offset(const Index4& index, std::int64_t row) {
+  const std::int64_t i2 = row % index.shape[2];
+  row /= index.shape[2];
+  return (row / index.shape[1]) * index.strides[0] + (row % index.shape[1]) * index.strides[1] +
+         i2 * index.strides[2];
+}
+
+template <typename T, int kWidth>
+struct alignas(sizeof(T) * kWidth) Vector {
+  T value[kWidth];
+};
 
 template <typename T>
 __device__ float to_float(T value) {
@@ -105,9 +146,67 @@ __global__ void add_kernel(const T* src, Index4 src_index, T* dst, Index4 dst_in
   }
 }
 
+// The same three over rows (innermost axis contiguous), kWidth elements a thread: `vectors` is
+// the element count / kWidth, and every row holds a whole number of vectors.
+template <typename T, int kWidth>
+__global__ void fill_rows_kernel(T* data, Index4 index, std::int64_t vectors, T value) {
+  const std::int64_t per_row = index.shape[3] / kWidth;
+  Vector<T, kWidth> v;
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) v.value[k] = value;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < vectors;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
+    *reinterpret_cast<Vector<T, kWidth>*>(data + row_offset(index, row) + column) = v;
+  }
+}
+
+template <typename S, typename D, int kWidth>
+__global__ void copy_rows_kernel(const S* src, Index4 src_index, D* dst, Index4 dst_index,
+                                 std::int64_t vectors) {
+  const std::int64_t per_row = src_index.shape[3] / kWidth;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < vectors;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
+    const Vector<S, kWidth> in = *reinterpret_cast<const Vector<S, kWidth>*>(
+        src + row_offset(src_index, row) + column);
+    Vector<D, kWidth> out;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) out.value[k] = from_double<D>(to_double(in.value[k]));
+    *reinterpret_cast<Vector<D, kWidth>*>(dst + row_offset(dst_index, row) + column) = out;
+  }
+}
+
+template <typename T, int kWidth>
+__global__ void add_rows_kernel(const T* src, Index4 src_index, T* dst, Index4 dst_index,
+                                std::int64_t vectors) {
+  const std::int64_t per_row = src_index.shape[3] / kWidth;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < vectors;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
+    const Vector<T, kWidth> in = *reinterpret_cast<const Vector<T, kWidth>*>(
+        src + row_offset(src_index, row) + column);
+    auto* target = reinterpret_cast<Vector<T, kWidth>*>(dst + row_offset(dst_index, row) + column);
+    Vector<T, kWidth> sum = *target;
+#pragma unroll
+    for (int k = 0; k < kWidth; ++k) sum.value[k] += in.value[k];
+    *target = sum;
+  }
+}
+
 unsigned blocks_for(std::int64_t count) {
   const std::int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// Whether the rows kernels can take `index` over `base` kWidth elements of `bytes` at a time:
+// a contiguous innermost axis of whole vectors, row starts on vector boundaries.
+bool fits_rows(const Index4& index, const void* base, int width, std::size_t bytes) {
+  if (index.strides[3] != 1 || index.shape[3] % width != 0) return false;
+  for (int axis = 0; axis < 3; ++axis) {
+    if (index.strides[axis] % width != 0) return false;
+  }
+  return reinterpret_cast<std::uintptr_t>(base) % (width * bytes) == 0;
 }
 
 // Calls f(T{}) with T the CUDA type of `dtype`.
@@ -130,10 +229,19 @@ void dispatch(DType dtype, F&& f) {
 void fill(const TensorView& t, double value, void* stream) {
   const std::int64_t count = t.numel();
   if (count == 0) return;
+  Index4 index[1];
+  merged_indices<1>({&t}, index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
   dispatch(t.dtype, [&](auto zero) {
     using T = decltype(zero);
-    fill_kernel<T><<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        t.as<T>(), index_of(t), count, from_double<T>(value));
+    constexpr int kWidth = 16 / sizeof(T);
+    if (fits_rows(index[0], t.data, kWidth, sizeof(T))) {
+      fill_rows_kernel<T, kWidth><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
+          t.as<T>(), index[0], count / kWidth, from_double<T>(value));
+    } else {
+      fill_kernel<T><<<blocks_for(count), kThreads, 0, cuda_stream>>>(t.as<T>(), index[0], count,
+                                                                      from_double<T>(value));
+    }
   });
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
@@ -141,12 +249,22 @@ void fill(const TensorView& t, double value, void* stream) {
 void copy(const TensorView& src, const TensorView& dst, void* stream) {
   const std::int64_t count = src.numel();
   if (count == 0) return;
+  Index4 index[2];
+  merged_indices<2>({&src, &dst}, index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
   dispatch(src.dtype, [&](auto src_zero) {
     using S = decltype(src_zero);
     dispatch(dst.dtype, [&](auto dst_zero) {
       using D = decltype(dst_zero);
-      copy_kernel<S, D><<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-          src.as<const S>(), index_of(src), dst.as<D>(), index_of(dst), count);
+      constexpr int kWidth = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+      if (fits_rows(index[0], src.data, kWidth, sizeof(S)) &&
+          fits_rows(index[1], dst.data, kWidth, sizeof(D))) {
+        copy_rows_kernel<S, D, kWidth><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
+            src.as<const S>(), index[0], dst.as<D>(), index[1], count / kWidth);
+      } else {
+        copy_kernel<S, D><<<blocks_for(count), kThreads, 0, cuda_stream>>>(
+            src.as<const S>(), index[0], dst.as<D>(), index[1], count);
+      }
     });
   });
   RINGATTN_CUDA_CHECK_LAUNCH();
@@ -155,10 +273,20 @@ void copy(const TensorView& src, const TensorView& dst, void* stream) {
 void add(const TensorView& src, const TensorView& dst, void* stream) {
   const std::int64_t count = src.numel();
   if (count == 0) return;
+  Index4 index[2];
+  merged_indices<2>({&src, &dst}, index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
   auto launch = [&](auto zero) {
     using T = decltype(zero);
-    add_kernel<T><<<blocks_for(count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        src.as<const T>(), index_of(src), dst.as<T>(), index_of(dst), count);
+    constexpr int kWidth = 16 / sizeof(T);
+    if (fits_rows(index[0], src.data, kWidth, sizeof(T)) &&
+        fits_rows(index[1], dst.data, kWidth, sizeof(T))) {
+      add_rows_kernel<T, kWidth><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
+          src.as<const T>(), index[0], dst.as<T>(), index[1], count / kWidth);
+    } else {
+      add_kernel<T><<<blocks_for(count), kThreads, 0, cuda_stream>>>(
+          src.as<const T>(), index[0], dst.as<T>(), index[1], count);
+    }
   };
   if (src.dtype == DType::f64) {
     launch(double{});

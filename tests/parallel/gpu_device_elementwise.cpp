@@ -1,8 +1,12 @@
 // The ring's element-wise operations on the GPU (parallel/cuda/local_block_cuda.cu): fill,
-// convert-copy (f32 <-> bf16/f16, strided) and add, against the host versions on the same values.
+// convert-copy (f32 <-> bf16/f16, strided) and add, against the host versions on the same values;
+// then over views that take each of the device's two paths (16 bytes a thread along contiguous
+// rows, one element a thread otherwise), with the storage around the views left untouched.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -83,12 +87,95 @@ TEST(DeviceElementwise, MatchesHost) {
   }
 }
 
+
+// A [2, 7, 3, W] view (batch, token, head, dim) into storage whose rows hold `row` elements, from
+// element `offset` on: the packed-QKV layout of the trainer when row > 3 * W, contiguous when
+// row == 3 * W, misaligned for 16-byte access when `offset` is odd.
+struct ViewCase {
+  const char* name;
+  std::int64_t width, row, offset;
+};
+
+TensorView packed(void* data, DType dtype, const ViewCase& c, Memory memory) {
+  auto* base = static_cast<unsigned char*>(data) + c.offset * dtype_size(dtype);
+  return TensorView::contiguous(base, dtype, {2, 7, 3, c.width}, memory)
+      .with_strides({7 * c.row, c.row, c.width, 1});
+}
+
+TEST(DeviceElementwise, RowAndElementPathsMatchHost) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(91);
+  const ViewCase cases[] = {{"contiguous", 16, 48, 0},
+                            {"packed rows", 16, 80, 16},
+                            {"packed rows, odd offset", 16, 80, 1},
+                            {"rows of 12", 12, 40, 0},
+                            {"rows of 6", 6, 20, 2}};
+  for (const ViewCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::int64_t storage = 2 * 7 * c.row + c.offset + 8;
+    DeviceBuffer src(storage * 4), dst(storage * 4);
+    for (DType from : {DType::f32, DType::bf16}) {
+      for (DType to : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
+        // Random bytes as the source (finite as both dtypes: normal floats, rounded where 16-bit),
+        // and a poison of distinct values around and under the target view.
+        std::vector<float> values = test::normal_vector<float>(storage, rng);
+        std::vector<std::uint16_t> values16(storage);
+        detail::copy(TensorView::contiguous(values.data(), DType::f32, {storage}),
+                     TensorView::contiguous(values16.data(), DType::bf16, {storage}), nullptr);
+        std::vector<float> poison = test::normal_vector<float>(storage, rng);
+        std::vector<std::uint16_t> poison16(storage);
+        detail::copy(TensorView::contiguous(poison.data(), DType::f32, {storage}),
+                     TensorView::contiguous(poison16.data(), DType::bf16, {storage}), nullptr);
+        void* host_src = from == DType::f32 ? static_cast<void*>(values.data()) : values16.data();
+        void* host_dst = to == DType::f32 ? static_cast<void*>(poison.data()) : poison16.data();
+        RINGATTN_CUDA_CHECK(cudaMemcpy(src.data(), host_src, storage * dtype_size(from),
+                                       cudaMemcpyHostToDevice));
+        RINGATTN_CUDA_CHECK(cudaMemcpy(dst.data(), host_dst, storage * dtype_size(to),
+                                       cudaMemcpyHostToDevice));
+        CudaStream stream;
+        const std::size_t bytes = storage * dtype_size(to);
+        std::vector<unsigned char> device_out(bytes);
+
+        detail::copy(packed(src.data(), from, c, Memory::device),
+                     packed(dst.data(), to, c, Memory::device), stream.get());
+        if (from == to && from == DType::f32) {
+          detail::add(packed(src.data(), from, c, Memory::device),
+                      packed(dst.data(), to, c, Memory::device), stream.get());
+        }
+        stream.synchronize();
+        RINGATTN_CUDA_CHECK(
+            cudaMemcpy(device_out.data(), dst.data(), bytes, cudaMemcpyDeviceToHost));
+        detail::copy(packed(host_src, from, c, Memory::host), packed(host_dst, to, c, Memory::host),
+                     nullptr);
+        if (from == to && from == DType::f32) {
+          detail::add(packed(host_src, from, c, Memory::host),
+                      packed(host_dst, to, c, Memory::host), nullptr);
+        }
+        EXPECT_EQ(std::memcmp(device_out.data(), host_dst, bytes), 0) << "copy / add";
+
+        detail::fill(packed(dst.data(), to, c, Memory::device), -0.5, stream.get());
+        stream.synchronize();
+        RINGATTN_CUDA_CHECK(
+            cudaMemcpy(device_out.data(), dst.data(), bytes, cudaMemcpyDeviceToHost));
+        detail::fill(packed(host_dst, to, c, Memory::host), -0.5, nullptr);
+        EXPECT_EQ(std::memcmp(device_out.data(), host_dst, bytes), 0) << "fill";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ringattn
 
 #else
 
 TEST(DeviceElementwise, MatchesHost) {
+  RINGATTN_REQUIRE_GPUS(1);
+}
+
+TEST(DeviceElementwise, RowAndElementPathsMatchHost) {
   RINGATTN_REQUIRE_GPUS(1);
 }
 
