@@ -393,7 +393,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     if (ranks == 1) return;  // the gradients go straight to dq, dk, dv: see below
     for (OwnedBuffer& buffer : w.kv) buffer.reserve(comm.memory(), paired_bytes(s, args.q.dtype));
     for (OwnedBuffer& buffer : w.dkv) buffer.reserve(comm.memory(), paired_bytes(s, acc));
-    w.dkv_step.reserve(comm.memory(), paired_bytes(s, acc));
+    if (ranks > 2) w.dkv_step.reserve(comm.memory(), paired_bytes(s, acc));
   });
 
   void* stream = args.stream;
@@ -416,47 +416,77 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
                              paired_views(w.kv[1], s, args.q.dtype)};
   const PairedViews dkv[2] = {paired_views(w.dkv[0], s, acc), paired_views(w.dkv[1], s, acc)};
-  const PairedViews dkv_step = paired_views(w.dkv_step, s, acc);
   if (compute) {
     flash_backward_prepare(args.o, args.dout, delta, stream);
-    detail::fill(args.dq, 0.0, stream);
+    for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
+      detail::fill(*gradient, 0.0, stream);
+    }
     detail::copy(args.k, kv[0].k, stream);
     detail::copy(args.v, kv[0].v, stream);
   }
-
-  int held = 0;     // the kv buffer holding the visiting shard
-  int arrived = 0;  // the dkv buffer holding the visiting shard's accumulator
-  for (int step = 0; step < ranks; ++step) {
-    const bool more = step + 1 < ranks;
-    if (more && transfers) {
-      comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
-                          kv[1 - held].bytes, stream);
-    }
-    // The owner's own contribution starts its accumulator; later ones go to the step buffer and
-    // join the accumulator once it has arrived.
-    const PairedViews& target = step == 0 ? dkv[arrived] : dkv_step;
-    const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
-    const std::vector<BlockPair> pairs =
-        compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
-    if (compute && (step == 0 || !pairs.empty())) detail::fill(target.both, 0.0, stream);
+  // The block calls of `pairs` against the K/V views `k`, `v`, adding into dK/dV views `dk`, `dv`.
+  const auto run_pairs = [&](const std::vector<BlockPair>& pairs, const TensorView& k,
+                             const TensorView& v, const TensorView& dk, const TensorView& dv) {
     for (const BlockPair& p : pairs) {
       BackwardArgs block;
       block.q = rows(args.q, p.q_local_start, p.q_length);
-      block.k = rows(kv[held].k, p.k_local_start, p.k_length);
-      block.v = rows(kv[held].v, p.k_local_start, p.k_length);
+      block.k = rows(k, p.k_local_start, p.k_length);
+      block.v = rows(v, p.k_local_start, p.k_length);
       block.dout = rows(args.dout, p.q_local_start, p.q_length);
       block.lse = columns(args.lse, p.q_local_start, p.q_length);
       block.delta = columns(delta, p.q_local_start, p.q_length);
       block.dq = rows(args.dq, p.q_local_start, p.q_length);
-      block.dk = rows(target.k, p.k_local_start, p.k_length);
-      block.dv = rows(target.v, p.k_local_start, p.k_length);
+      block.dk = rows(dk, p.k_local_start, p.k_length);
+      block.dv = rows(dv, p.k_local_start, p.k_length);
       block.scale = args.scale;
       block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
       block.deterministic = args.deterministic;
       flash_backward(block, stream);
     }
+  };
+
+  // The rank's own shard adds straight into dk and dv, in two parts by query rows: the first
+  // while its K/V travel to the next rank, the second while the accumulator of its K/V, having
+  // visited every other rank, travels home. A visiting shard's accumulator starts at the rank
+  // after its owner (step 1): from step 2 on, a step's contribution goes to the step buffer while
+  // the accumulator arrives, and joins it after.
+  std::vector<BlockPair> own[2];
+  if (compute) {
+    for (BlockPair p : visible_pairs(*layout, *layout, args.causal)) {
+      BlockPair second = p;
+      p.q_length /= 2;
+      second.q_local_start += p.q_length;
+      second.q_global_start += p.q_length;
+      second.q_length -= p.q_length;
+      for (int part = 0; part < 2; ++part) {
+        if ((part == 0 ? p : second).q_length > 0) own[part].push_back(part == 0 ? p : second);
+      }
+    }
+  }
+  if (transfers) {
+    comm.exchange_start(w.kv[0].data(), kv[0].bytes, w.kv[1].data(), kv[1].bytes, stream);
+  }
+  run_pairs(own[0], args.k, args.v, args.dk, args.dv);
+  if (transfers) comm.exchange_wait(stream);
+
+  // The kv buffer holding the visiting shard (without transfers, the compute runs on the local
+  // copy), and the dkv buffer holding the visiting shard's accumulator.
+  int held = transfers ? 1 : 0;
+  int arrived = 0;
+  for (int step = 1; step < ranks; ++step) {
+    const bool more = step + 1 < ranks;
+    if (more && transfers) {
+      comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
+                          kv[1 - held].bytes, stream);
+    }
+    const PairedViews target = step == 1 ? dkv[arrived] : paired_views(w.dkv_step, s, acc);
+    const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
+    const std::vector<BlockPair> pairs =
+        compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
+    if (compute && (step == 1 || !pairs.empty())) detail::fill(target.both, 0.0, stream);
+    run_pairs(pairs, kv[held].k, kv[held].v, target.k, target.v);
     if (transfers) comm.exchange_wait(stream);
-    if (step > 0 && !pairs.empty()) detail::add(dkv_step.both, dkv[arrived].both, stream);
+    if (step > 1 && !pairs.empty()) detail::add(target.both, dkv[arrived].both, stream);
     if (transfers) {
       comm.exchange_start(w.dkv[arrived].data(), dkv[arrived].bytes, w.dkv[1 - arrived].data(),
                           dkv[1 - arrived].bytes, stream);
@@ -464,10 +494,11 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       if (more) held = 1 - held;
     }
   }
+  run_pairs(own[1], args.k, args.v, args.dk, args.dv);
   if (transfers) comm.exchange_wait(stream);
   if (compute) {
-    detail::copy(dkv[arrived].k, args.dk, stream);
-    detail::copy(dkv[arrived].v, args.dv, stream);
+    detail::add(dkv[arrived].k, args.dk, stream);
+    detail::add(dkv[arrived].v, args.dv, stream);
   }
 }
 
