@@ -150,15 +150,6 @@ std::size_t paired_bytes(const AttentionShape& s, DType dtype) {
          dtype_size(dtype);
 }
 
-PairedViews paired_views(const OwnedBuffer& buffer, const AttentionShape& s, DType dtype) {
-  PairedViews p;
-  p.bytes = paired_bytes(s, dtype);
-  p.k = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim});
-  p.v = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim}, p.bytes / 2);
-  p.both = buffer.view(dtype, {2 * s.batch, s.k_len, s.kv_heads, s.head_dim});
-  return p;
-}
-
 using NamedView = std::pair<const char*, const TensorView*>;
 using NamedViews = std::initializer_list<NamedView>;
 
@@ -208,6 +199,84 @@ void validate_collectively(const Communicator& comm, const char* where,
 
 }  // namespace
 
+// One workspace buffer of a call: a stretch of the caller's scratch or one of the ring's own
+// buffers.
+struct Slice {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  Memory memory = Memory::host;
+
+  // A row-major view of `shape` from `byte_offset` on.
+  TensorView view(DType dtype, std::initializer_list<std::int64_t> shape,
+                  std::size_t byte_offset = 0) const {
+    TensorView v = TensorView::contiguous(nullptr, dtype, shape, memory);
+    if (byte_offset + static_cast<std::size_t>(v.numel()) * dtype_size(dtype) > bytes) {
+      detail::fail("RingAttention", "a workspace view does not fit its buffer");
+    }
+    v.data = static_cast<unsigned char*>(data) + byte_offset;
+    return v;
+  }
+};
+
+// Places the workspace buffers of one call, largest first: each in the first scratch region with
+// room left (256-byte aligned), else in the ring's own buffer for it, grown as needed; an own
+// buffer that the scratch replaces is released.
+class Placement {
+ public:
+  static constexpr std::size_t kAlignment = 256;
+
+  Placement(const std::vector<ScratchRegion>& scratch, Memory memory)
+      : free_(scratch), memory_(memory) {}
+
+  Slice take(OwnedBuffer& own, std::size_t bytes) {
+    for (ScratchRegion& region : free_) {
+      const auto address = reinterpret_cast<std::uintptr_t>(region.data);
+      const std::size_t skip = (kAlignment - address % kAlignment) % kAlignment;
+      if (region.data == nullptr || region.bytes < skip || region.bytes - skip < bytes) continue;
+      Slice slice{static_cast<unsigned char*>(region.data) + skip, bytes, memory_};
+      region.data = static_cast<unsigned char*>(region.data) + skip + bytes;
+      region.bytes -= skip + bytes;
+      own = OwnedBuffer();
+      return slice;
+    }
+    own.reserve(memory_, bytes);
+    return {own.data(), bytes, memory_};
+  }
+
+ private:
+  std::vector<ScratchRegion> free_;
+  Memory memory_;
+};
+
+// Fails naming the region when a scratch region overlaps one of the call's tensors.
+void check_scratch(const std::vector<ScratchRegion>& scratch, NamedViews views,
+                   const char* where) {
+  for (std::size_t i = 0; i < scratch.size(); ++i) {
+    const auto first = reinterpret_cast<std::uintptr_t>(scratch[i].data);
+    const std::uintptr_t end = first + scratch[i].bytes;
+    for (const auto& [name, t] : views) {
+      std::int64_t last = 0;  // the offset of the view's last element
+      for (int axis = 0; axis < t->rank; ++axis) last += (t->shape[axis] - 1) * t->strides[axis];
+      const auto begin = reinterpret_cast<std::uintptr_t>(t->data);
+      const std::uintptr_t stop = begin + static_cast<std::uintptr_t>(last + 1) * dtype_size(t->dtype);
+      if (t->numel() > 0 && scratch[i].bytes > 0 && begin < end && first < stop) {
+        detail::fail(where, "scratch region ", i, " (", scratch[i].bytes,
+                     " bytes) overlaps ", name, "; the scratch must be memory the call's tensors "
+                     "do not use");
+      }
+    }
+  }
+}
+
+PairedViews paired_views(const Slice& buffer, const AttentionShape& s, DType dtype) {
+  PairedViews p;
+  p.bytes = paired_bytes(s, dtype);
+  p.k = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim});
+  p.v = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim}, p.bytes / 2);
+  p.both = buffer.view(dtype, {2 * s.batch, s.k_len, s.kv_heads, s.head_dim});
+  return p;
+}
+
 // The schedule, with private access to the RingAttention it runs for.
 struct RingAttentionInternals {
   static void forward(RingAttention& ring, const RingForwardArgs& args, RingWork work);
@@ -251,6 +320,12 @@ const Communicator& RingAttention::communicator() const {
   return *comm_;
 }
 
+std::size_t RingAttention::owned_workspace_bytes() const {
+  const Workspace& w = *workspace_;
+  return w.kv[0].bytes() + w.kv[1].bytes() + w.running_o.bytes() + w.dkv[0].bytes() +
+         w.dkv[1].bytes() + w.dkv_step.bytes() + w.delta.bytes();
+}
+
 void RingAttention::forward(const RingForwardArgs& args) {
   RingAttentionInternals::forward(*this, args, RingWork::all);
 }
@@ -280,6 +355,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
 
   AttentionShape s;
   std::optional<SequenceLayout> layout;
+  Slice kv_slices[2], running_slice;
   validate_collectively(comm, kWhere, description, [&] {
     ForwardArgs whole{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
     s = check_forward_args(whole, comm.memory(), kWhere);
@@ -289,11 +365,15 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
       detail::check_block_layout(*view, name, kWhere);
     }
     layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
+    check_scratch(args.scratch,
+                  {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o},
+                   {"lse", &args.lse}},
+                  kWhere);
     if (ranks == 1) return;  // no workspace: see below
-    w.kv[0].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
-    w.kv[1].reserve(comm.memory(), paired_bytes(s, args.q.dtype));
-    w.running_o.reserve(comm.memory(), static_cast<std::size_t>(args.o.numel()) *
-                                           dtype_size(accumulator_dtype(args.q.dtype)));
+    Placement place(args.scratch, comm.memory());
+    running_slice = place.take(w.running_o, static_cast<std::size_t>(args.o.numel()) *
+                                                dtype_size(accumulator_dtype(args.q.dtype)));
+    for (int i = 0; i < 2; ++i) kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
   });
 
   void* stream = args.stream;
@@ -308,9 +388,9 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
     return;
   }
   const DType acc = accumulator_dtype(args.q.dtype);
-  const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
-                             paired_views(w.kv[1], s, args.q.dtype)};
-  const TensorView running = w.running_o.view(acc, {s.batch, s.q_len, s.q_heads, s.head_dim});
+  const PairedViews kv[2] = {paired_views(kv_slices[0], s, args.q.dtype),
+                             paired_views(kv_slices[1], s, args.q.dtype)};
+  const TensorView running = running_slice.view(acc, {s.batch, s.q_len, s.q_heads, s.head_dim});
   if (compute) {
     detail::copy(args.k, kv[0].k, stream);
     detail::copy(args.v, kv[0].v, stream);
@@ -322,7 +402,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
   for (int step = 0; step < ranks; ++step) {
     const bool more = step + 1 < ranks && transfers;
     if (more) {
-      comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
+      comm.exchange_start(kv_slices[held].data, kv[held].bytes, kv_slices[1 - held].data,
                           kv[1 - held].bytes, stream);
     }
     const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
@@ -370,6 +450,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
 
   AttentionShape s;
   std::optional<SequenceLayout> layout;
+  Slice kv_slices[2], dkv_slices[2], step_slice, delta_slice;
   validate_collectively(comm, kWhere, description, [&] {
     ForwardArgs forward{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
     s = check_forward_args(forward, comm.memory(), kWhere);
@@ -388,17 +469,25 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       detail::check_block_layout(*view, name, kWhere);
     }
     layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
+    check_scratch(args.scratch,
+                  {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o},
+                   {"lse", &args.lse}, {"dout", &args.dout}, {"dq", &args.dq}, {"dk", &args.dk},
+                   {"dv", &args.dv}},
+                  kWhere);
     const DType acc = accumulator_dtype(args.q.dtype);
-    w.delta.reserve(comm.memory(), static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
-    if (ranks == 1) return;  // the gradients go straight to dq, dk, dv: see below
-    for (OwnedBuffer& buffer : w.kv) buffer.reserve(comm.memory(), paired_bytes(s, args.q.dtype));
-    for (OwnedBuffer& buffer : w.dkv) buffer.reserve(comm.memory(), paired_bytes(s, acc));
-    if (ranks > 2) w.dkv_step.reserve(comm.memory(), paired_bytes(s, acc));
+    Placement place(args.scratch, comm.memory());
+    if (ranks > 1) {  // one rank: the gradients go straight to dq, dk, dv (see below)
+      for (int i = 0; i < 2; ++i) dkv_slices[i] = place.take(w.dkv[i], paired_bytes(s, acc));
+      if (ranks > 2) step_slice = place.take(w.dkv_step, paired_bytes(s, acc));
+      for (int i = 0; i < 2; ++i) kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
+    }
+    delta_slice =
+        place.take(w.delta, static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
   });
 
   void* stream = args.stream;
   const DType acc = accumulator_dtype(args.q.dtype);
-  const TensorView delta = w.delta.view(acc, {s.batch, s.q_heads, s.q_len});
+  const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});
   // One rank: one block call on local positions (as in the forward) adds into the zeroed
   // gradients themselves.
   if (ranks == 1) {
@@ -413,9 +502,10 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     }
     return;
   }
-  const PairedViews kv[2] = {paired_views(w.kv[0], s, args.q.dtype),
-                             paired_views(w.kv[1], s, args.q.dtype)};
-  const PairedViews dkv[2] = {paired_views(w.dkv[0], s, acc), paired_views(w.dkv[1], s, acc)};
+  const PairedViews kv[2] = {paired_views(kv_slices[0], s, args.q.dtype),
+                             paired_views(kv_slices[1], s, args.q.dtype)};
+  const PairedViews dkv[2] = {paired_views(dkv_slices[0], s, acc),
+                              paired_views(dkv_slices[1], s, acc)};
   if (compute) {
     flash_backward_prepare(args.o, args.dout, delta, stream);
     for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
@@ -464,7 +554,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     }
   }
   if (transfers) {
-    comm.exchange_start(w.kv[0].data(), kv[0].bytes, w.kv[1].data(), kv[1].bytes, stream);
+    comm.exchange_start(kv_slices[0].data, kv[0].bytes, kv_slices[1].data, kv[1].bytes, stream);
   }
   run_pairs(own[0], args.k, args.v, args.dk, args.dv);
   if (transfers) comm.exchange_wait(stream);
@@ -476,10 +566,10 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   for (int step = 1; step < ranks; ++step) {
     const bool more = step + 1 < ranks;
     if (more && transfers) {
-      comm.exchange_start(w.kv[held].data(), kv[held].bytes, w.kv[1 - held].data(),
+      comm.exchange_start(kv_slices[held].data, kv[held].bytes, kv_slices[1 - held].data,
                           kv[1 - held].bytes, stream);
     }
-    const PairedViews target = step == 1 ? dkv[arrived] : paired_views(w.dkv_step, s, acc);
+    const PairedViews target = step == 1 ? dkv[arrived] : paired_views(step_slice, s, acc);
     const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
     const std::vector<BlockPair> pairs =
         compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
@@ -488,8 +578,8 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     if (transfers) comm.exchange_wait(stream);
     if (step > 1 && !pairs.empty()) detail::add(target.both, dkv[arrived].both, stream);
     if (transfers) {
-      comm.exchange_start(w.dkv[arrived].data(), dkv[arrived].bytes, w.dkv[1 - arrived].data(),
-                          dkv[1 - arrived].bytes, stream);
+      comm.exchange_start(dkv_slices[arrived].data, dkv[arrived].bytes,
+                          dkv_slices[1 - arrived].data, dkv[1 - arrived].bytes, stream);
       arrived = 1 - arrived;
       if (more) held = 1 - held;
     }

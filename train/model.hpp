@@ -119,6 +119,9 @@ class TrainModel {
   virtual void export_gradients(std::vector<float>& grads) = 0;
   // Peak memory of the backend's device in MiB (0 on the CPU: the trainer reports the process's).
   virtual double device_memory_mib() = 0;
+  // The bytes of workspace the model's ring attention holds of its own (0 when the buffers lent
+  // to it as scratch hold all of it).
+  virtual std::size_t ring_workspace_bytes() const = 0;
 
   // The phase profile (see the top of this file): the calls between the two are timed by phase;
   // finish_profiled_step() waits for the device and adds the step's times into phase_times()
@@ -183,6 +186,7 @@ class Model final : public TrainModel {
                     const std::vector<float>& v) override;
   void export_gradients(std::vector<float>& grads) override;
   double device_memory_mib() override;
+  std::size_t ring_workspace_bytes() const override { return ring_.owned_workspace_bytes(); }
   void start_profiled_step() override;
   void finish_profiled_step() override;
   const std::vector<PhaseTime>& phase_times() const override { return phases_; }
@@ -216,6 +220,8 @@ class Model final : public TrainModel {
   // runs the ring attention again), and which pair is block l's.
   bool keeps_attention() const { return !options_.recompute || !options_.recompute_attention; }
   std::size_t attention_slot(std::size_t l) const { return keeps_attention() ? l : 0; }
+  // The ring call of layer l's attention (its inputs in L.qkv, its output in attn_o_), with the
+  // buffers that are dead while attention runs lent as the ring's scratch.
   RingForwardArgs ring_forward_args(std::size_t l, Layer& L);
   // Runs op(); within a profiled step, as one interval of `phase` on the backend's clock.
   template <class Op>

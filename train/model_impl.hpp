@@ -210,6 +210,19 @@ RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
   args.scale = 1.0 / std::sqrt(static_cast<double>(hd));
   args.causal = true;
   args.stream = backend_->stream();
+  // Dead whenever attention runs: the MLP's activations of L (written after the attention forward
+  // and read before the attention backward), dh_ and the MLP's gradients (each written and read
+  // within one layer's backward, before its attention backward). So the ring's workspace costs no
+  // memory of its own on the cp ranks.
+  const auto lend = [&](auto& buffer) {
+    args.scratch.push_back({buffer.data(), buffer.size() * sizeof(*buffer.data())});
+  };
+  lend(dgu_);
+  lend(L.gu);
+  lend(dact_);
+  lend(L.act);
+  lend(dh_);
+  lend(L.h2);
   return args;
 }
 
@@ -427,6 +440,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.causal = true;
     args.deterministic = options_.deterministic || B::memory == Memory::host;
     args.stream = fwd.stream;
+    args.scratch = fwd.scratch;
     timed("attention.backward", [&] { ring_.backward(args); });
     if constexpr (!std::is_same_v<Act, Acc>) {
       timed("attention.backward.to_act", [&] { be.to_act(dqkv_.data(), dqkv_acc, n * row); });

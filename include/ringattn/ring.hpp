@@ -22,6 +22,7 @@
 // communicator is then unusable, as the job usually is.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -65,6 +66,15 @@ SequenceLayoutKind parse_sequence_layout(std::string_view name);  // "contiguous
 //                                              overwritten; keep it for the backward
 // Any strides (packed QKV views work). `causal` masks by global position: the token at position i
 // sees the keys at positions <= i, whichever ranks hold them.
+// Memory a call may use for its workspace instead of the ring's own (device memory for device
+// tensors): for the duration of the call the caller leaves it alone and it overlaps none of the
+// call's tensors; afterwards its contents are unspecified. A trainer lends buffers that are dead
+// while attention runs, so that the ring costs no memory of its own.
+struct ScratchRegion {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 struct RingForwardArgs {
   TensorView q{}, k{}, v{};
   TensorView o{};
@@ -72,6 +82,7 @@ struct RingForwardArgs {
   double scale = 0.0;  // > 0, typically 1/sqrt(head_dim)
   bool causal = false;
   void* stream = nullptr;  // cudaStream_t for device tensors (nullptr: the default stream)
+  std::vector<ScratchRegion> scratch;  // optional: see ScratchRegion
 };
 
 // The local shards of one backward call: q, k, v, scale and causal as in the forward, o and lse
@@ -87,10 +98,14 @@ struct RingBackwardArgs {
   bool causal = false;
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
   void* stream = nullptr;
+  std::vector<ScratchRegion> scratch;  // optional: see ScratchRegion
 };
 
-// The ring schedule over one communicator. It keeps its workspaces (two K/V buffers, the running
-// output, the travelling dK/dV accumulators) between calls, growing them to the largest call.
+// The ring schedule over one communicator. Its workspace (two K/V buffers, the running output,
+// the travelling dK/dV accumulators, a step buffer from three ranks on) goes, buffer by buffer,
+// largest first, into the first region of the call's scratch with room; the rest it keeps
+// between calls, growing each buffer to the largest call (and releasing one that a call's scratch
+// holds). One rank needs none.
 // Calls are collective: every rank of the communicator makes the same calls in the same order.
 // One object serves one stream at a time.
 class RingAttention {
@@ -109,6 +124,9 @@ class RingAttention {
 
   void forward(const RingForwardArgs& args);
   void backward(const RingBackwardArgs& args);
+
+  // The bytes of workspace this object holds now (not counting the scratch lent to calls).
+  std::size_t owned_workspace_bytes() const;
 
   // This rank's tokens of a sequence of `total_length`: their global positions (for RoPE), and
   // copies between a whole host tensor and this rank's shard, for any dtype and strides. Rank 4:

@@ -67,10 +67,11 @@ TEST(CApiRing, ForwardAndBackwardEqualTheCppRing) {
   std::vector<double> o2(o.size()), lse2(lse.size()), dq2(dq.size()), dk2(dk.size()), dv2(dv.size());
   ringattn::RingAttention cpp(ringattn::mpi_world_communicator(), ringattn::SequenceLayoutKind::zigzag);
   cpp.forward({view(q, {B, Sl, Hq, D}), view(k, {B, Sl, Hkv, D}), view(v, {B, Sl, Hkv, D}),
-               view(o2, {B, Sl, Hq, D}), view(lse2, {B, Hq, Sl}), 0.3, true});
+               view(o2, {B, Sl, Hq, D}), view(lse2, {B, Hq, Sl}), 0.3, true, nullptr, {}});
   cpp.backward({view(q, {B, Sl, Hq, D}), view(k, {B, Sl, Hkv, D}), view(v, {B, Sl, Hkv, D}),
                 view(o2, {B, Sl, Hq, D}), view(lse2, {B, Hq, Sl}), view(g, {B, Sl, Hq, D}),
-                view(dq2, {B, Sl, Hq, D}), view(dk2, {B, Sl, Hkv, D}), view(dv2, {B, Sl, Hkv, D}), 0.3, true});
+                view(dq2, {B, Sl, Hq, D}), view(dk2, {B, Sl, Hkv, D}), view(dv2, {B, Sl, Hkv, D}), 0.3, true,
+                false, nullptr, {}});
   EXPECT_EQ(o, o2);
   EXPECT_EQ(lse, lse2);
   EXPECT_EQ(dq, dq2);

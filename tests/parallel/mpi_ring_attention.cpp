@@ -171,9 +171,9 @@ Outputs run_ring(RingAttention& ring, const std::shared_ptr<Communicator>& comm,
   HostTensor<T> dq({s.batch, local, s.q_heads, s.head_dim});
   HostTensor<T> dk({s.batch, local, s.kv_heads, s.head_dim}),
       dv({s.batch, local, s.kv_heads, s.head_dim});
-  ring.forward({qkv.q, qkv.k, qkv.v, o.view, lse.view, problem.scale, problem.causal, nullptr});
+  ring.forward({qkv.q, qkv.k, qkv.v, o.view, lse.view, problem.scale, problem.causal, nullptr, {}});
   ring.backward({qkv.q, qkv.k, qkv.v, o.view, lse.view, dout.view, dq.view, dk.view, dv.view,
-                 problem.scale, problem.causal, false, nullptr});
+                 problem.scale, problem.causal, false, nullptr, {}});
 
   const SequenceLayoutKind kind = ring.layout();
   return {gather_whole(o, kind, *comm, {s.batch, s.q_len, s.q_heads, s.head_dim}),

@@ -45,11 +45,11 @@ struct Shards {
   }
 
   RingForwardArgs forward_args(bool causal = true) const {
-    return {q.view, k.view, v.view, o.view, lse.view, 0.25, causal, nullptr};
+    return {q.view, k.view, v.view, o.view, lse.view, 0.25, causal, nullptr, {}};
   }
   RingBackwardArgs backward_args(bool causal = true) const {
     return {q.view,  k.view,  v.view, o.view, lse.view, dout.view, dq.view,
-            dk.view, dv.view, 0.25,   causal, false,    nullptr};
+            dk.view, dv.view, 0.25,   causal, false,    nullptr, {}};
   }
 };
 
@@ -178,7 +178,8 @@ TEST_F(MpiRingErrors, DtypesAndMemoryTheBackendCannotRun) {
                        TensorView::contiguous(lse.data(), DType::f32, {2, 4, 32}),
                        0.25,
                        false,
-                       nullptr};
+                       nullptr,
+                       {}};
   expect_same_error_everywhere([&] { ring.forward(bf16); },
                                {"q has dtype bf16", "CPU block", "f32 or f64"});
   // Device tensors on an MPI communicator, which moves host memory.

@@ -6,6 +6,10 @@
 // ran and merged), and its backward, with that LSE, that block's gradients (N contributions of a
 // 1/N share each, dK/dV through the step buffer and the addition). A RingAttention that ran the
 // halves then computes what a fresh one does.
+//
+// The workspace: with scratch lent to its calls the ring computes bitwise what it does without,
+// holds no workspace of its own when the scratch has room for all of it and only what did not fit
+// otherwise, and a scratch region that overlaps a tensor of the call fails on every rank.
 #include <mpi.h>
 
 #include <gtest/gtest.h>
@@ -84,11 +88,11 @@ struct Shards {
   }
 
   RingForwardArgs forward_args(bool causal) const {
-    return {q.view, k.view, v.view, o.view, lse.view, 0.25, causal, nullptr};
+    return {q.view, k.view, v.view, o.view, lse.view, 0.25, causal, nullptr, {}};
   }
   RingBackwardArgs backward_args(bool causal) const {
     return {q.view, k.view, v.view, o.view, lse.view, dout.view, dq.view, dk.view, dv.view, 0.25, causal,
-            false,  nullptr};
+            false,  nullptr, {}};
   }
 };
 
@@ -186,6 +190,70 @@ TEST_F(MpiRingParts, HalvesLeaveTheRingComputingWhatAFreshOneDoes) {
     EXPECT_EQ(used_out.dv.storage, fresh_out.dv.storage);
     recording_->take_log();
   }
+}
+
+
+// The workspace bytes a ring call needs beyond the scratch: its own buffers after the call.
+TEST_F(MpiRingParts, ScratchHoldsTheWorkspaceAndChangesNoResult) {
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    Shards plain(100 + rank_), lent(100 + rank_), partly(100 + rank_);
+    RingAttention own(recording_, SequenceLayoutKind::zigzag);
+    own.forward(plain.forward_args(causal));
+    own.backward(plain.backward_args(causal));
+    const std::size_t owned = own.owned_workspace_bytes();
+    EXPECT_GT(owned, 0u);  // at least the backward's delta
+
+    // Room for everything (plus alignment), in one region that starts off the 256-byte grid.
+    std::vector<double> scratch(owned / sizeof(double) + 1024);
+    const ScratchRegion region{scratch.data() + 1, (scratch.size() - 1) * sizeof(double)};
+    RingAttention ring(recording_, SequenceLayoutKind::zigzag);
+    RingForwardArgs forward = lent.forward_args(causal);
+    RingBackwardArgs backward = lent.backward_args(causal);
+    forward.scratch = backward.scratch = {region};
+    ring.forward(forward);
+    ring.backward(backward);
+    EXPECT_EQ(ring.owned_workspace_bytes(), 0u);
+    EXPECT_EQ(lent.o.storage, plain.o.storage);
+    EXPECT_EQ(lent.lse.storage, plain.lse.storage);
+    EXPECT_EQ(lent.dq.storage, plain.dq.storage);
+    EXPECT_EQ(lent.dk.storage, plain.dk.storage);
+    EXPECT_EQ(lent.dv.storage, plain.dv.storage);
+
+    // Regions too small for the largest buffers: those stay the ring's own, the rest is lent.
+    std::vector<double> small(2048);
+    forward = partly.forward_args(causal);
+    backward = partly.backward_args(causal);
+    forward.scratch = backward.scratch = {{small.data(), 8}, {small.data() + 64, 8192}};
+    ring.forward(forward);
+    ring.backward(backward);
+    if (ranks_ > 1) {
+      EXPECT_GT(ring.owned_workspace_bytes(), 0u);
+      EXPECT_LT(ring.owned_workspace_bytes(), owned);
+    }
+    EXPECT_EQ(partly.o.storage, plain.o.storage);
+    EXPECT_EQ(partly.dq.storage, plain.dq.storage);
+    EXPECT_EQ(partly.dk.storage, plain.dk.storage);
+    EXPECT_EQ(partly.dv.storage, plain.dv.storage);
+    recording_->take_log();
+  }
+}
+
+TEST_F(MpiRingParts, ScratchOverlappingATensorFailsEverywhere) {
+  Shards s(110 + rank_);
+  RingAttention ring(recording_, SequenceLayoutKind::zigzag);
+  RingBackwardArgs backward = s.backward_args(true);
+  // Only rank 0 lends memory that is dk's; every rank reports rank 0's error.
+  if (rank_ == 0) backward.scratch = {{s.dk.storage.data() + 5, 64}};
+  try {
+    ring.backward(backward);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("scratch region 0 (64 bytes) overlaps dk"), std::string::npos)
+        << message;
+  }
+  recording_->take_log();
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // finite differences of the loss, on a tiny shape (vocab 16, d_model 16, 2 layers, 2 query heads
 // on 1 K/V head of 8, seq 8, batch 2) with a loss mask that leaves tokens out. With N ranks the
 // sequence is sharded over a ring of N (zigzag), each rank's gradients are summed over the ring
-// and the loss is the global weighted mean: the check covers the cp path too.
+// and the loss is the global weighted mean: the check covers the cp path too, with the ring's
+// workspace in the model's buffers that are dead during attention (it holds none of its own).
 // For a random direction u (over all parameters, and restricted to each parameter tensor in turn):
 //   | g . u - (L(p + eps u) - L(p - eps u)) / (2 eps) | <= 1e-6 * max(|g . u|, 1e-3)
 #include <mpi.h>
@@ -116,6 +117,7 @@ void run_check(bool tied, std::int64_t loss_chunk_tokens = 8192) {
     check_direction(u, info.name);
     offset += info.elements;
   }
+  EXPECT_EQ(model.ring_workspace_bytes(), 0u) << "the lent buffers did not hold the ring's workspace";
   // Also a nonzero gradient everywhere it should be.
   double norm = 0.0;
   for (double g : grad) norm += g * g;
