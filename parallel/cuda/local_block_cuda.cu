@@ -146,8 +146,8 @@ __global__ void add_kernel(const T* src, Index4 src_index, T* dst, Index4 dst_in
   }
 }
 
-// The same three over rows (innermost axis contiguous), kWidth elements a thread: `vectors` is
-// the element count / kWidth, and every row holds a whole number of vectors.
+// The same over rows (innermost axis contiguous), kWidth elements a thread: `vectors` is the
+// element count / kWidth, and every row holds a whole number of vectors.
 template <typename T, int kWidth>
 __global__ void fill_rows_kernel(T* data, Index4 index, std::int64_t vectors, T value) {
   const std::int64_t per_row = index.shape[3] / kWidth;
@@ -161,7 +161,8 @@ __global__ void fill_rows_kernel(T* data, Index4 index, std::int64_t vectors, T 
   }
 }
 
-template <typename S, typename D, int kWidth>
+// dst = src converted, or with kAdd (S and D the same type) dst += src.
+template <typename S, typename D, int kWidth, bool kAdd>
 __global__ void copy_rows_kernel(const S* src, Index4 src_index, D* dst, Index4 dst_index,
                                  std::int64_t vectors) {
   const std::int64_t per_row = src_index.shape[3] / kWidth;
@@ -170,27 +171,17 @@ __global__ void copy_rows_kernel(const S* src, Index4 src_index, D* dst, Index4 
     const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
     const Vector<S, kWidth> in = *reinterpret_cast<const Vector<S, kWidth>*>(
         src + row_offset(src_index, row) + column);
+    auto* target = reinterpret_cast<Vector<D, kWidth>*>(dst + row_offset(dst_index, row) + column);
     Vector<D, kWidth> out;
+    if constexpr (kAdd) {
+      out = *target;
 #pragma unroll
-    for (int k = 0; k < kWidth; ++k) out.value[k] = from_double<D>(to_double(in.value[k]));
-    *reinterpret_cast<Vector<D, kWidth>*>(dst + row_offset(dst_index, row) + column) = out;
-  }
-}
-
-template <typename T, int kWidth>
-__global__ void add_rows_kernel(const T* src, Index4 src_index, T* dst, Index4 dst_index,
-                                std::int64_t vectors) {
-  const std::int64_t per_row = src_index.shape[3] / kWidth;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < vectors;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
-    const Vector<T, kWidth> in = *reinterpret_cast<const Vector<T, kWidth>*>(
-        src + row_offset(src_index, row) + column);
-    auto* target = reinterpret_cast<Vector<T, kWidth>*>(dst + row_offset(dst_index, row) + column);
-    Vector<T, kWidth> sum = *target;
+      for (int k = 0; k < kWidth; ++k) out.value[k] += in.value[k];
+    } else {
 #pragma unroll
-    for (int k = 0; k < kWidth; ++k) sum.value[k] += in.value[k];
-    *target = sum;
+      for (int k = 0; k < kWidth; ++k) out.value[k] = from_double<D>(to_double(in.value[k]));
+    }
+    *target = out;
   }
 }
 
@@ -259,7 +250,7 @@ void copy(const TensorView& src, const TensorView& dst, void* stream) {
       constexpr int kWidth = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
       if (fits_rows(index[0], src.data, kWidth, sizeof(S)) &&
           fits_rows(index[1], dst.data, kWidth, sizeof(D))) {
-        copy_rows_kernel<S, D, kWidth><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
+        copy_rows_kernel<S, D, kWidth, false><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
             src.as<const S>(), index[0], dst.as<D>(), index[1], count / kWidth);
       } else {
         copy_kernel<S, D><<<blocks_for(count), kThreads, 0, cuda_stream>>>(
@@ -281,7 +272,7 @@ void add(const TensorView& src, const TensorView& dst, void* stream) {
     constexpr int kWidth = 16 / sizeof(T);
     if (fits_rows(index[0], src.data, kWidth, sizeof(T)) &&
         fits_rows(index[1], dst.data, kWidth, sizeof(T))) {
-      add_rows_kernel<T, kWidth><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
+      copy_rows_kernel<T, T, kWidth, true><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
           src.as<const T>(), index[0], dst.as<T>(), index[1], count / kWidth);
     } else {
       add_kernel<T><<<blocks_for(count), kThreads, 0, cuda_stream>>>(

@@ -96,6 +96,15 @@ struct Shards {
   }
 };
 
+// Bitwise the same outputs and gradients.
+void expect_same_results(const Shards& got, const Shards& expected) {
+  EXPECT_EQ(got.o.storage, expected.o.storage);
+  EXPECT_EQ(got.lse.storage, expected.lse.storage);
+  EXPECT_EQ(got.dq.storage, expected.dq.storage);
+  EXPECT_EQ(got.dk.storage, expected.dk.storage);
+  EXPECT_EQ(got.dv.storage, expected.dv.storage);
+}
+
 class MpiRingParts : public testing::Test {
  protected:
   void SetUp() override {
@@ -183,11 +192,7 @@ TEST_F(MpiRingParts, HalvesLeaveTheRingComputingWhatAFreshOneDoes) {
     }
     used.forward(used_out.forward_args(causal));
     used.backward(used_out.backward_args(causal));
-    EXPECT_EQ(used_out.o.storage, fresh_out.o.storage);
-    EXPECT_EQ(used_out.lse.storage, fresh_out.lse.storage);
-    EXPECT_EQ(used_out.dq.storage, fresh_out.dq.storage);
-    EXPECT_EQ(used_out.dk.storage, fresh_out.dk.storage);
-    EXPECT_EQ(used_out.dv.storage, fresh_out.dv.storage);
+    expect_same_results(used_out, fresh_out);
     recording_->take_log();
   }
 }
@@ -214,11 +219,7 @@ TEST_F(MpiRingParts, ScratchHoldsTheWorkspaceAndChangesNoResult) {
     ring.forward(forward);
     ring.backward(backward);
     EXPECT_EQ(ring.owned_workspace_bytes(), 0u);
-    EXPECT_EQ(lent.o.storage, plain.o.storage);
-    EXPECT_EQ(lent.lse.storage, plain.lse.storage);
-    EXPECT_EQ(lent.dq.storage, plain.dq.storage);
-    EXPECT_EQ(lent.dk.storage, plain.dk.storage);
-    EXPECT_EQ(lent.dv.storage, plain.dv.storage);
+    expect_same_results(lent, plain);
 
     // Regions too small for the largest buffers: those stay the ring's own, the rest is lent.
     std::vector<double> small(2048);
@@ -231,10 +232,7 @@ TEST_F(MpiRingParts, ScratchHoldsTheWorkspaceAndChangesNoResult) {
       EXPECT_GT(ring.owned_workspace_bytes(), 0u);
       EXPECT_LT(ring.owned_workspace_bytes(), owned);
     }
-    EXPECT_EQ(partly.o.storage, plain.o.storage);
-    EXPECT_EQ(partly.dq.storage, plain.dq.storage);
-    EXPECT_EQ(partly.dk.storage, plain.dk.storage);
-    EXPECT_EQ(partly.dv.storage, plain.dv.storage);
+    expect_same_results(partly, plain);
     recording_->take_log();
   }
 }
