@@ -40,7 +40,9 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<MpiCommunicator> mpi_;
   ncclComm_t comm_ = nullptr;
   int device_ = 0;
-  CudaStream comm_stream_;
+  // The device's highest priority: the transfer kernels take multiprocessors as the block's CTAs
+  // retire, instead of waiting behind the rest of the block's grid.
+  CudaStream comm_stream_{CudaStream::highest_priority()};
   CudaEvent compute_ready_;  // recorded on the caller's stream, waited on by comm_stream_
   CudaEvent transfer_done_;  // recorded on comm_stream_, waited on by the caller's stream
 };

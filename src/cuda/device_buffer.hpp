@@ -51,6 +51,17 @@ class DeviceBuffer {
 class CudaStream {
  public:
   CudaStream() { RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  // A stream whose kernels the device schedules before those of lower priority (a smaller
+  // number is a higher priority; the range is cudaDeviceGetStreamPriorityRange's).
+  explicit CudaStream(int priority) {
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
+  }
+  // The highest priority of the current device.
+  static int highest_priority() {
+    int least = 0, greatest = 0;
+    RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    return greatest;
+  }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
   ~CudaStream() { RINGATTN_CUDA_LOG(cudaStreamDestroy(stream_)); }
