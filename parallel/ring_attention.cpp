@@ -542,15 +542,14 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   // the accumulator arrives, and joins it after.
   std::vector<BlockPair> own[2];
   if (compute) {
-    for (BlockPair p : visible_pairs(*layout, *layout, args.causal)) {
-      BlockPair second = p;
-      p.q_length /= 2;
-      second.q_local_start += p.q_length;
-      second.q_global_start += p.q_length;
-      second.q_length -= p.q_length;
-      for (int part = 0; part < 2; ++part) {
-        if ((part == 0 ? p : second).q_length > 0) own[part].push_back(part == 0 ? p : second);
-      }
+    for (const BlockPair& p : visible_pairs(*layout, *layout, args.causal)) {
+      BlockPair first = p, second = p;
+      first.q_length = p.q_length / 2;
+      second.q_local_start += first.q_length;
+      second.q_global_start += first.q_length;
+      second.q_length -= first.q_length;
+      if (first.q_length > 0) own[0].push_back(first);
+      own[1].push_back(second);
     }
   }
   if (transfers) {
