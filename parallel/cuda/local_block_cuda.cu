@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "parallel/local_block.hpp"
@@ -34,7 +33,10 @@ template <int kViews>
 void merged_indices(const TensorView* const (&views)[kViews], Index4 (&out)[kViews]) {
   const TensorView& first = *views[0];
   for (Index4& x : out) {
-    for (int axis = 0; axis < 4; ++axis) x.shape[axis] = 1, x.strides[axis] = 0;
+    for (int axis = 0; axis < 4; ++axis) {
+      x.shape[axis] = 1;
+      x.strides[axis] = 0;
+    }
   }
   int inner = 4;  // out's axes [inner, 4) are filled
   for (int from = first.rank - 1; from >= 0; --from) {
