@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check part bench-trainer_fit: the longest context ringattn-train can train on one GPU and on
-# two (cp = 2), for the 188M shape of configs/small-32k.yaml with recomputation.
+# two (cp = 2), for the 188M shape of configs/small-32k.yaml with recomputation (and, on two,
+# the AdamW moments sharded over the GPUs: train.shard_optimizer).
 # Usage: bench/trainer_fit.sh OUTDIR
 #
 # A step at the longest length takes minutes (attention is quadratic in it), so the search does not
@@ -35,7 +36,8 @@ for cp in 1 2; do
     rm -rf "${runs:?}/$name"
     timeout 300 mpiexec -n "$cp" --oversubscribe "$build/ringattn-train" configs/small-32k.yaml \
       --set data.source=retrieval --set train.seq_len="$seq" --set train.batch_size=1 \
-      --set train.recompute=true --set parallel.cp="$cp" --set train.steps="$steps" \
+      --set train.recompute=true --set train.shard_optimizer=true --set parallel.cp="$cp" \
+      --set train.steps="$steps" \
       --set train.warmup_steps=1 --set train.log_every=1 --set train.eval_every=0 \
       --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
       >"$runs/$name.log" 2>&1 || { status=1; tail -5 "$runs/$name.log"; }

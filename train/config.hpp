@@ -9,7 +9,7 @@
 //             rope_theta norm_eps init_std
 //   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
 //             adam_eps grad_clip seed recompute recompute_attention deterministic profile
-//             log_every eval_every eval_batches checkpoint_every keep_checkpoints
+//             shard_optimizer log_every eval_every eval_batches checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
 //   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
 //   run:      dir backend resume
@@ -72,6 +72,11 @@ struct TrainingConfig {
   // Time every step's ops by phase (train/model.hpp); at the end of the run rank 0 prints the
   // table and writes <run.dir>/profile.json. The results are the same either way.
   bool profile = false;
+  // AdamW's moments sharded over the ranks that hold the same parameters (all dp x cp ranks):
+  // each rank updates its share of the weights and the ranks sum them together afterwards. Less
+  // memory a GPU (the moments are 8 bytes a parameter), one more all-reduce of the weights a step;
+  // the same results bitwise.
+  bool shard_optimizer = false;
   int log_every = 10;          // steps between log lines
   int eval_every = 50;         // steps between evaluations; 0: never
   int eval_batches = 8;        // batches per evaluation

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,8 @@ struct ModelOptions {
   // The output head and the loss run over this many tokens at a time, so the logits held at once
   // are [loss_chunk_tokens, vocab] rather than [batch * Sl, vocab].
   std::int64_t loss_chunk_tokens = 8192;
+  // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
+  bool shard_optimizer = false;
 };
 
 // What the trainer needs of a model, whatever its backend. Parameters, gradients and moments
@@ -110,7 +113,9 @@ class TrainModel {
   virtual std::string first_non_finite_tensor() = 0;
   virtual void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) = 0;
 
-  // Host copies of the parameters and the AdamW moments (parameter_count() floats each).
+  // Host copies of the parameters and the AdamW moments (parameter_count() floats each). With
+  // ModelOptions::shard_optimizer, export_state is collective over the gradient communicator (every
+  // rank calls it), and import_state keeps this rank's share of the moments.
   virtual void export_state(std::vector<float>& params, std::vector<float>& m,
                             std::vector<float>& v) = 0;
   virtual void import_state(const std::vector<float>& params, const std::vector<float>& m,
@@ -237,6 +242,11 @@ class Model final : public TrainModel {
   std::vector<ParameterInfo> infos_;
   std::vector<std::int64_t> offsets_;
   Buffer<Master> params_, grads_, adam_m_, adam_v_;
+  // The flat parameters whose moments this rank holds and updates, [shard_first_, shard_end_):
+  // all of them unless ModelOptions::shard_optimizer splits them over grad_comm_'s ranks.
+  std::int64_t shard_first_ = 0, shard_end_ = 0;
+  bool sharded() const { return shard_end_ - shard_first_ < offsets_.back(); }
+  std::pair<std::int64_t, std::int64_t> share_of(int rank) const;
   Buffer<Act> weights_;  // the GEMMs' copy of params_ where Act differs from Master
   std::vector<std::int64_t> positions_;
   std::size_t emb_ = 0, final_norm_ = 0, head_ = 0;

@@ -13,10 +13,14 @@
 //              durations of intervals 0 .. count - 1
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "parallel/sequence_layout.hpp"
 #include "ringattn/error.hpp"
@@ -59,11 +63,15 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   offsets_.push_back(offset);
   params_ = Buffer<Master>(offset);
   grads_ = Buffer<Master>(offset);
-  adam_m_ = Buffer<Master>(offset);
-  adam_v_ = Buffer<Master>(offset);
+  shard_end_ = offset;
+  if (options_.shard_optimizer && grad_comm_ && grad_comm_->size() > 1) {
+    std::tie(shard_first_, shard_end_) = share_of(grad_comm_->rank());
+  }
+  adam_m_ = Buffer<Master>(shard_end_ - shard_first_);
+  adam_v_ = Buffer<Master>(shard_end_ - shard_first_);
   if constexpr (!std::is_same_v<Act, Master>) weights_ = Buffer<Act>(offset);
-  backend_->fill_zero(adam_m_.data(), offset);
-  backend_->fill_zero(adam_v_.data(), offset);
+  backend_->fill_zero(adam_m_.data(), shard_end_ - shard_first_);
+  backend_->fill_zero(adam_v_.data(), shard_end_ - shard_first_);
   const auto find = [&](const std::string& name) {
     for (std::size_t i = 0; i < infos_.size(); ++i) {
       if (infos_[i].name == name) return i;
@@ -543,18 +551,44 @@ std::string Model<B>::first_non_finite_tensor() {
   return {};
 }
 
+// Rank `rank`'s share of the flat parameters under shard_optimizer: equal parts of grad_comm_'s
+// ranks, starting on 64-element (256-byte) boundaries.
+template <class B>
+std::pair<std::int64_t, std::int64_t> Model<B>::share_of(int rank) const {
+  const std::int64_t count = offsets_.back(), ranks = grad_comm_->size();
+  constexpr std::int64_t kAlignment = 64;
+  const auto start = [&](std::int64_t r) {
+    return r == ranks ? count : count * r / ranks / kAlignment * kAlignment;
+  };
+  return {start(rank), start(rank + 1)};
+}
+
 template <class B>
 void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
   timed("adamw", [&] {
     for (std::size_t i = 0; i < infos_.size(); ++i) {
-      const std::int64_t o = offsets_[i];
+      // The part of parameter i in this rank's share.
+      const std::int64_t first = std::max(offsets_[i], shard_first_);
+      const std::int64_t end = std::min(offsets_[i + 1], shard_end_);
+      if (first >= end) continue;
       Act* copy = nullptr;
-      if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + o;
-      backend_->adamw(params_.data() + o, copy, grads_.data() + o, adam_m_.data() + o,
-                      adam_v_.data() + o, infos_[i].elements, hyper, step,
+      if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + first;
+      backend_->adamw(params_.data() + first, copy, grads_.data() + first,
+                      adam_m_.data() + (first - shard_first_),
+                      adam_v_.data() + (first - shard_first_), end - first, hyper, step,
                       infos_[i].weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip,
                       grad_scale);
     }
+  });
+  if (!sharded()) return;
+  // Each rank zeroes the weights outside its share; their sum over the ranks is then every
+  // share's update everywhere (x + 0 is x, but for the sign of a zero).
+  timed("adamw.gather", [&] {
+    const std::int64_t count = offsets_.back();
+    backend_->fill_zero(params_.data(), shard_first_);
+    backend_->fill_zero(params_.data() + shard_end_, count - shard_end_);
+    grad_comm_->all_reduce_sum(params_.data(), count, B::master_dtype, backend_->stream());
+    refresh_weights();
   });
 }
 
@@ -566,8 +600,27 @@ void Model<B>::export_state(std::vector<float>& params, std::vector<float>& m,
   m.resize(count);
   v.resize(count);
   backend_->download(params.data(), params_.data(), count);
-  backend_->download(m.data(), adam_m_.data(), count);
-  backend_->download(v.data(), adam_v_.data(), count);
+  if (!sharded()) {
+    backend_->download(m.data(), adam_m_.data(), count);
+    backend_->download(v.data(), adam_v_.data(), count);
+    return;
+  }
+  // Every rank's share of the moments, gathered on the host in parts of the widest share.
+  const int ranks = grad_comm_->size();
+  std::int64_t widest = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const auto [first, end] = share_of(r);
+    widest = std::max(widest, end - first);
+  }
+  std::vector<float> mine(widest), all(static_cast<std::size_t>(widest) * ranks);
+  for (auto [moments, out] : {std::pair{&adam_m_, &m}, std::pair{&adam_v_, &v}}) {
+    backend_->download(mine.data(), moments->data(), shard_end_ - shard_first_);
+    grad_comm_->host_all_gather(mine.data(), mine.size() * sizeof(float), all.data());
+    for (int r = 0; r < ranks; ++r) {
+      const auto [first, end] = share_of(r);
+      std::copy_n(all.begin() + r * widest, end - first, out->begin() + first);
+    }
+  }
 }
 
 template <class B>
@@ -581,8 +634,8 @@ void Model<B>::import_state(const std::vector<float>& params, const std::vector<
     }
   }
   backend_->upload(params_.data(), params.data(), count);
-  backend_->upload(adam_m_.data(), m.data(), count);
-  backend_->upload(adam_v_.data(), v.data(), count);
+  backend_->upload(adam_m_.data(), m.data() + shard_first_, shard_end_ - shard_first_);
+  backend_->upload(adam_v_.data(), v.data() + shard_first_, shard_end_ - shard_first_);
   refresh_weights();
 }
 

@@ -219,6 +219,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   ModelOptions model_options;
   model_options.recompute = config.train.recompute;
   model_options.recompute_attention = config.train.recompute_attention;
+  model_options.shard_optimizer = config.train.shard_optimizer;
   model_options.deterministic = config.train.deterministic;
   model_options.local_attention = config.parallel.local_attention;
   if (s.backend == Backend::cuda) {
@@ -304,7 +305,8 @@ void Trainer::save_checkpoint() {
   Impl& s = *impl_;
   std::optional<Error> failure;
   std::vector<float> params, m, v;
-  if (s.world_rank == 0) s.model->export_state(params, m, v);
+  // Collective: with train.shard_optimizer every rank holds a share of the moments.
+  s.model->export_state(params, m, v);
   if (s.world_rank == 0) try {
       const TrainingConfig& t = s.config.train;
       CheckpointState state;

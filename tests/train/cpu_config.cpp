@@ -30,9 +30,10 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 47u);
+  EXPECT_EQ(keys.size(), 48u);
   for (const char* key :
-       {"model.head_dim", "train.lr", "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
+       {"model.head_dim", "train.lr", "train.shard_optimizer", "parallel.layout",
+        "data.retrieval.pairs", "run.resume"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -64,6 +65,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.recompute_attention = true;
   c.train.deterministic = true;
   c.train.profile = true;
+  c.train.shard_optimizer = true;
   c.train.log_every = integer(11, 99);
   c.train.eval_every = integer(51, 999);
   c.train.eval_batches = integer(5, 99);
@@ -125,7 +127,8 @@ TEST(Config, OverridesSetEveryKind) {
   apply_overrides(
       c, std::vector<std::string>{
              "train.lr=3e-4", "train.steps=20", "model.head_dim=32", "train.recompute=true",
-             "train.recompute_attention=true", "train.profile=true", "parallel.layout=contiguous",
+             "train.recompute_attention=true", "train.profile=true", "train.shard_optimizer=true",
+             "parallel.layout=contiguous",
              "data.retrieval.pairs=16", "run.resume=latest", "data.train_path=a=b.h5",
              "train.seed=18446744073709551615", "run.backend=cpu", "data.source=hdf5"});
   EXPECT_EQ(c.train.lr, 3e-4);
@@ -135,6 +138,7 @@ TEST(Config, OverridesSetEveryKind) {
   EXPECT_TRUE(c.train.recompute);
   EXPECT_TRUE(c.train.recompute_attention);
   EXPECT_TRUE(c.train.profile);
+  EXPECT_TRUE(c.train.shard_optimizer);
   EXPECT_EQ(c.parallel.layout, ShardLayout::contiguous);
   EXPECT_EQ(c.data.retrieval.pairs, 16);
   EXPECT_EQ(c.run.resume, "latest");

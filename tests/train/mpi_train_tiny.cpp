@@ -142,13 +142,15 @@ TEST(TrainTiny, Hdf5DataSameLossesAtEveryCp) {
 // Stop and resume: a job of 12 steps stopped after 6 with a checkpoint, then the job resuming from
 // it gives steps 7 to 12 bitwise equal to an uninterrupted run of 12 at the same layout; the same
 // checkpoint resumed at cp = 1 (every rank alone) gives them within 1e-5.
-TEST(TrainTiny, ResumeContinuesBitwiseAndUnderAnotherLayout) {
+// `config` (cp = the world) run straight for 12 steps, and stopped after 6, saved and resumed:
+// bitwise the same losses; resumed at cp = 1 (without shard_optimizer) from that checkpoint: the
+// same within 1e-5.
+void expect_resume(TrainConfig config, const std::string& what) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   const int size = communicator_size(*world), rank = communicator_rank(*world);
   std::unique_ptr<test::TempDir> dir;
   if (rank == 0) dir = std::make_unique<test::TempDir>();
   const std::string root = all_gather_text(*world, rank == 0 ? dir->path().string() : "")[0];
-  TrainConfig config = tiny_config();
   config.parallel.cp = size;
   config.train.steps = 12;
   config.run.dir = root + "/run";
@@ -159,7 +161,7 @@ TEST(TrainTiny, ResumeContinuesBitwiseAndUnderAnotherLayout) {
     TrainerOptions options;
     options.write_metrics = false;
     Trainer stopped(config, world, options);
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(stopped.step().loss, straight[i]);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(stopped.step().loss, straight[i]) << what;
     stopped.save_checkpoint();
   }
   TrainConfig second = config;
@@ -167,16 +169,40 @@ TEST(TrainTiny, ResumeContinuesBitwiseAndUnderAnotherLayout) {
   const std::vector<double> resumed = losses_of(second, world);
   ASSERT_EQ(resumed.size(), 6u);
   for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(resumed[i], straight[6 + i]) << "step " << 7 + i << " after resuming at step 6";
+    EXPECT_EQ(resumed[i], straight[6 + i])
+        << what << ": step " << 7 + i << " after resuming at step 6";
   }
 
   TrainConfig alone = config;
   alone.parallel.cp = 1;
+  alone.train.shard_optimizer = false;
   alone.run.resume = root + "/run/ckpt-6.h5";
   expect_same(std::vector<double>(straight.begin() + 6, straight.end()),
               losses_of(alone, split_communicator(*world, rank, 0)),
-              "resumed at cp = 1 from a checkpoint of cp = " + std::to_string(size));
+              what + ": resumed at cp = 1 from a checkpoint of cp = " + std::to_string(size));
   world->barrier();  // every rank is done with the files before rank 0 removes them
+}
+
+TEST(TrainTiny, ResumeContinuesBitwiseAndUnderAnotherLayout) {
+  expect_resume(tiny_config(), "moments on every rank");
+}
+
+// train.shard_optimizer: each rank updates its share of the weights from its share of the AdamW
+// moments, and the ranks sum the shares: bitwise the same losses as without, and checkpoints
+// (gathered from the shares) that resume bitwise and under another layout.
+TEST(TrainTiny, ShardedOptimizerGivesBitwiseTheSameRun) {
+  std::shared_ptr<Communicator> world = mpi_world_communicator();
+  TrainConfig config = tiny_config();
+  config.parallel.cp = communicator_size(*world);
+  config.train.steps = 8;
+  const std::vector<double> whole = losses_of(config, world);
+  config.train.shard_optimizer = true;
+  const std::vector<double> sharded = losses_of(config, world);
+  ASSERT_EQ(whole.size(), sharded.size());
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_EQ(whole[i], sharded[i]) << "step " << i + 1;
+  }
+  expect_resume(config, "moments sharded");
 }
 
 // A loss that overflows stops the run with an error naming the step, on every rank alike.
