@@ -142,6 +142,22 @@ TEST(TrainTiny, Hdf5DataSameLossesAtEveryCp) {
 // Stop and resume: a job of 12 steps stopped after 6 with a checkpoint, then the job resuming from
 // it gives steps 7 to 12 bitwise equal to an uninterrupted run of 12 at the same layout; the same
 // checkpoint resumed at cp = 1 (every rank alone) gives them within 1e-5.
+// The tiny config for 8 steps with cp = the world's size.
+TrainConfig eight_steps_at_world_cp(const Communicator& world) {
+  TrainConfig config = tiny_config();
+  config.parallel.cp = communicator_size(world);
+  config.train.steps = 8;
+  return config;
+}
+
+void expect_bitwise(const std::vector<double>& expected, const std::vector<double>& actual,
+                    const std::string& what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(expected[i], actual[i]) << what << ": step " << i + 1;
+  }
+}
+
 // `config` (cp = the world) run straight for 12 steps, and stopped after 6, saved and resumed:
 // bitwise the same losses; resumed at cp = 1 (without shard_optimizer) from that checkpoint: the
 // same within 1e-5.
@@ -192,16 +208,10 @@ TEST(TrainTiny, ResumeContinuesBitwiseAndUnderAnotherLayout) {
 // (gathered from the shares) that resume bitwise and under another layout.
 TEST(TrainTiny, ShardedOptimizerGivesBitwiseTheSameRun) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
-  TrainConfig config = tiny_config();
-  config.parallel.cp = communicator_size(*world);
-  config.train.steps = 8;
+  TrainConfig config = eight_steps_at_world_cp(*world);
   const std::vector<double> whole = losses_of(config, world);
   config.train.shard_optimizer = true;
-  const std::vector<double> sharded = losses_of(config, world);
-  ASSERT_EQ(whole.size(), sharded.size());
-  for (std::size_t i = 0; i < whole.size(); ++i) {
-    EXPECT_EQ(whole[i], sharded[i]) << "step " << i + 1;
-  }
+  expect_bitwise(whole, losses_of(config, world), "moments sharded");
   expect_resume(config, "moments sharded");
 }
 
@@ -231,20 +241,12 @@ TEST(TrainTiny, NonFiniteLossNamesTheStep) {
 // recomputed.
 TEST(TrainTiny, RecomputeGivesBitwiseTheSameLosses) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
-  TrainConfig config = tiny_config();
-  config.parallel.cp = communicator_size(*world);
-  config.train.steps = 8;
+  TrainConfig config = eight_steps_at_world_cp(*world);
   const std::vector<double> kept = losses_of(config, world);
   config.train.recompute = true;
-  const std::vector<double> recomputed = losses_of(config, world);
+  expect_bitwise(kept, losses_of(config, world), "recomputed");
   config.train.recompute_attention = true;
-  const std::vector<double> attention_recomputed = losses_of(config, world);
-  ASSERT_EQ(kept.size(), recomputed.size());
-  ASSERT_EQ(kept.size(), attention_recomputed.size());
-  for (std::size_t i = 0; i < kept.size(); ++i) {
-    EXPECT_EQ(kept[i], recomputed[i]) << "step " << i + 1;
-    EXPECT_EQ(kept[i], attention_recomputed[i]) << "step " << i + 1 << ", attention recomputed";
-  }
+  expect_bitwise(kept, losses_of(config, world), "attention recomputed");
   EXPECT_LT(kept.back(), kept.front());
 }
 
