@@ -137,79 +137,52 @@ __device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], con
   "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
 
-#define RINGATTN_WGMMA_SS_64(T, TYPE)                                                           \
+// One specialization of FUNC<N, T> with both operands in shared memory (a, b descriptors) or with
+// A from registers (a[4]); the operands' indices follow the 4 N / 8 accumulators' (A_B_P: those
+// of a, b and the accumulate predicate), and TRANS is the transpose flags' tail of the instruction.
+#define RINGATTN_WGMMA_SS(FUNC, N, T, TYPE, NAMES, OPERANDS, A, B, P, TRANS)                     \
   template <>                                                                                     \
-  __device__ __forceinline__ void wgmma_ss<64, T>(float (&d)[8][4], std::uint64_t a,            \
-                                               std::uint64_t b, int accumulate) {                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"                     \
-                 RINGATTN_WGMMA_D64_NAMES "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                         \
-                 : RINGATTN_WGMMA_D64_OPERANDS                                                      \
+  __device__ __forceinline__ void FUNC<N, T>(float (&d)[N / 8][4], std::uint64_t a,              \
+                                             std::uint64_t b, int accumulate) {                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {"               \
+                 NAMES "}, %" A ", %" B ", p, 1, 1, " TRANS ";\n}\n"                                 \
+                 : OPERANDS                                                                        \
                  : "l"(a), "l"(b), "r"(accumulate));                                              \
   }
-#define RINGATTN_WGMMA_RS_MN_64(T, TYPE)                                                        \
+#define RINGATTN_WGMMA_RS(FUNC, N, T, TYPE, NAMES, OPERANDS, A, B, P, TRANS)                     \
   template <>                                                                                     \
-  __device__ __forceinline__ void wgmma_rs_mn<64, T>(float (&d)[8][4],                          \
-                                                  const std::uint32_t (&a)[4], std::uint64_t b,   \
-                                                  int accumulate) {                               \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"                     \
-                 RINGATTN_WGMMA_D64_NAMES "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"     \
-                 : RINGATTN_WGMMA_D64_OPERANDS                                                      \
+  __device__ __forceinline__ void FUNC<N, T>(float (&d)[N / 8][4], const std::uint32_t (&a)[4],  \
+                                             std::uint64_t b, int accumulate) {                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {"               \
+                 NAMES "}, {" A "}, %" B ", p, 1, 1, " TRANS ";\n}\n"                                \
+                 : OPERANDS                                                                        \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));          \
   }
-#define RINGATTN_WGMMA_SS_128(T, TYPE)                                                           \
-  template <>                                                                                     \
-  __device__ __forceinline__ void wgmma_ss<128, T>(float (&d)[16][4], std::uint64_t a,            \
-                                               std::uint64_t b, int accumulate) {                  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"                     \
-                 RINGATTN_WGMMA_D128_NAMES "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                         \
-                 : RINGATTN_WGMMA_D128_OPERANDS                                                      \
-                 : "l"(a), "l"(b), "r"(accumulate));                                              \
-  }
-#define RINGATTN_WGMMA_RS_MN_128(T, TYPE)                                                        \
-  template <>                                                                                     \
-  __device__ __forceinline__ void wgmma_rs_mn<128, T>(float (&d)[16][4],                          \
-                                                  const std::uint32_t (&a)[4], std::uint64_t b,   \
-                                                  int accumulate) {                               \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"                     \
-                 RINGATTN_WGMMA_D128_NAMES "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"     \
-                 : RINGATTN_WGMMA_D128_OPERANDS                                                      \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));          \
-  }
-#define RINGATTN_WGMMA_SS_MN_64(T, TYPE)                                                        \
-  template <>                                                                                     \
-  __device__ __forceinline__ void wgmma_ss_mn<64, T>(float (&d)[8][4], std::uint64_t a,         \
-                                                  std::uint64_t b, int accumulate) {               \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                       \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"                     \
-                 RINGATTN_WGMMA_D64_NAMES "}, %32, %33, p, 1, 1, 1, 1;\n}\n"                         \
-                 : RINGATTN_WGMMA_D64_OPERANDS                                                      \
-                 : "l"(a), "l"(b), "r"(accumulate));                                              \
-  }
+// Every product the kernels use, for one 16-bit type.
+#define RINGATTN_WGMMA_ALL(T, TYPE)                                                               \
+  RINGATTN_WGMMA_SS(wgmma_ss, 64, T, TYPE, RINGATTN_WGMMA_D64_NAMES, RINGATTN_WGMMA_D64_OPERANDS, \
+                    "32", "33", "34", "0, 0")                                                     \
+  RINGATTN_WGMMA_SS(wgmma_ss, 128, T, TYPE, RINGATTN_WGMMA_D128_NAMES,                            \
+                    RINGATTN_WGMMA_D128_OPERANDS, "64", "65", "66", "0, 0")                       \
+  RINGATTN_WGMMA_SS(wgmma_ss_mn, 64, T, TYPE, RINGATTN_WGMMA_D64_NAMES,                           \
+                    RINGATTN_WGMMA_D64_OPERANDS, "32", "33", "34", "1, 1")                        \
+  RINGATTN_WGMMA_RS(wgmma_rs_mn, 64, T, TYPE, RINGATTN_WGMMA_D64_NAMES,                           \
+                    RINGATTN_WGMMA_D64_OPERANDS, "%32, %33, %34, %35", "36", "37", "1")           \
+  RINGATTN_WGMMA_RS(wgmma_rs_mn, 128, T, TYPE, RINGATTN_WGMMA_D128_NAMES,                         \
+                    RINGATTN_WGMMA_D128_OPERANDS, "%64, %65, %66, %67", "68", "69", "1")
 
-RINGATTN_WGMMA_SS_64(__nv_bfloat16, "bf16")
-RINGATTN_WGMMA_RS_MN_64(__nv_bfloat16, "bf16")
-RINGATTN_WGMMA_SS_128(__nv_bfloat16, "bf16")
-RINGATTN_WGMMA_RS_MN_128(__nv_bfloat16, "bf16")
-RINGATTN_WGMMA_SS_MN_64(__nv_bfloat16, "bf16")
-RINGATTN_WGMMA_SS_64(__half, "f16")
-RINGATTN_WGMMA_RS_MN_64(__half, "f16")
-RINGATTN_WGMMA_SS_128(__half, "f16")
-RINGATTN_WGMMA_RS_MN_128(__half, "f16")
-RINGATTN_WGMMA_SS_MN_64(__half, "f16")
+RINGATTN_WGMMA_ALL(__nv_bfloat16, "bf16")
+RINGATTN_WGMMA_ALL(__half, "f16")
 
 #undef RINGATTN_WGMMA_D64_NAMES
 #undef RINGATTN_WGMMA_D64_OPERANDS
 #undef RINGATTN_WGMMA_D128_NAMES
 #undef RINGATTN_WGMMA_D128_OPERANDS
-#undef RINGATTN_WGMMA_SS_64
-#undef RINGATTN_WGMMA_RS_MN_64
-#undef RINGATTN_WGMMA_SS_128
-#undef RINGATTN_WGMMA_RS_MN_128
-#undef RINGATTN_WGMMA_SS_MN_64
+#undef RINGATTN_WGMMA_SS
+#undef RINGATTN_WGMMA_RS
+#undef RINGATTN_WGMMA_ALL
 #endif  // sm_90a
 
 }  // namespace ringattn::cuda_detail
