@@ -305,8 +305,8 @@ void Trainer::save_checkpoint() {
   Impl& s = *impl_;
   std::optional<Error> failure;
   std::vector<float> params, m, v;
-  // Collective: with train.shard_optimizer every rank holds a share of the moments.
-  s.model->export_state(params, m, v);
+  // With train.shard_optimizer every rank holds a share of the moments: then it is collective.
+  if (s.world_rank == 0 || s.config.train.shard_optimizer) s.model->export_state(params, m, v);
   if (s.world_rank == 0) try {
       const TrainingConfig& t = s.config.train;
       CheckpointState state;
