@@ -488,14 +488,16 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   void* stream = args.stream;
   const DType acc = accumulator_dtype(args.q.dtype);
   const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});
+  if (compute) {
+    flash_backward_prepare(args.o, args.dout, delta, stream);
+    for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
+      detail::fill(*gradient, 0.0, stream);
+    }
+  }
   // One rank: one block call on local positions (as in the forward) adds into the zeroed
   // gradients themselves.
   if (ranks == 1) {
     if (compute) {
-      flash_backward_prepare(args.o, args.dout, delta, stream);
-      for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
-        detail::fill(*gradient, 0.0, stream);
-      }
       flash_backward({args.q, args.k, args.v, args.dout, args.lse, delta, args.dq, args.dk, args.dv,
                       args.scale, Mask{args.causal, 0, 0}, args.deterministic},
                      stream);
@@ -507,10 +509,6 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   const PairedViews dkv[2] = {paired_views(dkv_slices[0], s, acc),
                               paired_views(dkv_slices[1], s, acc)};
   if (compute) {
-    flash_backward_prepare(args.o, args.dout, delta, stream);
-    for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
-      detail::fill(*gradient, 0.0, stream);
-    }
     detail::copy(args.k, kv[0].k, stream);
     detail::copy(args.v, kv[0].v, stream);
   }
