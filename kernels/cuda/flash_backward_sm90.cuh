@@ -17,10 +17,12 @@
 //   dV += P^T dO, dK += dS^T Q      A = P^T / dS^T from registers, B = dO / Q read MN-major
 //
 // and, in the default mode, stages dS^T in shared memory for dQ = dS K (A = dS read M-major, B =
-// K read MN-major), added into global fp32 with atomics: at head_dim 128 each warpgroup computes
-// one 64-column half of dQ over all 128 keys (dS^T double-buffered, both warpgroups meet at a
-// named barrier each step), at head_dim 64 all of dQ over its own 64 keys (each warpgroup on its
-// own). The deterministic mode leaves dQ to flash_dq_kernel.
+// K read MN-major): at head_dim 128 each warpgroup computes one 64-column half of dQ over all 128
+// keys (dS^T double-buffered, both warpgroups meet at a named barrier each step), at head_dim 64
+// all of dQ over its own 64 keys (each warpgroup on its own). Its 64 x 64 fp32 block goes into
+// global dQ by two TMA reductions from shared memory, issued by one thread while the warpgroup
+// moves on (or, where the driver cannot describe dQ as a tensor map, with atomics from the
+// registers). The deterministic mode leaves dQ to flash_dq_kernel.
 #pragma once
 
 #include <cuda.h>
@@ -36,7 +38,10 @@
 
 namespace ringattn::cuda_detail {
 
-template <int kHeadDim>
+// kTmaDq: dQ is staged in shared memory and added into global memory by TMA reductions (the
+// default mode where the driver can describe dQ), which costs 32 KiB: two Q / dO stages then at
+// head_dim 128 instead of three.
+template <int kHeadDim, bool kTmaDq = false>
 struct HopperBackwardTiles {
   static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * kConsumerGroups + 128;  // and the producer warpgroup
@@ -44,7 +49,7 @@ struct HopperBackwardTiles {
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kKeys = 64 * kConsumerGroups;  // keys per CTA
   static constexpr int kRows = 64;                    // query rows per step
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 3;
+  static constexpr int kStages = kHeadDim <= 64 ? 4 : (kTmaDq ? 2 : 3);
   // dQ's column halves need both warpgroups' dS^T at head_dim 128: two buffers let one step's
   // writes run while the other warpgroup still reads the previous step's.
   static constexpr int kDsBuffers = kHeadDim == 128 ? 2 : 1;
@@ -53,21 +58,48 @@ struct HopperBackwardTiles {
   static constexpr int kBarriers = 1 + 2 * kStages;           // K/V; full and empty of a stage
   // Each consumer warp's LSE and delta of a step, two buffers.
   static constexpr int kStatisticsBytes = kConsumerGroups * 4 * 2 * 2 * kRows * 4;
-  // K, V, the Q and dO stages, dS^T, the statistics, the barriers, and the slack that aligns the
-  // tiles to the swizzle's 1024-byte period: 185 KiB at head_dim 128, 121 KiB at 64.
+  // Each consumer warpgroup's 64 x 64 fp32 block of dQ (kTmaDq).
+  static constexpr int kDqStageBytes = kTmaDq ? kConsumerGroups * 64 * 64 * 4 : 0;
+  // K, V, the Q and dO stages, dS^T, the dQ blocks, the statistics, the barriers, and the slack
+  // that aligns the tiles to the swizzle's 1024-byte period: 201 KiB at head_dim 128 (also with
+  // kTmaDq), 121 KiB at 64 (153 with kTmaDq).
   static constexpr int kSmemBytes = 2 * kKeyTileBytes + 2 * kStages * kRowTileBytes +
-                                    kDsBuffers * kKeys * kRows * 2 + kStatisticsBytes +
-                                    8 * kBarriers + 1024;
+                                    kDsBuffers * kKeys * kRows * 2 + kDqStageBytes +
+                                    kStatisticsBytes + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA can have");
 };
 
-template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq>
+// Writes a warpgroup's 64 x 64 fp32 accumulator block `acc` (wgmma's layout), times `scale`, into
+// `stage` as two [64 rows][32 columns] halves in the 128-byte swizzle, which a tensor map with
+// 32-column boxes reads: 16-byte chunk c of row r at chunk c ^ (r % 8).
+__device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc)[8][4],
+                                                 float scale, int warp, int lane) {
+  const int group_row = lane / 4, quad_col = 2 * (lane % 4);
+#pragma unroll
+  for (int dt = 0; dt < 8; ++dt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp * 16 + group_row + 8 * half, col = dt * 8 + quad_col;
+      const int chunk = (col % 32) / 4;
+      float* out = stage + (col / 32) * (64 * 32) + row * 32 + (chunk ^ (row % 8)) * 4 + col % 4;
+      *reinterpret_cast<float2*>(out) =
+          make_float2(acc[dt][2 * half] * scale, acc[dt][2 * half + 1] * scale);
+    }
+  }
+}
+
+// kAtomicDq: the default mode, dQ added here (kTmaDq: by TMA reductions through dq_map, else with
+// atomics); otherwise flash_dq_kernel computes it.
+template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq, bool kTmaDq>
 __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     flash_backward_sm90_kernel(const FlashParams p, const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map,
                                const __grid_constant__ CUtensorMap q_map,
-                               const __grid_constant__ CUtensorMap do_map) {
+                               const __grid_constant__ CUtensorMap do_map,
+                               const __grid_constant__ CUtensorMap dq_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tiles = HopperBackwardTiles<kHeadDim>;
+  static_assert(kAtomicDq || !kTmaDq, "TMA reductions are the default mode's");
+  using Tiles = HopperBackwardTiles<kHeadDim, kTmaDq>;
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
   constexpr int kRowTiles = kRows / 8;      // n-tiles of S^T
@@ -75,6 +107,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kPanels = kHeadDim / 64;
   constexpr int kRowElements = kRows * kHeadDim;
   constexpr int kDsBarrier = 1;  // named barriers kDsBarrier (+ warp group at head_dim 64)
+  constexpr int kDqBarrier = 3;  // named barriers kDqBarrier + warp group (kTmaDq)
   using DsLayout = PanelSwizzle<kKeys, kRows>;  // dS^T: [keys][rows], rows contiguous
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -84,8 +117,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   T* q_tiles = v_tile + kKeys * kHeadDim;          // [kStages][kRows * kHeadDim]
   T* do_tiles = q_tiles + kStages * kRowElements;  // [kStages][kRows * kHeadDim]
   T* ds_tiles = do_tiles + kStages * kRowElements;  // [kDsBuffers][kKeys * kRows]
+  // [consumer warpgroups][64 * 64] (kTmaDq), 1024-byte aligned like the tiles before it
+  float* dq_stages = reinterpret_cast<float*>(ds_tiles + Tiles::kDsBuffers * kKeys * kRows);
   // [consumer warps][2 buffers][LSE in log2 units, delta][kRows]
-  float* statistics = reinterpret_cast<float*>(ds_tiles + Tiles::kDsBuffers * kKeys * kRows);
+  float* statistics = dq_stages + Tiles::kDqStageBytes / 4;
   std::uint64_t* kv_full =
       reinterpret_cast<std::uint64_t*>(statistics + Tiles::kStatisticsBytes / 4);
   std::uint64_t* rows_full = kv_full + 1;
@@ -248,6 +283,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         const int dq_key = kSplitColumns ? 0 : wg_key;
         const int panel = kSplitColumns ? warp_group : 0;
         fence_proxy_async_shared();
+        // kTmaDq: the reduction of the step before has read this warpgroup's dQ block once its
+        // issuing thread has waited here; the barrier tells the others.
+        if constexpr (kTmaDq) {
+          if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
+        }
         if constexpr (kSplitColumns) {
           named_barrier_sync(kDsBarrier, 128 * kGroups);
         } else {
@@ -272,7 +312,21 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         pin_registers(dv);
         if (lane == 0) mbarrier_arrive(rows_empty + stage);
         if (step + 1 < steps) stage_statistics(step + 1);
-        add_dq_atomic(p, batch, head, row_first + warp * 16 + group_row, panel * 64, quad_col, dq);
+        if constexpr (kTmaDq) {
+          float* dq_stage = dq_stages + warp_group * 64 * 64;
+          stage_fp32_block(dq_stage, dq, p.scale, warp, lane);
+          fence_proxy_async_shared();
+          named_barrier_sync(kDqBarrier + warp_group, 128);
+          if (threadIdx.x % 128 == 0) {
+            tma_reduce_add_box(&dq_map, dq_stage, panel * 64, row_first, head, batch);
+            tma_reduce_add_box(&dq_map, dq_stage + 64 * 32, panel * 64 + 32, row_first, head,
+                               batch);
+            bulk_commit_group();
+          }
+        } else {
+          add_dq_atomic(p, batch, head, row_first + warp * 16 + group_row, panel * 64, quad_col,
+                        dq);
+        }
       } else {
         wgmma_wait<0>();
         pin_registers(dk);
@@ -283,6 +337,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     }
   }
 
+  // The last reductions finish before the CTA's shared memory goes.
+  if constexpr (kTmaDq) {
+    if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
+  }
   add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
 #endif  // sm_90a
 }

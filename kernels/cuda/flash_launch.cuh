@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/flash_backward.cuh"
@@ -89,11 +91,18 @@ void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
+// RINGATTN_DQ_ATOMIC=1 in the environment keeps the Hopper backward's dQ on atomics (to compare
+// with the TMA reductions, or to rule them out).
+inline bool dq_atomics_forced() {
+  const char* value = std::getenv("RINGATTN_DQ_ATOMIC");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
 template <DType kDtype, int kHeadDim>
 void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
   using HopperTiles = HopperBackwardTiles<kHeadDim>;
-  CUtensorMap k_map, v_map, q_map, do_map;
+  CUtensorMap k_map, v_map, q_map, do_map, dq_map{};
   // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
   // sm_80 kernel.
   const bool tma = hopper &&
@@ -103,16 +112,28 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
                                      kHeadDim, HopperTiles::kKeys) &&
                    make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads,
                                      kHeadDim, HopperTiles::kRows) &&
-                   make_row_tile_map(do_map, "dout", p.dout, p.dout_strides, p.batch, p.q_len, p.q_heads,
-                                     kHeadDim, HopperTiles::kRows);
-  // The main kernel adds dQ with atomics unless deterministic; then flash_dq_kernel computes it.
+                   make_row_tile_map(do_map, "dout", p.dout, p.dout_strides, p.batch, p.q_len,
+                                     p.q_heads, kHeadDim, HopperTiles::kRows);
+  // The default mode adds dQ by TMA reductions where the driver can describe dQ, else with
+  // atomics; the deterministic one leaves it to flash_dq_kernel.
+  const bool tma_dq = tma && !deterministic && !dq_atomics_forced() &&
+                      make_fp32_row_tile_map(dq_map, p.dq, p.dq_strides, p.batch, p.q_len,
+                                             p.q_heads, kHeadDim, HopperTiles::kRows);
   auto main_kernel = [&](auto causal, auto atomic_dq) {
     if (tma) {
       const dim3 grid((p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys, p.kv_heads,
                       p.batch);
-      launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
+      if constexpr (atomic_dq.value) {
+        if (tma_dq) {
+          launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, true, true>, grid,
+                 HopperTiles::kThreads, HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream,
+                 p, k_map, v_map, q_map, do_map, dq_map);
+          return;
+        }
+      }
+      launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, atomic_dq.value, false>, grid,
              HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, k_map, v_map, q_map,
-             do_map);
+             do_map, dq_map);
     } else {
       using Tiles = BackwardTiles<kHeadDim>;
       const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);

@@ -18,4 +18,10 @@ bool make_row_tile_map(CUtensorMap& map, const char* name, const void* base,
                        const std::int64_t (&strides)[3], int batch, int len, int heads,
                        int head_dim, int box_rows);
 
+// The same for an fp32 view (dQ's accumulator) in boxes of [box_rows, 32] elements (128 bytes,
+// the swizzle's width), for element-wise fp32 reductions into it. Returns false, silently, when
+// the driver cannot describe the view; the caller then adds with atomics.
+bool make_fp32_row_tile_map(CUtensorMap& map, void* base, const std::int64_t (&strides)[3],
+                            int batch, int len, int heads, int head_dim, int box_rows);
+
 }  // namespace ringattn::cuda_detail

@@ -69,6 +69,32 @@ __device__ __forceinline__ void tma_load_box(void* destination, const CUtensorMa
       : "memory");
 }
 
+// Adds the box at `source` (1024-byte aligned for the 128-byte swizzle) into the box at element
+// coordinates (col, row, head, batch) of `map` in global memory, element-wise in the map's type;
+// elements outside the tensor are dropped. The writes to `source` must be made visible to the
+// async proxy first (fence_proxy_async_shared by every writer, then a barrier). Asynchronous:
+// bulk_commit_group closes a group of these, bulk_wait_group_read waits until at most kPending
+// groups still read their shared memory, bulk_wait_group until at most kPending are unfinished.
+__device__ __forceinline__ void tma_reduce_add_box(const CUtensorMap* map, const void* source,
+                                                   int col, int row, int head, int batch) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)),
+      "r"(col), "r"(row), "r"(head), "r"(batch), "r"(smem_address(source))
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Named barriers among a subset of the CTA's warps (id 0 is __syncthreads'): `arrive` signals
 // without waiting, `sync` waits until `threads` threads have arrived or synced.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
