@@ -79,16 +79,13 @@ __device__ __forceinline__ void stage_row_statistics(const FlashParams& p, int b
   }
 }
 
-// P^T and dS^T = P^T (dP^T - delta) in place of S^T and dP^T, for a thread's two keys (keys[0]
-// for elements 0-1, keys[1] for 2-3) and the tile's rows row_first + nt * 8 + quad_col + {0, 1};
-// `masked`: some (key, row) pair of the tile may be hidden.
+// P^T in place of S^T for a thread's two keys (keys[0] for elements 0-1, keys[1] for 2-3) and the
+// tile's rows row_first + nt * 8 + quad_col + {0, 1}; `masked`: some (key, row) pair of the tile
+// may be hidden.
 template <bool kCausal, int kRowTiles>
-__device__ __forceinline__ void probabilities_and_ds(float (&s)[kRowTiles][4],
-                                                     float (&dp)[kRowTiles][4],
-                                                     const int (&keys)[2], int row_first,
-                                                     int quad_col, bool masked,
-                                                     const float* lse_log2, const float* delta,
-                                                     const FlashParams& p) {
+__device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const int (&keys)[2],
+                                              int row_first, int quad_col, bool masked,
+                                              const float* lse_log2, const FlashParams& p) {
 #pragma unroll
   for (int nt = 0; nt < kRowTiles; ++nt) {
 #pragma unroll
@@ -102,9 +99,34 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kRowTiles][4],
         if (hidden) prob = 0.f;
       }
       s[nt][e] = prob;
-      dp[nt][e] = prob * (dp[nt][e] - delta[r]);
     }
   }
+}
+
+// dS^T = P^T (dP^T - delta) in place of dP^T, the same elements as probabilities'.
+template <int kRowTiles>
+__device__ __forceinline__ void ds_from_probabilities(float (&dp)[kRowTiles][4],
+                                                      const float (&prob)[kRowTiles][4],
+                                                      int quad_col, const float* delta) {
+#pragma unroll
+  for (int nt = 0; nt < kRowTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dp[nt][e] = prob[nt][e] * (dp[nt][e] - delta[nt * 8 + quad_col + (e & 1)]);
+    }
+  }
+}
+
+// Both at once: P^T in place of S^T, dS^T in place of dP^T.
+template <bool kCausal, int kRowTiles>
+__device__ __forceinline__ void probabilities_and_ds(float (&s)[kRowTiles][4],
+                                                     float (&dp)[kRowTiles][4],
+                                                     const int (&keys)[2], int row_first,
+                                                     int quad_col, bool masked,
+                                                     const float* lse_log2, const float* delta,
+                                                     const FlashParams& p) {
+  probabilities<kCausal>(s, keys, row_first, quad_col, masked, lse_log2, p);
+  ds_from_probabilities(dp, s, quad_col, delta);
 }
 
 // dQ[row, d0 + 8 dt + quad_col + {0, 1}] += scale * acc for a thread's two rows (row0, row0 + 8).

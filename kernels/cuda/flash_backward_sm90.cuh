@@ -16,6 +16,9 @@
 //   P^T, dS^T in registers          recomputed from LSE, masked, dS^T = P^T (dP^T - delta)
 //   dV += P^T dO, dK += dS^T Q      A = P^T / dS^T from registers, B = dO / Q read MN-major
 //
+// in that order, each product its own group, so that P^T is computed while dP^T runs and dS^T
+// while dV runs.
+//
 // and, in the default mode, stages dS^T in shared memory for dQ = dS K (A = dS read M-major, B =
 // K read MN-major): at head_dim 128 each warpgroup computes one 64-column half of dQ over all 128
 // keys (dS^T double-buffered, both warpgroups meet at a named barrier each step), at head_dim 64
@@ -235,29 +238,43 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       const float* delta = lse_log2 + kRows;
       mbarrier_wait(rows_full + stage, (step / kStages) & 1);
 
-      // S^T = K Q^T and dP^T = V dO^T.
+      // S^T = K Q^T, then dP^T = V dO^T, as two groups: P^T is computed while dP^T runs, and
+      // dS^T while dV += P^T dO runs.
       float s[kRowTiles][4], dp[kRowTiles][4];
       wgmma_fence();
       wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows>(s, k_rows, q_tile);
+      wgmma_commit();
       wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows>(dp, v_rows, do_tile);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<1>();
       pin_registers(s);
-      pin_registers(dp);
 
       const bool diagonal =
           kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
       const bool partial = key0 + kKeys > p.k_len;
-      probabilities_and_ds<kCausal>(s, dp, my_keys, row_first, quad_col, partial || diagonal,
-                                    lse_log2, delta, p);
+      probabilities<kCausal>(s, my_keys, row_first, quad_col, partial || diagonal, lse_log2, p);
 
-      // P^T and dS^T as A fragments; dS^T also into shared memory for dQ (the rounded values
-      // the MMAs use).
-      T* ds_tile = ds_tiles + (step % Tiles::kDsBuffers) * kKeys * kRows;
+      // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
+      // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart.
       std::uint32_t a_p[kRowSteps][4], a_ds[kRowSteps][4];
 #pragma unroll
+      for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
+      wgmma_fence();
+#pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-        probability_fragment<T>(a_p[kstep], s, kstep);
+        const std::uint64_t b_do = mn_major_descriptor(do_tile + kstep * 16 * 64, kRows);
+        wgmma_rs_mn<kHeadDim, T>(dv, a_p[kstep], b_do, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T (dV's group may still run)
+      pin_registers(dp);
+      ds_from_probabilities(dp, s, quad_col, delta);
+
+      // dS^T as A fragments, and into shared memory for dQ (the rounded values the MMAs use);
+      // dK += dS^T Q.
+      T* ds_tile = ds_tiles + (step % Tiles::kDsBuffers) * kKeys * kRows;
+#pragma unroll
+      for (int kstep = 0; kstep < kRowSteps; ++kstep) {
         probability_fragment<T>(a_ds[kstep], dp, kstep);
         if constexpr (kAtomicDq) {
           const DsLayout layout{};
@@ -268,15 +285,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row + 8)) = a_ds[kstep][3];
         }
       }
-
-      // dV += P^T dO and dK += dS^T Q: k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
-      // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart.
       wgmma_fence();
-#pragma unroll
-      for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-        const std::uint64_t b_do = mn_major_descriptor(do_tile + kstep * 16 * 64, kRows);
-        wgmma_rs_mn<kHeadDim, T>(dv, a_p[kstep], b_do, 1);
-      }
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) {
         const std::uint64_t b_q = mn_major_descriptor(q_tile + kstep * 16 * 64, kRows);
