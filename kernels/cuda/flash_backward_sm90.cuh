@@ -129,17 +129,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
-  // Causal: the first key blocks see the most query rows. The grid is one-dimensional then, key
-  // blocks slowest, so that the longest CTAs of every (kv head, batch) start first and the short
-  // ones fill the tail of the grid.
-  int key_block = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
-  if constexpr (kCausal) {
-    const int pairs = p.kv_heads * p.batch;
-    key_block = static_cast<int>(blockIdx.x) / pairs;
-    kv_head = static_cast<int>(blockIdx.x) % p.kv_heads;
-    batch = static_cast<int>(blockIdx.x) / p.kv_heads % p.batch;
-  }
-  const int key0 = key_block * kKeys;
+  const int key0 = blockIdx.x * kKeys;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
 
   // Row tiles that see some key of this CTA: causal hides rows before key0 - shift.
   int first_tile = 0;

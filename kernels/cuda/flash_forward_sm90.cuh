@@ -76,19 +76,11 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
-  // Causal: the last row blocks see the most keys. The grid is one-dimensional then, row blocks
-  // slowest and from the last, so that the longest CTAs of every (head, batch) start first and
-  // the short ones fill the tail of the grid.
-  int row_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  if constexpr (kCausal) {
-    const int row_blocks = (p.q_len + kRows - 1) / kRows;
-    const int pairs = p.q_heads * p.batch;
-    row_block = row_blocks - 1 - static_cast<int>(blockIdx.x) / pairs;
-    head = static_cast<int>(blockIdx.x) % p.q_heads;
-    batch = static_cast<int>(blockIdx.x) / p.q_heads % p.batch;
-  }
+  // Causal: the last row blocks see the most keys; start them first so that the short ones fill
+  // the tail of the grid.
+  const int row_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int row0 = row_block * kRows;
-  const int kv_head = head / p.group;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
 
   const int key_end = visible_key_end<kCausal>(p, row0, kRows);
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
