@@ -80,8 +80,9 @@ __device__ __forceinline__ void stage_row_statistics(const FlashParams& p, int b
 }
 
 // P^T in place of S^T for a thread's two keys (keys[0] for elements 0-1, keys[1] for 2-3) and the
-// tile's rows row_first + nt * 8 + quad_col + {0, 1}; `masked`: some (key, row) pair of the tile
-// may be hidden.
+// tile's rows row_first + nt * 8 + quad_col + {0, 1}; `masked` (uniform over the warp): some
+// (key, row) pair of the tile may be hidden. The mask is a separate pass behind one branch, so that
+// the exponentials of an unmasked tile carry no per-element tests.
 template <bool kCausal, int kRowTiles>
 __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const int (&keys)[2],
                                               int row_first, int quad_col, bool masked,
@@ -90,15 +91,29 @@ __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const in
   for (int nt = 0; nt < kRowTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int r = nt * 8 + quad_col + (e & 1);
-      const int key = keys[e / 2];
-      float prob = fast_exp2(s[nt][e] * p.scale_log2 - lse_log2[r]);
-      if (masked) {
-        const bool hidden = key >= p.k_len ||
-                            (kCausal && static_cast<std::int64_t>(key) > row_first + r + p.shift);
-        if (hidden) prob = 0.f;
+      s[nt][e] = fast_exp2(s[nt][e] * p.scale_log2 - lse_log2[nt * 8 + quad_col + (e & 1)]);
+    }
+  }
+  if (!masked) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    // Tile row r sees the key iff r >= first_visible: key < k_len and, causal,
+    // key <= row_first + r + shift.
+    int first_visible = 0;
+    if (keys[half] >= p.k_len) {
+      first_visible = kRowTiles * 8;
+    } else if (kCausal) {
+      const std::int64_t first = static_cast<std::int64_t>(keys[half]) - row_first - p.shift;
+      first_visible = static_cast<int>(
+          first < 0 ? 0 : (first > kRowTiles * 8 ? kRowTiles * 8 : first));
+    }
+    first_visible -= quad_col;  // compared with nt * 8 + (e & 1) below
+#pragma unroll
+    for (int nt = 0; nt < kRowTiles; ++nt) {
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        if (nt * 8 + (e & 1) < first_visible) s[nt][e] = 0.f;
       }
-      s[nt][e] = prob;
     }
   }
 }
