@@ -129,14 +129,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
-  // Causal: the first key blocks see the most rows and start first (causal_grid_place).
-  GridPlace place{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                  static_cast<int>(blockIdx.z)};
-  if constexpr (kCausal) {
-    place = causal_grid_place(blockIdx.x, (p.k_len + kKeys - 1) / kKeys, p.kv_heads, p.batch);
-  }
-  const int key0 = place.block * kKeys;
-  const int kv_head = place.head, batch = place.batch;
+  const int key0 = blockIdx.x * kKeys;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
 
   // Row tiles that see some key of this CTA: causal hides rows before key0 - shift.
   int first_tile = 0;

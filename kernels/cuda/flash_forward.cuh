@@ -68,30 +68,6 @@ __device__ __forceinline__ int visible_key_end(const FlashParams& p, int row0, i
   return clamp_to(last_row + p.shift + 1, 0, p.k_len);
 }
 
-// Where a CTA of a causal Hopper grid works. The grid is one-dimensional: (head, batch) pairs in
-// groups of kCausalPairGroup, and within a group the blocks slowest, so that the longest CTAs of
-// the group's pairs start together and its short ones fill in behind them, while the CTAs in flight
-// still share the K/V (or Q/dO) of a few heads in L2. Block 0 here is the one the caller treats as
-// the longest. Pairs run head fastest.
-#ifndef RINGATTN_CAUSAL_PAIR_GROUP
-#define RINGATTN_CAUSAL_PAIR_GROUP 1
-#endif
-inline constexpr int kCausalPairGroup = RINGATTN_CAUSAL_PAIR_GROUP;
-
-struct GridPlace {
-  int block, head, batch;
-};
-
-__device__ __forceinline__ GridPlace causal_grid_place(int index, int blocks, int heads,
-                                                       int batch) {
-  const int per_group = kCausalPairGroup * blocks;
-  const int group = index / per_group, within = index % per_group;
-  const int pairs = heads * batch;
-  const int group_pairs = min(kCausalPairGroup, pairs - group * kCausalPairGroup);
-  const int pair = group * kCausalPairGroup + within % group_pairs;
-  return {within / group_pairs, pair % heads, pair / heads};
-}
-
 // The pieces of a forward step that both kernel families share. A thread holds, for one 16-row
 // tile, kKeyTiles n-tiles of scores s[nt][0..3] (rows[0] for elements 0-1, rows[1] for 2-3, keys
 // key0 + nt * 8 + quad_col + {0, 1}) and the fp32 O accumulator of the same two rows.

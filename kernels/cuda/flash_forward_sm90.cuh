@@ -78,16 +78,9 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   // Causal: the last row blocks see the most keys; start them first so that the short ones fill
   // the tail of the grid.
-  // Causal: the last row blocks see the most keys and start first (causal_grid_place).
-  const int row_blocks = (p.q_len + kRows - 1) / kRows;
-  GridPlace place{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                  static_cast<int>(blockIdx.z)};
-  if constexpr (kCausal) {
-    place = causal_grid_place(blockIdx.x, row_blocks, p.q_heads, p.batch);
-    place.block = row_blocks - 1 - place.block;
-  }
-  const int row0 = place.block * kRows;
-  const int head = place.head, batch = place.batch, kv_head = head / p.group;
+  const int row_block = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int row0 = row_block * kRows;
+  const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / p.group;
 
   const int key_end = visible_key_end<kCausal>(p, row0, kRows);
   const int key_tiles = (key_end + kKeys - 1) / kKeys;

@@ -66,9 +66,7 @@ void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_
                         HopperTiles::kKeys) &&
       make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys)) {
-    const unsigned row_blocks = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
-    const dim3 grid = p.causal ? dim3(row_blocks * p.q_heads * p.batch)  // causal_grid_place
-                               : dim3(row_blocks, p.q_heads, p.batch);
+    const dim3 grid((p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows, p.q_heads, p.batch);
     with_flags(p.causal, combine, [&](auto causal, auto merge) {
       launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
              HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, q_map, k_map, v_map);
@@ -123,9 +121,8 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
                                              p.q_heads, kHeadDim, HopperTiles::kRows);
   auto main_kernel = [&](auto causal, auto atomic_dq) {
     if (tma) {
-      const unsigned key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
-      const dim3 grid = causal.value ? dim3(key_blocks * p.kv_heads * p.batch)  // causal_grid_place
-                                     : dim3(key_blocks, p.kv_heads, p.batch);
+      const dim3 grid((p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys, p.kv_heads,
+                      p.batch);
       if constexpr (atomic_dq.value) {
         if (tma_dq) {
           launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, true, true>, grid,
