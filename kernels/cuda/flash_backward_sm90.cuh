@@ -137,9 +137,16 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   if (kCausal) first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
   const int row_tiles = (p.q_len + kRows - 1) / kRows - first_tile;
   const int steps = row_tiles > 0 ? row_tiles * p.group : 0;
-  // Step i covers query head kv_head * group + i / row_tiles, row tile first_tile + i % row_tiles.
+  // Without a mask every CTA would start on the same row tile, and the dQ additions of all the
+  // CTAs in flight would go to the same rows at once; each starts on a row tile of its own instead
+  // (key block b on tile b, wrapping around).
+  const int rotation = !kCausal && kAtomicDq && row_tiles > 0 ? blockIdx.x % row_tiles : 0;
+  // Step i covers query head kv_head * group + i / row_tiles, row tile
+  // first_tile + (i + rotation) % row_tiles.
   const auto step_head = [&](int step) { return kv_head * p.group + step / row_tiles; };
-  const auto step_rows = [&](int step) { return (first_tile + step % row_tiles) * kRows; };
+  const auto step_rows = [&](int step) {
+    return (first_tile + (step % row_tiles + rotation) % row_tiles) * kRows;
+  };
 
   if (threadIdx.x == 0) {
     mbarrier_init(kv_full, 1);
