@@ -40,6 +40,7 @@ run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
     --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
     2>&1 | tee "$runs/$name.log" | grep -v '^step [0-9]*/' | tail -5
   grep '^step' "$runs/$name.log" | tail -2
+  rm -f "$runs/$name"/ckpt-*.h5  # the run's final checkpoint (GiBs) is not part of the results
 }
 
 IFS=, read -r -a one_gpu <<<"$shapes"

@@ -42,6 +42,7 @@ for cp in 1 2; do
       --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
       >"$runs/$name.log" 2>&1 || { status=1; tail -5 "$runs/$name.log"; }
     grep '^step' "$runs/$name.log" | tail -1
+    rm -f "$runs/$name"/ckpt-*.h5  # the run's final checkpoint (GiBs) is not part of the results
   done
 done
 
