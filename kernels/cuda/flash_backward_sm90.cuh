@@ -70,6 +70,20 @@ struct HopperBackwardTiles {
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA can have");
 };
 
+// acc += A B as one wgmma group: A (64 x kRows) in registers as kRows / 16 k-step fragments, B the
+// kRows x kHeadDim tile `rows` of a stage (its 16-row k-steps 2048 bytes apart in each panel).
+template <int kHeadDim, int kRows, typename T>
+__device__ __forceinline__ void add_fragments_times_rows(float (&acc)[kHeadDim / 8][4],
+                                                         const std::uint32_t (&a)[kRows / 16][4],
+                                                         const T* rows) {
+  wgmma_fence();
+#pragma unroll
+  for (int kstep = 0; kstep < kRows / 16; ++kstep) {
+    wgmma_rs_mn<kHeadDim, T>(acc, a[kstep], mn_major_descriptor(rows + kstep * 16 * 64, kRows), 1);
+  }
+  wgmma_commit();
+}
+
 // Writes a warpgroup's 64 x 64 fp32 accumulator block `acc` (wgmma's layout), times `scale`, into
 // `stage` as two [64 rows][32 columns] halves in the 128-byte swizzle, which a tensor map with
 // 32-column boxes reads: 16-byte chunk c of row r at chunk c ^ (r % 8).
@@ -255,13 +269,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       std::uint32_t a_p[kRowSteps][4], a_ds[kRowSteps][4];
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
-      wgmma_fence();
-#pragma unroll
-      for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-        const std::uint64_t b_do = mn_major_descriptor(do_tile + kstep * 16 * 64, kRows);
-        wgmma_rs_mn<kHeadDim, T>(dv, a_p[kstep], b_do, 1);
-      }
-      wgmma_commit();
+      add_fragments_times_rows<kHeadDim, kRows>(dv, a_p, do_tile);
       wgmma_wait<1>();  // dP^T (dV's group may still run)
       pin_registers(dp);
       ds_from_probabilities(dp, s, quad_col, delta);
@@ -281,13 +289,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row + 8)) = a_ds[kstep][3];
         }
       }
-      wgmma_fence();
-#pragma unroll
-      for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-        const std::uint64_t b_q = mn_major_descriptor(q_tile + kstep * 16 * 64, kRows);
-        wgmma_rs_mn<kHeadDim, T>(dk, a_ds[kstep], b_q, 1);
-      }
-      wgmma_commit();
+      add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
 
       if constexpr (kAtomicDq) {
         // dQ (64 rows x 64 columns a warpgroup) = dS K over `key_steps` 16-key steps from
