@@ -20,10 +20,10 @@
 // while dV runs), and, in the default mode, stages dS^T in shared memory for dQ = dS K (A = dS
 // read M-major, B = K read MN-major): at head_dim 128 each warpgroup computes one 64-column half
 // of dQ over all 128 keys (dS^T double-buffered, both warpgroups meet at a named barrier each
-// step), at head_dim 64 all of dQ over its own 64 keys (each warpgroup on its own). Its 64 x 64 fp32 block goes into
-// global dQ by two TMA reductions from shared memory, issued by one thread while the warpgroup
-// moves on (or, where the driver cannot describe dQ as a tensor map, with atomics from the
-// registers). The deterministic mode leaves dQ to flash_dq_kernel.
+// step), at head_dim 64 all of dQ over its own 64 keys (each warpgroup on its own). Its 64 x 64
+// fp32 block goes into global dQ by two TMA reductions from shared memory, issued by one thread
+// while the warpgroup moves on (or, where the driver cannot describe dQ as a tensor map, with
+// atomics from the registers). The deterministic mode leaves dQ to flash_dq_kernel.
 #pragma once
 
 #include <cuda.h>
