@@ -167,13 +167,26 @@ template <int kHeadDim>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
                                                   const float (&dk)[kHeadDim / 8][4],
-                                                  const float (&dv)[kHeadDim / 8][4]) {
+                                                  const float (&dv)[kHeadDim / 8][4],
+                                                  bool shared_keys = false) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = keys[half];
     if (key >= p.k_len) continue;
     float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
     float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
+    if (shared_keys) {  // other CTAs add into the same keys
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        float* gk = out_k + dt * 8 + quad_col;
+        float* gv = out_v + dt * 8 + quad_col;
+        atomicAdd(gk, dk[dt][2 * half] * p.scale);
+        atomicAdd(gk + 1, dk[dt][2 * half + 1] * p.scale);
+        atomicAdd(gv, dv[dt][2 * half]);
+        atomicAdd(gv + 1, dv[dt][2 * half + 1]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int dt = 0; dt < kHeadDim / 8; ++dt) {
       float2* gk = reinterpret_cast<float2*>(out_k + dt * 8 + quad_col);

@@ -144,17 +144,26 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const int key0 = blockIdx.x * kKeys;
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = blockIdx.y, batch = blockIdx.z / p.row_splits;
 
-  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift.
-  int first_tile = 0;
-  if (kCausal) first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
-  const int row_tiles = (p.q_len + kRows - 1) / kRows - first_tile;
+  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift. Without a
+  // mask, split `split` of the key block's rows.
+  const int all_tiles = (p.q_len + kRows - 1) / kRows;
+  int first_tile = 0, row_tiles = all_tiles;
+  if (kCausal) {
+    first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
+    row_tiles -= first_tile;
+  } else if (p.row_splits > 1) {
+    const int split = blockIdx.z % p.row_splits;
+    first_tile = all_tiles * split / p.row_splits;
+    row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
+  }
   const int steps = row_tiles > 0 ? row_tiles * p.group : 0;
   // Without a mask every CTA would start on the same row tile, and the dQ additions of all the
   // CTAs in flight would go to the same rows at once; each starts on a row tile of its own instead
-  // (key block b on tile b, wrapping around).
-  const int rotation = !kCausal && kAtomicDq && row_tiles > 0 ? blockIdx.x % row_tiles : 0;
+  // (key block b on tile 5b, wrapping around: 1-2.5% faster at 16k-128k tokens on an H200 than
+  // tile b).
+  const int rotation = !kCausal && kAtomicDq && row_tiles > 0 ? blockIdx.x * 5 % row_tiles : 0;
   // Step i covers query head kv_head * group + i / row_tiles, row tile
   // first_tile + (i + rotation) % row_tiles.
   const auto step_head = [&](int step) { return kv_head * p.group + step / row_tiles; };
@@ -357,7 +366,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   if constexpr (kTmaDq) {
     if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
   }
-  add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
+  // A CTA that saw no rows has nothing to add.
+  if (steps > 0) {
+    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
+                                !kCausal && p.row_splits > 1);
+  }
 #endif  // sm_90a
 }
 

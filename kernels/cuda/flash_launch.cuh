@@ -98,10 +98,37 @@ inline bool dq_atomics_forced() {
   return value != nullptr && std::string_view(value) == "1";
 }
 
+// How many CTAs share each key block's query rows in the Hopper backward without a mask. Its CTAs
+// all run equally long, so when their number is just over a multiple of the multiprocessors the
+// last wave leaves most of them idle for a whole CTA (4096 CTAs on 132: 3% of the kernel).
+// Splitting the rows makes more, shorter CTAs: the fewest splits (up to 8) whose waves are at
+// least 98.5% full, else the fullest, keeping 32 row tiles a CTA.
+inline int backward_row_splits(std::int64_t ctas, int row_tiles, int multiprocessors) {
+  int best = 1;
+  double best_fill = 0.0;
+  for (int splits = 1; splits <= 8 && (splits == 1 || row_tiles / splits >= 32); ++splits) {
+    const std::int64_t n = ctas * splits;
+    const std::int64_t waves = (n + multiprocessors - 1) / multiprocessors;
+    const double fill = static_cast<double>(n) / static_cast<double>(waves * multiprocessors);
+    if (fill > best_fill + 1e-9) best = splits, best_fill = fill;
+    if (fill >= 0.985) break;
+  }
+  return best;
+}
+
+inline int multiprocessor_count() {
+  int device = 0, count = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 template <DType kDtype, int kHeadDim>
-void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
+void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
+                     cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
   using HopperTiles = HopperBackwardTiles<kHeadDim>;
+  FlashParams p = params;
   CUtensorMap k_map, v_map, q_map, do_map, dq_map{};
   // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
   // sm_80 kernel.
@@ -121,8 +148,16 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
                                              p.q_heads, kHeadDim, HopperTiles::kRows);
   auto main_kernel = [&](auto causal, auto atomic_dq) {
     if (tma) {
-      const dim3 grid((p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys, p.kv_heads,
-                      p.batch);
+      const int key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
+      if constexpr (!causal.value && atomic_dq.value) {
+        p.row_splits = backward_row_splits(
+            static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
+            (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows, multiprocessor_count());
+        while (p.row_splits > 1 && static_cast<std::int64_t>(p.batch) * p.row_splits > 65535) {
+          --p.row_splits;  // gridDim.z's limit
+        }
+      }
+      const dim3 grid(key_blocks, p.kv_heads, p.batch * p.row_splits);
       if constexpr (atomic_dq.value) {
         if (tma_dq) {
           launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, true, true>, grid,

@@ -42,6 +42,9 @@ struct FlashParams {
   // Causal visibility in local indices: row i sees key j iff j <= i + shift,
   // shift = q_start - k_start (global positions of the first Q row and the first K row).
   std::int64_t shift = 0;
+  // Hopper backward without a mask: each key block's query rows are split over this many CTAs
+  // (blockIdx.z = batch * row_splits + split), which then add into dk and dv with atomics.
+  int row_splits = 1;
 };
 
 }  // namespace ringattn::cuda_detail
