@@ -243,10 +243,10 @@ std::vector<Case> shape_list() {
     }
   }
   cases.push_back({DType::bf16, 1, 4097, 4097, 1, 1, 64, true});
-  // Few key blocks over many rows: the Hopper backward splits each key block's rows over two
-  // CTAs (uneven halves, a partial last tile, GQA; batch 2) that add into dK and dV together.
-  cases.push_back({DType::bf16, 1, 4100, 300, 2, 1, 128, false});
-  cases.push_back({DType::f16, 2, 4096, 200, 4, 4, 64, false});
+  // Few key blocks over many rows: the Hopper backward splits each key block's rows over 4 and 2
+  // CTAs (uneven parts, a partial last tile, GQA, batch 2) that add into dK and dV together.
+  cases.push_back({DType::bf16, 1, 16400, 200, 2, 1, 128, false});
+  cases.push_back({DType::f16, 2, 8200, 130, 4, 2, 64, false});
   return cases;
 }
 
