@@ -104,8 +104,10 @@ __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc
 }
 
 // kAtomicDq: the default mode, dQ added here (kTmaDq: by TMA reductions through dq_map, else with
-// atomics); otherwise flash_dq_kernel computes it.
-template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq, bool kTmaDq>
+// atomics); otherwise flash_dq_kernel computes it. kLongRows (unmasked, kTmaDq): the variant for
+// long sequences and for few CTAs, see the rotation below and FlashParams::row_splits.
+template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq, bool kTmaDq,
+          bool kLongRows = false>
 __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     flash_backward_sm90_kernel(const FlashParams p, const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map,
@@ -114,6 +116,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
                                const __grid_constant__ CUtensorMap dq_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kAtomicDq || !kTmaDq, "TMA reductions are the default mode's");
+  static_assert(!kLongRows || (!kCausal && kTmaDq), "row splits are the unmasked TMA mode's");
   using Tiles = HopperBackwardTiles<kHeadDim, kTmaDq>;
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
@@ -144,28 +147,26 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const int key0 = blockIdx.x * kKeys;
-  const int kv_head = blockIdx.y, batch = blockIdx.z / p.row_splits;
+  const int kv_head = blockIdx.y, batch = kLongRows ? blockIdx.z / p.row_splits : blockIdx.z;
 
-  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift. Without a
-  // mask, split `split` of the key block's rows.
-  const int all_tiles = (p.q_len + kRows - 1) / kRows;
-  int first_tile = 0, row_tiles = all_tiles;
-  if (kCausal) {
+  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift; kLongRows
+  // takes part blockIdx.z % row_splits of them.
+  int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
+  if constexpr (kCausal) {
     first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
     row_tiles -= first_tile;
-  } else if (p.row_splits > 1) {
-    const int split = blockIdx.z % p.row_splits;
+  } else if constexpr (kLongRows) {
+    const int all_tiles = row_tiles, split = blockIdx.z % p.row_splits;
     first_tile = all_tiles * split / p.row_splits;
     row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
   }
   const int steps = row_tiles > 0 ? row_tiles * p.group : 0;
   // Without a mask every CTA would start on the same row tile, and the dQ additions of all the
   // CTAs in flight would go to the same rows at once; each starts on a row tile of its own instead
-  // (key block b on tile b, wrapping around; from 512 row tiles on, tile 5b: 1.9-2.5% faster at
-  // 64k-128k tokens on an H200, but 6% slower at 2k).
-  const int stride = all_tiles >= 512 ? 5 : 1;
+  // (key block b on tile b, wrapping around; kLongRows: tile 5b, 1.9-2.5% faster at 64k-128k
+  // tokens on an H200, but 6% slower at 2k).
   const int rotation =
-      !kCausal && kAtomicDq && row_tiles > 0 ? blockIdx.x * stride % row_tiles : 0;
+      !kCausal && kAtomicDq && row_tiles > 0 ? blockIdx.x * (kLongRows ? 5 : 1) % row_tiles : 0;
   // Step i covers query head kv_head * group + i / row_tiles, row tile
   // first_tile + (i + rotation) % row_tiles.
   const auto step_head = [&](int step) { return kv_head * p.group + step / row_tiles; };
@@ -368,10 +369,14 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   if constexpr (kTmaDq) {
     if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
   }
-  // A CTA that saw no rows has nothing to add.
-  if (steps > 0) {
-    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
-                                !kCausal && p.row_splits > 1);
+  if constexpr (kLongRows) {
+    // A part with no rows has nothing to add; parts of one key block add together.
+    if (steps > 0) {
+      add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
+                                  p.row_splits > 1);
+    }
+  } else {
+    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
   }
 #endif  // sm_90a
 }

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
@@ -103,8 +104,8 @@ inline bool dq_atomics_forced() {
 // last wave leaves most of them idle for a whole CTA (4096 CTAs on 132: 3% of the kernel).
 // Splitting the rows makes more, shorter CTAs: the fewest splits (up to 8) whose waves are at
 // least 98.5% full, else the fullest, keeping 128 steps (row tiles x query heads a KV head) a CTA,
-// as a CTA's start and its dK/dV additions cost a few steps (split into 42-step CTAs, the backward
-// at 8k tokens ran 4% slower).
+// as a CTA's start and its dK/dV additions cost a few steps (in CTAs of 42 steps, the backward at
+// 8k tokens measured 3-4% slower).
 inline int backward_row_splits(std::int64_t ctas, std::int64_t steps, int multiprocessors) {
   int best = 1;
   double best_fill = 0.0;
@@ -118,10 +119,17 @@ inline int backward_row_splits(std::int64_t ctas, std::int64_t steps, int multip
   return best;
 }
 
+// The current device's multiprocessors, asked of the runtime once a device.
 inline int multiprocessor_count() {
-  int device = 0, count = 0;
+  static std::atomic<int> known[64];
+  int device = 0;
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  const bool cached = device >= 0 && device < 64;
+  int count = cached ? known[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (cached) known[device].store(count, std::memory_order_relaxed);
+  }
   return count;
 }
 
@@ -151,18 +159,24 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
   auto main_kernel = [&](auto causal, auto atomic_dq) {
     if (tma) {
       const int key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
-      if constexpr (!causal.value && atomic_dq.value) {
-        p.row_splits = backward_row_splits(
-            static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
-            static_cast<std::int64_t>((p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows) *
-                p.group,
-            multiprocessor_count());
-        while (p.row_splits > 1 && static_cast<std::int64_t>(p.batch) * p.row_splits > 65535) {
-          --p.row_splits;  // gridDim.z's limit
-        }
-      }
-      const dim3 grid(key_blocks, p.kv_heads, p.batch * p.row_splits);
+      const dim3 grid(key_blocks, p.kv_heads, p.batch);
       if constexpr (atomic_dq.value) {
+        if (!causal.value && tma_dq) {
+          const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
+          p.row_splits = backward_row_splits(
+              static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
+              static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count());
+          while (p.row_splits > 1 && static_cast<std::int64_t>(p.batch) * p.row_splits > 65535) {
+            --p.row_splits;  // gridDim.z's limit
+          }
+          if (p.row_splits > 1 || row_tiles >= 512) {
+            launch(flash_backward_sm90_kernel<T, kHeadDim, false, true, true, true>,
+                   dim3(key_blocks, p.kv_heads, p.batch * p.row_splits), HopperTiles::kThreads,
+                   HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream, p, k_map, v_map,
+                   q_map, do_map, dq_map);
+            return;
+          }
+        }
         if (tma_dq) {
           launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, true, true>, grid,
                  HopperTiles::kThreads, HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream,
