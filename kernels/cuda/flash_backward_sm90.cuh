@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   // Without a mask every CTA would start on the same row tile, and the dQ additions of all the
   // CTAs in flight would go to the same rows at once; each starts on a row tile of its own instead
   // (key block b on tile b, wrapping around; kLongRows: tile 5b, 1.9-2.5% faster at 64k-128k
-  // tokens on an H200, but 6% slower at 2k).
+  // tokens on an H200).
   const int rotation =
       !kCausal && kAtomicDq && row_tiles > 0 ? blockIdx.x * (kLongRows ? 5 : 1) % row_tiles : 0;
   // Step i covers query head kv_head * group + i / row_tiles, row tile

@@ -104,8 +104,7 @@ inline bool dq_atomics_forced() {
 // last wave leaves most of them idle for a whole CTA (4096 CTAs on 132: 3% of the kernel).
 // Splitting the rows makes more, shorter CTAs: the fewest splits (up to 8) whose waves are at
 // least 98.5% full, else the fullest, keeping 128 steps (row tiles x query heads a KV head) a CTA,
-// as a CTA's start and its dK/dV additions cost a few steps (in CTAs of 42 steps, the backward at
-// 8k tokens measured 3-4% slower).
+// as a CTA's start and its dK/dV additions cost about what a few steps do.
 inline int backward_row_splits(std::int64_t ctas, std::int64_t steps, int multiprocessors) {
   int best = 1;
   double best_fill = 0.0;
