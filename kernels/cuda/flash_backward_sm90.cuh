@@ -301,8 +301,6 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row + 8)) = a_ds[kstep][3];
         }
       }
-      add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
-
       if constexpr (kAtomicDq) {
         // dQ (64 rows x 64 columns a warpgroup) = dS K over `key_steps` 16-key steps from
         // `dq_key`; dS^T's 16-key steps are 2048 bytes apart, and so are K's within a panel.
@@ -334,12 +332,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           wgmma_ss_mn<64, T>(dq, a_ds_t, b_k, kstep > 0 ? 1 : 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        // dK += dS^T Q after dQ, so that dQ leaves this warpgroup while dK runs.
+        add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
+        wgmma_wait<1>();  // dQ (dK's group may still run)
         pin_registers(dq);
-        pin_registers(dk);
-        pin_registers(dv);
-        if (lane == 0) mbarrier_arrive(rows_empty + stage);
-        if (step + 1 < steps) stage_statistics(step + 1);
         if constexpr (kTmaDq) {
           float* dq_stage = dq_stages + warp_group * 64 * 64;
           stage_fp32_block(dq_stage, dq, p.scale, warp, lane);
@@ -355,7 +351,13 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           add_dq_atomic(p, batch, head, row_first + warp * 16 + group_row, panel * 64, quad_col,
                         dq);
         }
+        wgmma_wait<0>();  // dK: the stage's Q is free after it
+        pin_registers(dk);
+        pin_registers(dv);
+        if (lane == 0) mbarrier_arrive(rows_empty + stage);
+        if (step + 1 < steps) stage_statistics(step + 1);
       } else {
+        add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
         wgmma_wait<0>();
         pin_registers(dk);
         pin_registers(dv);
