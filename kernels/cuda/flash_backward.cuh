@@ -56,17 +56,29 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   }
 }
 
-// The statistics of query row `row` of one head: LSE in log2 units and delta. A row that sees no
-// key (LSE = -inf), or no row at all, gets +inf: exp2(s - inf) = 0.
+// The stored statistics of query row `row` of one head, as read: LSE (-inf for a row past q_len)
+// and delta (0 there). Nothing uses the values here, so a load issued early does not wait.
+__device__ __forceinline__ void load_row_statistics(const FlashParams& p, int batch, int head,
+                                                    int row, float& lse, float& delta) {
+  lse = -kInfinity;
+  delta = 0.f;
+  if (row < p.q_len) {
+    lse = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
+    delta = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
+  }
+}
+
+// LSE in log2 units. A row that sees no key (LSE = -inf), or no row at all, gets +inf:
+// exp2(s - inf) = 0.
+__device__ __forceinline__ float lse_in_log2(float lse) {
+  return lse == -kInfinity ? kInfinity : lse * kLog2e;
+}
+
+// The statistics of query row `row` of one head: LSE in log2 units and delta.
 __device__ __forceinline__ void row_statistics(const FlashParams& p, int batch, int head, int row,
                                                float& lse_log2, float& delta) {
-  float l = -kInfinity, d = 0.f;
-  if (row < p.q_len) {
-    l = p.lse[batch * p.lse_strides[0] + head * p.lse_strides[1] + row * p.lse_strides[2]];
-    d = p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]];
-  }
-  lse_log2 = l == -kInfinity ? kInfinity : l * kLog2e;
-  delta = d;
+  load_row_statistics(p, batch, head, row, lse_log2, delta);
+  lse_log2 = lse_in_log2(lse_log2);
 }
 
 // Stages the statistics of query rows [row_first, row_first + kRows) of one head in shared memory.
@@ -79,6 +91,24 @@ __device__ __forceinline__ void stage_row_statistics(const FlashParams& p, int b
   }
 }
 
+// A thread's values of the query rows its S^T and dP^T fragments cover, rows
+// nt * 8 + quad_col + {0, 1} of a tile, in registers: read from shared memory before the MMAs
+// whose results they meet are waited for, so that their latency hides behind the MMAs.
+template <int kRowTiles>
+struct FragmentRows {
+  float v[kRowTiles][2];
+
+  // From a tile's per-row array (8-byte aligned) in shared memory.
+  __device__ __forceinline__ void load(const float* rows, int quad_col) {
+#pragma unroll
+    for (int nt = 0; nt < kRowTiles; ++nt) {
+      const float2 pair = *reinterpret_cast<const float2*>(rows + nt * 8 + quad_col);
+      v[nt][0] = pair.x;
+      v[nt][1] = pair.y;
+    }
+  }
+};
+
 // P^T in place of S^T for a thread's two keys (keys[0] for elements 0-1, keys[1] for 2-3) and the
 // tile's rows row_first + nt * 8 + quad_col + {0, 1}; `masked` (uniform over the warp): some
 // (key, row) pair of the tile may be hidden. The mask is a separate pass behind one branch, so that
@@ -86,12 +116,13 @@ __device__ __forceinline__ void stage_row_statistics(const FlashParams& p, int b
 template <bool kCausal, int kRowTiles>
 __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const int (&keys)[2],
                                               int row_first, int quad_col, bool masked,
-                                              const float* lse_log2, const FlashParams& p) {
+                                              const FragmentRows<kRowTiles>& lse_log2,
+                                              const FlashParams& p) {
 #pragma unroll
   for (int nt = 0; nt < kRowTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[nt][e] = fast_exp2(s[nt][e] * p.scale_log2 - lse_log2[nt * 8 + quad_col + (e & 1)]);
+      s[nt][e] = fast_exp2(s[nt][e] * p.scale_log2 - lse_log2.v[nt][e & 1]);
     }
   }
   if (!masked) return;
@@ -122,12 +153,12 @@ __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const in
 template <int kRowTiles>
 __device__ __forceinline__ void ds_from_probabilities(float (&dp)[kRowTiles][4],
                                                       const float (&prob)[kRowTiles][4],
-                                                      int quad_col, const float* delta) {
+                                                      const FragmentRows<kRowTiles>& delta) {
 #pragma unroll
   for (int nt = 0; nt < kRowTiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      dp[nt][e] = prob[nt][e] * (dp[nt][e] - delta[nt * 8 + quad_col + (e & 1)]);
+      dp[nt][e] = prob[nt][e] * (dp[nt][e] - delta.v[nt][e & 1]);
     }
   }
 }
@@ -140,8 +171,11 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kRowTiles][4],
                                                      int quad_col, bool masked,
                                                      const float* lse_log2, const float* delta,
                                                      const FlashParams& p) {
-  probabilities<kCausal>(s, keys, row_first, quad_col, masked, lse_log2, p);
-  ds_from_probabilities(dp, s, quad_col, delta);
+  FragmentRows<kRowTiles> rows;
+  rows.load(lse_log2, quad_col);
+  probabilities<kCausal>(s, keys, row_first, quad_col, masked, rows, p);
+  rows.load(delta, quad_col);
+  ds_from_probabilities(dp, s, rows);
 }
 
 // dQ[row, d0 + 8 dt + quad_col + {0, 1}] += scale * acc for a thread's two rows (row0, row0 + 8).

@@ -86,19 +86,25 @@ __device__ __forceinline__ void add_fragments_times_rows(float (&acc)[kHeadDim /
 
 // Writes a warpgroup's 64 x 64 fp32 accumulator block `acc` (wgmma's layout), times `scale`, into
 // `stage` as two [64 rows][32 columns] halves in the 128-byte swizzle, which a tensor map with
-// 32-column boxes reads: 16-byte chunk c of row r at chunk c ^ (r % 8).
+// 32-column boxes reads: 16-byte chunk c of row r at chunk c ^ (r % 8). The lanes of a quad's
+// upper half store column tile dt ^ 2 where the lower half stores dt: a half-warp's rows then
+// differ only in r % 4, and with the same dt for all its lanes its 16 stores of 8 bytes would fall
+// on 4 chunks (two shared-memory wavefronts); this way they cover all 8 (one).
 __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc)[8][4],
                                                  float scale, int warp, int lane) {
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
+  const bool upper = quad_col >= 4;
 #pragma unroll
-  for (int dt = 0; dt < 8; ++dt) {
+  for (int tile = 0; tile < 8; ++tile) {
+    const int dt = upper ? tile ^ 2 : tile;  // tile / 4 == dt / 4: the same 32-column half
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = warp * 16 + group_row + 8 * half, col = dt * 8 + quad_col;
       const int chunk = (col % 32) / 4;
-      float* out = stage + (col / 32) * (64 * 32) + row * 32 + (chunk ^ (row % 8)) * 4 + col % 4;
-      *reinterpret_cast<float2*>(out) =
-          make_float2(acc[dt][2 * half] * scale, acc[dt][2 * half + 1] * scale);
+      float* out = stage + (tile / 4) * (64 * 32) + row * 32 + (chunk ^ (row % 8)) * 4 + col % 4;
+      const float x = upper ? acc[tile ^ 2][2 * half] : acc[tile][2 * half];
+      const float y = upper ? acc[tile ^ 2][2 * half + 1] : acc[tile][2 * half + 1];
+      store_shared_pair(out, x * scale, y * scale);
     }
   }
 }
@@ -227,20 +233,20 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     // step % 2 of its warp's copy. Two buffers: a lane writes step + 2's only after the warp has
     // passed the __syncwarp that follows the writes of step + 1's, that is after every lane's
     // reads of step's.
-    float next_lse_log2[2], next_delta[2];
+    float next_lse[2], next_delta[2];
     float* warp_statistics = statistics + (threadIdx.x / 32) * 2 * 2 * kRows;
     const auto read_statistics = [&](int step) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        row_statistics(p, batch, step_head(step), step_rows(step) + lane + 32 * half,
-                       next_lse_log2[half], next_delta[half]);
+        load_row_statistics(p, batch, step_head(step), step_rows(step) + lane + 32 * half,
+                            next_lse[half], next_delta[half]);
       }
     };
     const auto stage_statistics = [&](int step) {
       float* buffer = warp_statistics + (step % 2) * 2 * kRows;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        buffer[lane + 32 * half] = next_lse_log2[half];
+        buffer[lane + 32 * half] = lse_in_log2(next_lse[half]);
         buffer[kRows + lane + 32 * half] = next_delta[half];
       }
       __syncwarp();
@@ -258,6 +264,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       const T* do_tile = do_tiles + stage * kRowElements;
       const float* lse_log2 = warp_statistics + (step % 2) * 2 * kRows;
       const float* delta = lse_log2 + kRows;
+      FragmentRows<kRowTiles> lse_rows, delta_rows;
+      lse_rows.load(lse_log2, quad_col);
       mbarrier_wait(rows_full + stage, (step / kStages) & 1);
 
       // S^T = K Q^T, then dP^T = V dO^T, as two groups: P^T is computed while dP^T runs, and
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       const bool diagonal =
           kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
       const bool partial = key0 + kKeys > p.k_len;
-      probabilities<kCausal>(s, my_keys, row_first, quad_col, partial || diagonal, lse_log2, p);
+      probabilities<kCausal>(s, my_keys, row_first, quad_col, partial || diagonal, lse_rows, p);
 
       // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
       // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart.
@@ -282,9 +290,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
       add_fragments_times_rows<kHeadDim, kRows>(dv, a_p, do_tile);
+      delta_rows.load(delta, quad_col);
       wgmma_wait<1>();  // dP^T (dV's group may still run)
       pin_registers(dp);
-      ds_from_probabilities(dp, s, quad_col, delta);
+      ds_from_probabilities(dp, s, delta_rows);
 
       // dS^T as A fragments, and into shared memory for dQ (the rounded values the MMAs use);
       // dK += dS^T Q.

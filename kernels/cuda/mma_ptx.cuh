@@ -15,6 +15,12 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* pointer) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
+// One 8-byte store of two floats to shared memory, as one instruction whatever registers hold them.
+__device__ __forceinline__ void store_shared_pair(float* smem, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_address(smem)), "f"(x), "f"(y)
+               : "memory");
+}
+
 // 16-byte copy; with valid == false the destination is zero-filled and global memory untouched.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
