@@ -7,10 +7,10 @@
 // its registers to them. One producer thread copies K and V once and the Q and dO tiles of each
 // step into a ring of shared-memory stages with TMA (rows past the end as zeros); full / empty
 // mbarriers per stage hand each buffer over, so the consumers never wait for a load they did not
-// need. Each consumer warp stages the rows' LSE and delta itself: read two steps ahead into
-// registers, written to its own shared-memory copy at the end of the step before (ahead of that
-// step's dQ atomics, which its __syncwarp would otherwise wait for). Per step, each consumer
-// warpgroup:
+// need. Each consumer warp stages the rows' LSE and delta itself: loaded two steps ahead into
+// registers as stored (nothing waits for the loads until the next step), converted and written
+// to its own shared-memory copy at the end of the step before, and read from there into
+// registers before the MMAs whose results they meet. Per step, each consumer warpgroup:
 //
 //   S^T = K Q^T, dP^T = V dO^T      A = its K / V rows, B = Q / dO (both K-major in shared memory)
 //   P^T, dS^T in registers          recomputed from LSE, masked, dS^T = P^T (dP^T - delta)
@@ -20,10 +20,11 @@
 // while dV runs), and, in the default mode, stages dS^T in shared memory for dQ = dS K (A = dS
 // read M-major, B = K read MN-major): at head_dim 128 each warpgroup computes one 64-column half
 // of dQ over all 128 keys (dS^T double-buffered, both warpgroups meet at a named barrier each
-// step), at head_dim 64 all of dQ over its own 64 keys (each warpgroup on its own). Its 64 x 64
-// fp32 block goes into global dQ by two TMA reductions from shared memory, issued by one thread
-// while the warpgroup moves on (or, where the driver cannot describe dQ as a tensor map, with
-// atomics from the registers). The deterministic mode leaves dQ to flash_dq_kernel.
+// step), at head_dim 64 all of dQ over its own 64 keys (each warpgroup on its own). dQ's MMAs go
+// before dK's, so that its 64 x 64 fp32 block is staged in shared memory while dK's run; two TMA
+// reductions, issued by one thread while the warpgroup moves on, add it into global dQ (or, where
+// the driver cannot describe dQ as a tensor map, atomics from the registers). The deterministic
+// mode leaves dQ to flash_dq_kernel.
 #pragma once
 
 #include <cuda.h>
