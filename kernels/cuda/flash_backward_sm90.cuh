@@ -361,19 +361,14 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           add_dq_atomic(p, batch, head, row_first + warp * 16 + group_row, panel * 64, quad_col,
                         dq);
         }
-        wgmma_wait<0>();  // dK: the stage's Q is free after it
-        pin_registers(dk);
-        pin_registers(dv);
-        if (lane == 0) mbarrier_arrive(rows_empty + stage);
-        if (step + 1 < steps) stage_statistics(step + 1);
       } else {
         add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
-        wgmma_wait<0>();
-        pin_registers(dk);
-        pin_registers(dv);
-        if (lane == 0) mbarrier_arrive(rows_empty + stage);
-        if (step + 1 < steps) stage_statistics(step + 1);
       }
+      wgmma_wait<0>();  // dK: the stage's Q is free after it
+      pin_registers(dk);
+      pin_registers(dv);
+      if (lane == 0) mbarrier_arrive(rows_empty + stage);
+      if (step + 1 < steps) stage_statistics(step + 1);
     }
   }
 
