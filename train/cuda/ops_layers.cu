@@ -10,6 +10,9 @@
 //   RMSNorm dg: blocks own a 64-column tile and a fixed range of rows (the ranges depend only on
 //     the shape), write per-range partial sums, and one thread per column adds the partials in
 //     range order: no atomics, bitwise reproducible;
+//   RMSNorm backward at dim 256, 512, 768 or 1024 (16-byte aligned rows): dx and dg's partials in
+//     one kernel, blocks owning the same row ranges, each warp holding a row of x and dy in
+//     registers: x and dy are read once instead of three times;
 //   RoPE: one thread per V (i, i + head_dim / 2) pairs of one (token, head);
 //   embedding backward: fp32 atomics, or one thread per column walking the tokens in order.
 //
@@ -24,6 +27,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -318,6 +322,32 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* inv_rms, const bf16* x, c
   }
 }
 
+// A row's sum of dy * g * x over V columns from c, added to `dot`.
+template <int V>
+__device__ __forceinline__ void add_rmsnorm_dot(float& dot, const float (&xv)[V],
+                                                const float (&dyv)[V], const float* g,
+                                                std::int64_t c) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) dot += dyv[k] * g[c + k] * xv[k];
+}
+
+// dx (+)= inv * (dy * g - x * inv * mean) over V columns from c of one row (dxr).
+template <int V>
+__device__ __forceinline__ void write_rmsnorm_dx(bf16* dxr, const float (&xv)[V],
+                                                 const float (&dyv)[V], const float* g,
+                                                 std::int64_t c, float inv, float mean, bool add) {
+  float out[V];
+  if (add) {
+    load_bf16<V>(dxr + c, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) out[k] = 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] += inv * (dyv[k] * g[c + k] - xv[k] * inv * mean);
+  store_bf16<V>(dxr + c, out);
+}
+
 // dx (+)= inv * (dy * g - xhat * mean(dy * g * xhat)), xhat = x * inv; one warp per row.
 template <int V>
 __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16* x, const float* g,
@@ -334,26 +364,16 @@ __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16*
       float xv[V], dyv[V];
       load_bf16<V>(xr + c, xv);
       load_bf16<V>(dyr + c, dyv);
-#pragma unroll
-      for (int k = 0; k < V; ++k) dot += dyv[k] * g[c + k] * xv[k];
+      add_rmsnorm_dot<V>(dot, xv, dyv, g, c);
     }
     dot = warp_sum(dot);
     const float inv = inv_rms[row];
     const float mean = dot * inv / static_cast<float>(dim);
-    bf16* dxr = dx + row * dim;
     for (std::int64_t c = std::int64_t{lane} * V; c < dim; c += 32 * V) {
-      float xv[V], dyv[V], out[V];
+      float xv[V], dyv[V];
       load_bf16<V>(xr + c, xv);
       load_bf16<V>(dyr + c, dyv);
-      if (add) {
-        load_bf16<V>(dxr + c, out);
-      } else {
-#pragma unroll
-        for (int k = 0; k < V; ++k) out[k] = 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < V; ++k) out[k] += inv * (dyv[k] * g[c + k] - xv[k] * inv * mean);
-      store_bf16<V>(dxr + c, out);
+      write_rmsnorm_dx<V>(dx + row * dim, xv, dyv, g, c, inv, mean, add);
     }
   }
 }
@@ -410,6 +430,66 @@ __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::i
   float s = partial[c];
   for (std::int64_t k = 1; k < ranges; ++k) s += partial[k * dim + c];
   dg[c] += s;
+}
+
+// Both at once where dim = 256 kChunks (up to 1024), in one pass over x and dy held in registers:
+// dx as rmsnorm_backward_dx_kernel computes it, and dg's partial sums with
+// rmsnorm_dg_partial_kernel's row ranges and order. Block y owns range y; its warp w takes the
+// range's rows w, w + 8, ...; lane l sums its columns 8 l + 256 j + {0..7} over them, and the
+// block adds its warps' sums in warp order into out = dg (`accumulate`, one range) or
+// out = partial[y]. The same sums, bitwise, as the two-kernel path.
+template <int kChunks>
+__global__ void rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
+                                             const float* g, const float* inv_rms,
+                                             std::int64_t rows, std::int64_t rows_per_range,
+                                             bool add, bool accumulate) {
+  constexpr int V = 8;
+  constexpr int kDim = 32 * V * kChunks;
+  __shared__ float sums[kWarpsPerBlock][kDim];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const std::int64_t begin = std::int64_t{blockIdx.x} * rows_per_range;
+  const std::int64_t end = begin + rows_per_range < rows ? begin + rows_per_range : rows;
+  float partial[kChunks][V] = {};
+  for (std::int64_t row = begin + warp; row < end; row += kWarpsPerBlock) {
+    const bf16* xr = x + row * kDim;
+    const bf16* dyr = dy + row * kDim;
+    float xv[kChunks][V], dyv[kChunks][V];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const std::int64_t c = 32 * V * j + lane * V;
+      load_bf16<V>(xr + c, xv[j]);
+      load_bf16<V>(dyr + c, dyv[j]);
+      add_rmsnorm_dot<V>(dot, xv[j], dyv[j], g, c);
+    }
+    dot = warp_sum(dot);
+    const float inv = inv_rms[row];
+    const float mean = dot * inv / static_cast<float>(kDim);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const std::int64_t c = 32 * V * j + lane * V;
+      write_rmsnorm_dx<V>(dx + row * kDim, xv[j], dyv[j], g, c, inv, mean, add);
+#pragma unroll
+      for (int k = 0; k < V; ++k) partial[j][k] += dyv[j][k] * xv[j][k] * inv;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[warp][32 * V * j + lane * V + k] = partial[j][k];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < kDim; c += kThreads) {
+    float s = sums[0][c];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerBlock; ++w) s += sums[w][c];
+    if (accumulate) {
+      out[c] += s;
+    } else {
+      out[std::int64_t{blockIdx.x} * kDim + c] = s;
+    }
+  }
 }
 
 // Stream-ordered scratch memory, released on the stream when the scope ends (also on a throw).
@@ -714,16 +794,6 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
     ringattn::detail::fail(kWhere, "dx overlaps dy; expected separate buffers");
   }
 
-  const bool add = dx_write == Write::add;
-  if (s.dim % 8 == 0 && aligned(dx, 16) && aligned(dy, 16) && aligned(x, 16)) {
-    rmsnorm_backward_dx_kernel<8>
-        <<<row_blocks(s.rows), kThreads, 0, stream>>>(dx, dy, x, g, inv_rms, s.rows, s.dim, add);
-  } else {
-    rmsnorm_backward_dx_kernel<1>
-        <<<row_blocks(s.rows), kThreads, 0, stream>>>(dx, dy, x, g, inv_rms, s.rows, s.dim, add);
-  }
-  RINGATTN_CUDA_CHECK_LAUNCH();
-
   // Row ranges of at least kDgMinRowsPerRange rows, at most kDgMaxRanges of them (the partials
   // stay under 256 * dim floats); none is empty.
   const std::int64_t wanted =
@@ -735,20 +805,43 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
     ringattn::detail::fail(kWhere, "shape.dim is ", s.dim,
                            "; expected <= ", std::int64_t{0x7fffffff} * kDgTile);
   }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ranges));
-  if (ranges == 1) {
-    rmsnorm_dg_partial_kernel<<<grid, kThreads, 0, stream>>>(dg, dy, x, inv_rms, s.rows, s.dim,
-                                                             rows_per_range, true);
+  // With one range dg takes the sums directly; otherwise they go through per-range partials.
+  std::optional<StreamScratch> partial;
+  if (ranges > 1) partial.emplace(static_cast<std::size_t>(ranges * s.dim) * sizeof(float), stream);
+  float* const sums = ranges > 1 ? partial->floats() : dg;
+
+  const bool add = dx_write == Write::add;
+  const bool vectors = s.dim % 8 == 0 && aligned(dx, 16) && aligned(dy, 16) && aligned(x, 16);
+  const auto rows_kernel = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
+        dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, ranges == 1);
+  };
+  if (vectors && s.dim == 256) {
+    rows_kernel(rmsnorm_backward_rows_kernel<1>);
+  } else if (vectors && s.dim == 512) {
+    rows_kernel(rmsnorm_backward_rows_kernel<2>);
+  } else if (vectors && s.dim == 768) {
+    rows_kernel(rmsnorm_backward_rows_kernel<3>);
+  } else if (vectors && s.dim == 1024) {
+    rows_kernel(rmsnorm_backward_rows_kernel<4>);
+  } else {
+    if (vectors) {
+      rmsnorm_backward_dx_kernel<8>
+          <<<row_blocks(s.rows), kThreads, 0, stream>>>(dx, dy, x, g, inv_rms, s.rows, s.dim, add);
+    } else {
+      rmsnorm_backward_dx_kernel<1>
+          <<<row_blocks(s.rows), kThreads, 0, stream>>>(dx, dy, x, g, inv_rms, s.rows, s.dim, add);
+    }
     RINGATTN_CUDA_CHECK_LAUNCH();
-    return;
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ranges));
+    rmsnorm_dg_partial_kernel<<<grid, kThreads, 0, stream>>>(sums, dy, x, inv_rms, s.rows, s.dim,
+                                                             rows_per_range, ranges == 1);
   }
-  StreamScratch partial(static_cast<std::size_t>(ranges * s.dim) * sizeof(float), stream);
-  rmsnorm_dg_partial_kernel<<<grid, kThreads, 0, stream>>>(partial.floats(), dy, x, inv_rms, s.rows,
-                                                           s.dim, rows_per_range, false);
   RINGATTN_CUDA_CHECK_LAUNCH();
-  rmsnorm_dg_reduce_kernel<<<blocks_for(s.dim), kThreads, 0, stream>>>(dg, partial.floats(), ranges,
-                                                                       s.dim);
-  RINGATTN_CUDA_CHECK_LAUNCH();
+  if (ranges > 1) {
+    rmsnorm_dg_reduce_kernel<<<blocks_for(s.dim), kThreads, 0, stream>>>(dg, sums, ranges, s.dim);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  }
 }
 
 // ---- RoPE ------------------------------------------------------------------------------------
