@@ -212,12 +212,9 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (shared_keys) {  // other CTAs add into the same keys
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        float* gk = out_k + dt * 8 + quad_col;
-        float* gv = out_v + dt * 8 + quad_col;
-        atomicAdd(gk, dk[dt][2 * half] * p.scale);
-        atomicAdd(gk + 1, dk[dt][2 * half + 1] * p.scale);
-        atomicAdd(gv, dv[dt][2 * half]);
-        atomicAdd(gv + 1, dv[dt][2 * half + 1]);
+        add_pair_atomic(out_k + dt * 8 + quad_col, dk[dt][2 * half] * p.scale,
+                        dk[dt][2 * half + 1] * p.scale);
+        add_pair_atomic(out_v + dt * 8 + quad_col, dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
       continue;
     }
