@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
@@ -104,11 +105,14 @@ inline bool dq_atomics_forced() {
 // last wave leaves most of them idle for a whole CTA (4096 CTAs on 132: 3% of the kernel).
 // Splitting the rows makes more, shorter CTAs: the fewest splits (up to 8) whose waves are at
 // least 98.5% full, else the fullest, keeping 128 steps (row tiles x query heads a KV head) a CTA,
-// as a CTA's start and its dK/dV additions cost about what a few steps do.
-inline int backward_row_splits(std::int64_t ctas, std::int64_t steps, int multiprocessors) {
+// as a CTA's start and its dK/dV additions cost about what a few steps do. At most max_splits
+// (gridDim.z holds batch x splits).
+inline int backward_row_splits(std::int64_t ctas, std::int64_t steps, int multiprocessors,
+                               int max_splits) {
   int best = 1;
   double best_fill = 0.0;
-  for (int splits = 1; splits <= 8 && (splits == 1 || steps / splits >= 128); ++splits) {
+  for (int splits = 1; splits <= std::min(8, max_splits) && (splits == 1 || steps / splits >= 128);
+       ++splits) {
     const std::int64_t n = ctas * splits;
     const std::int64_t waves = (n + multiprocessors - 1) / multiprocessors;
     const double fill = static_cast<double>(n) / static_cast<double>(waves * multiprocessors);
@@ -164,10 +168,8 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
           const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
           p.row_splits = backward_row_splits(
               static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
-              static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count());
-          while (p.row_splits > 1 && static_cast<std::int64_t>(p.batch) * p.row_splits > 65535) {
-            --p.row_splits;  // gridDim.z's limit
-          }
+              static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
+              65535 / p.batch);
           if (p.row_splits > 1 || row_tiles >= 512) {
             launch(flash_backward_sm90_kernel<T, kHeadDim, false, true, true, true>,
                    dim3(key_blocks, p.kv_heads, p.batch * p.row_splits), HopperTiles::kThreads,
