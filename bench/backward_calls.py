@@ -13,28 +13,14 @@ import argparse
 import ctypes
 import json
 import math
-import statistics
 
 import torch
 
+from attention import median_ms
 from ringattn_ctypes import BackwardParams, Ringattn, describe
 
 K = 1024
 HEADS, HEAD_DIM = 16, 128
-
-
-def median_ms(fn, runs=5, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 class Problem:
@@ -79,7 +65,7 @@ def main():
                "dtype": "bf16", "unit": "32k x 32k query-key pairs", "calls": []}
 
     def measure(kv_heads, name, run, units):
-        ms = median_ms(run)
+        ms = median_ms(run, warmup=2, repeats=5)
         results["calls"].append({"kv_heads": kv_heads, "call": name, "ms": ms, "ms_per_unit": ms / units})
         print(f"kv {kv_heads:2d}  {name:44s} {ms:9.2f} ms  {ms / units:6.2f} ms/unit", flush=True)
         return ms
