@@ -111,10 +111,10 @@ __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc
 }
 
 // kAtomicDq: the default mode, dQ added here (kTmaDq: by TMA reductions through dq_map, else with
-// atomics); otherwise flash_dq_kernel computes it. kLongRows (unmasked, kTmaDq): the variant for
-// long sequences and for few CTAs, see FlashParams::row_splits.
+// atomics); otherwise flash_dq_kernel computes it. kRowSplits (unmasked, kTmaDq): each key block's
+// rows split over FlashParams::row_splits CTAs.
 template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq, bool kTmaDq,
-          bool kLongRows = false>
+          bool kRowSplits = false>
 __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     flash_backward_sm90_kernel(const FlashParams p, const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap v_map,
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
                                const __grid_constant__ CUtensorMap dq_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kAtomicDq || !kTmaDq, "TMA reductions are the default mode's");
-  static_assert(!kLongRows || (!kCausal && kTmaDq), "row splits are the unmasked TMA mode's");
+  static_assert(!kRowSplits || (!kCausal && kTmaDq), "row splits are the unmasked TMA mode's");
   using Tiles = HopperBackwardTiles<kHeadDim, kTmaDq>;
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
@@ -154,15 +154,15 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const int key0 = blockIdx.x * kKeys;
-  const int kv_head = blockIdx.y, batch = kLongRows ? blockIdx.z / p.row_splits : blockIdx.z;
+  const int kv_head = blockIdx.y, batch = kRowSplits ? blockIdx.z / p.row_splits : blockIdx.z;
 
-  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift; kLongRows
+  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift; kRowSplits
   // takes part blockIdx.z % row_splits of them.
   int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
   if constexpr (kCausal) {
     first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
     row_tiles -= first_tile;
-  } else if constexpr (kLongRows) {
+  } else if constexpr (kRowSplits) {
     const int all_tiles = row_tiles, split = blockIdx.z % p.row_splits;
     first_tile = all_tiles * split / p.row_splits;
     row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
@@ -372,11 +372,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   if constexpr (kTmaDq) {
     if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
   }
-  if constexpr (kLongRows) {
+  if constexpr (kRowSplits) {
     // A part with no rows has nothing to add; parts of one key block add together.
     if (steps > 0) {
-      add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
-                                  p.row_splits > 1);
+      add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv, true);
     }
   } else {
     add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);

@@ -170,7 +170,7 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
               static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
               static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
               65535 / p.batch);
-          if (p.row_splits > 1 || row_tiles >= 512) {
+          if (p.row_splits > 1) {
             launch(flash_backward_sm90_kernel<T, kHeadDim, false, true, true, true>,
                    dim3(key_blocks, p.kv_heads, p.batch * p.row_splits), HopperTiles::kThreads,
                    HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream, p, k_map, v_map,
