@@ -4,12 +4,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
 
+#include "kernels/cuda/backward_row_splits.hpp"
 #include "kernels/cuda/flash_backward.cuh"
 #include "kernels/cuda/flash_backward_sm90.cuh"
 #include "kernels/cuda/flash_forward.cuh"
@@ -98,28 +98,6 @@ void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
 inline bool dq_atomics_forced() {
   const char* value = std::getenv("RINGATTN_DQ_ATOMIC");
   return value != nullptr && std::string_view(value) == "1";
-}
-
-// How many CTAs share each key block's query rows in the Hopper backward without a mask. Its CTAs
-// all run equally long, so when their number is just over a multiple of the multiprocessors the
-// last wave leaves most of them idle for a whole CTA (4096 CTAs on 132: 3% of the kernel).
-// Splitting the rows makes more, shorter CTAs: the fewest splits (up to 8) whose waves are at
-// least 98.5% full, else the fullest, keeping 128 steps (row tiles x query heads a KV head) a CTA,
-// as a CTA's start and its dK/dV additions cost about what a few steps do. At most max_splits
-// (gridDim.z holds batch x splits).
-inline int backward_row_splits(std::int64_t ctas, std::int64_t steps, int multiprocessors,
-                               int max_splits) {
-  int best = 1;
-  double best_fill = 0.0;
-  for (int splits = 1; splits <= std::min(8, max_splits) && (splits == 1 || steps / splits >= 128);
-       ++splits) {
-    const std::int64_t n = ctas * splits;
-    const std::int64_t waves = (n + multiprocessors - 1) / multiprocessors;
-    const double fill = static_cast<double>(n) / static_cast<double>(waves * multiprocessors);
-    if (fill > best_fill + 1e-9) best = splits, best_fill = fill;
-    if (fill >= 0.985) break;
-  }
-  return best;
 }
 
 // The current device's multiprocessors, asked of the runtime once a device.
