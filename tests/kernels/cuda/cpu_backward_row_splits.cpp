@@ -69,7 +69,9 @@ TEST(BackwardRowSplits, FollowsItsContractOverASweep) {
       for (int k = 1; k <= allowed; ++k) {
         const double fill = wave_fill(ctas * k, sms), chosen = wave_fill(ctas * got, sms);
         EXPECT_LE(fill, chosen + 1e-9) << k << " parts fill the waves better";
-        if (k < got) EXPECT_LT(fill, chosen - 1e-9) << "fewer parts fill them as well";
+        if (k < got) {
+          EXPECT_LT(fill, chosen - 1e-9) << "fewer parts fill them as well";
+        }
       }
     }
   }
