@@ -372,13 +372,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   if constexpr (kTmaDq) {
     if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
   }
-  if constexpr (kRowSplits) {
-    // A part with no rows has nothing to add; parts of one key block add together.
-    if (steps > 0) {
-      add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv, true);
-    }
-  } else {
-    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
+  // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add;
+  // the parts of a split key block add together.
+  if (steps > 0) {
+    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv, kRowSplits);
   }
 #endif  // sm_90a
 }
