@@ -490,17 +490,21 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});
   if (compute) {
     flash_backward_prepare(args.o, args.dout, delta, stream);
-    for (const TensorView* gradient : {&args.dq, &args.dk, &args.dv}) {
-      detail::fill(*gradient, 0.0, stream);
+    detail::fill(args.dq, 0.0, stream);
+    if (ranks > 1) {
+      detail::fill(args.dk, 0.0, stream);
+      detail::fill(args.dv, 0.0, stream);
     }
   }
-  // One rank: one block call on local positions (as in the forward) adds into the zeroed
-  // gradients themselves.
+  // One rank: one block call on local positions (as in the forward) adds into the zeroed dq and
+  // writes dk and dv.
   if (ranks == 1) {
     if (compute) {
-      flash_backward({args.q, args.k, args.v, args.dout, args.lse, delta, args.dq, args.dk, args.dv,
-                      args.scale, Mask{args.causal, 0, 0}, args.deterministic},
-                     stream);
+      BackwardArgs block{args.q,  args.k,  args.v,  args.dout,  args.lse,
+                         delta,   args.dq, args.dk, args.dv,    args.scale,
+                         Mask{args.causal, 0, 0}, args.deterministic};
+      block.overwrite_key_gradients = true;
+      flash_backward(block, stream);
     }
     return;
   }

@@ -46,7 +46,9 @@ struct ForwardArgs {
 // Backward of one block with recomputation. O and LSE are the *final* ones of the whole row (for a
 // ring: after all blocks); delta = rowsum(dO * O) comes from backward_prepare. dQ, dK and dV are
 // accumulator-dtype buffers that the block adds into, so blocks over other keys (or other query
-// heads of a GQA group) sum without rounding.
+// heads of a GQA group) sum without rounding. With overwrite_key_gradients, dK and dV receive this
+// block's gradients instead (their old contents are never read: no zeroing needed beforehand);
+// dQ is still added into.
 struct BackwardArgs {
   TensorView q, k, v;
   TensorView dout;
@@ -56,6 +58,7 @@ struct BackwardArgs {
   double scale = 0.0;
   Mask mask;
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
+  bool overwrite_key_gradients = false;
 };
 
 // Reads the shapes from the views and checks everything a kernel relies on (ranks, matching

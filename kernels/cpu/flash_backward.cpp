@@ -80,11 +80,14 @@ void accumulate_transposed(const T* weights, const T* rows, std::int64_t row_cou
 
 template <typename T>
 void add_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t first,
-              std::int64_t count, std::int64_t d, const T* values) {
+              std::int64_t count, std::int64_t d, const T* values, bool overwrite = false) {
   T* base = t.as<T>();
   for (std::int64_t r = 0; r < count; ++r) {
     T* row = base + t.offset(b, first + r, h, 0);
-    for (std::int64_t x = 0; x < d; ++x) row[x * t.strides[3]] += values[r * d + x];
+    for (std::int64_t x = 0; x < d; ++x) {
+      T& out = row[x * t.strides[3]];
+      out = overwrite ? values[r * d + x] : out + values[r * d + x];
+    }
   }
 }
 
@@ -109,8 +112,8 @@ void key_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int
     }
   }
   for (T& value : dk) value *= scale;
-  add_rows(a.dk, b, kv_h, key_first, keys, d, dk.data());
-  add_rows(a.dv, b, kv_h, key_first, keys, d, dv.data());
+  add_rows(a.dk, b, kv_h, key_first, keys, d, dk.data(), a.overwrite_key_gradients);
+  add_rows(a.dv, b, kv_h, key_first, keys, d, dv.data(), a.overwrite_key_gradients);
 }
 
 template <typename T>

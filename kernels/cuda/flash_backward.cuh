@@ -33,25 +33,41 @@ __device__ __forceinline__ void add_pair_atomic(float* address, float x, float y
 #endif
 }
 
-// delta[b, h, i] = sum_d dO * O in fp32; one warp a row.
+// delta[b, h, i] = sum_d dO * O in fp32: kHeadDim / 8 threads a row, each reading 8 elements of O
+// and 8 of dO in one 16-byte access each (check_layout: unit stride along head_dim, other strides
+// multiples of 8, 16-byte aligned data), so a warp covers 2 (head_dim 128) or 4 (64) rows.
 template <typename T, int kHeadDim>
 __global__ void flash_backward_prepare_kernel(const FlashParams p) {
-  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+  constexpr int kLanes = kHeadDim / 8;
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads lie within one warp");
+  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len;
-  if (warp >= rows) return;
-  const int row = static_cast<int>(warp % p.q_len);
-  const int head = static_cast<int>((warp / p.q_len) % p.q_heads);
-  const int batch = static_cast<int>(warp / (static_cast<std::int64_t>(p.q_len) * p.q_heads));
-  const T* o = static_cast<const T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
-               head * p.o_strides[2];
-  const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] +
-               row * p.dout_strides[1] + head * p.dout_strides[2];
+  const std::int64_t index = thread / kLanes;
+  const int part = static_cast<int>(thread % kLanes);
   float sum = 0.f;
-  for (int x = lane; x < kHeadDim; x += 32) sum += to_float(o[x]) * to_float(g[x]);
+  if (index < rows) {  // no early return: every lane of the warp takes part in the shuffles
+    const int row = static_cast<int>(index % p.q_len);
+    const int head = static_cast<int>((index / p.q_len) % p.q_heads);
+    const int batch = static_cast<int>(index / (static_cast<std::int64_t>(p.q_len) * p.q_heads));
+    const T* o = static_cast<const T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
+                 head * p.o_strides[2] + part * 8;
+    const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] +
+                 row * p.dout_strides[1] + head * p.dout_strides[2] + part * 8;
+    const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
+    const uint4 g_raw = *reinterpret_cast<const uint4*>(g);
+    const T* o8 = reinterpret_cast<const T*>(&o_raw);
+    const T* g8 = reinterpret_cast<const T*>(&g_raw);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) {
+    for (int x = 0; x < 8; ++x) sum += to_float(o8[x]) * to_float(g8[x]);
+  }
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  if (index < rows && part == 0) {
+    const int row = static_cast<int>(index % p.q_len);
+    const int head = static_cast<int>((index / p.q_len) % p.q_heads);
+    const int batch = static_cast<int>(index / (static_cast<std::int64_t>(p.q_len) * p.q_heads));
     p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]] = sum;
   }
 }
@@ -209,6 +225,16 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (key >= p.k_len) continue;
     float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
     float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
+    if (p.overwrite_key_gradients && !shared_keys) {
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        *reinterpret_cast<float2*>(out_k + dt * 8 + quad_col) =
+            make_float2(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<float2*>(out_v + dt * 8 + quad_col) =
+            make_float2(dv[dt][2 * half], dv[dt][2 * half + 1]);
+      }
+      continue;
+    }
     if (shared_keys) {  // other CTAs add into the same keys
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {

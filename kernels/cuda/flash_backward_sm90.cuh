@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   if constexpr (kTmaDq) {
     if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
   }
-  // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add;
-  // the parts of a split key block add together.
-  if (steps > 0) {
+  // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add
+  // (but writes its zeros when overwriting); the parts of a split key block add together.
+  if (steps > 0 || p.overwrite_key_gradients) {
     add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv, kRowSplits);
   }
 #endif  // sm_90a

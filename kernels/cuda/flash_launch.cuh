@@ -86,11 +86,30 @@ void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_
 template <DType kDtype, int kHeadDim>
 void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  constexpr int kThreads = 256;  // 8 rows (warps) a block
+  constexpr int kThreads = 256, kRowThreads = kHeadDim / 8;
   const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len;
-  const dim3 grid(static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads));
+  const dim3 grid(static_cast<unsigned>((rows * kRowThreads + kThreads - 1) / kThreads));
   flash_backward_prepare_kernel<T, kHeadDim><<<grid, kThreads, 0, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+// dK = dV = 0 (pairs of fp32, unit stride along head_dim, even strides): ahead of a call asked to
+// overwrite them whose CTAs share keys and so can only add.
+template <int kHeadDim>
+__global__ void zero_key_gradients_kernel(const FlashParams p) {
+  constexpr int pairs_per_row = kHeadDim / 2;
+  const std::int64_t pairs =
+      static_cast<std::int64_t>(p.batch) * p.k_len * p.kv_heads * pairs_per_row;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < pairs; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t column = 2 * (i % pairs_per_row), head_row = i / pairs_per_row;
+    const std::int64_t head = head_row % p.kv_heads, token = head_row / p.kv_heads;
+    const std::int64_t key = token % p.k_len, batch = token / p.k_len;
+    *reinterpret_cast<float2*>(p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] +
+                               head * p.dk_strides[2] + column) = make_float2(0.f, 0.f);
+    *reinterpret_cast<float2*>(p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] +
+                               head * p.dv_strides[2] + column) = make_float2(0.f, 0.f);
+  }
 }
 
 // RINGATTN_DQ_ATOMIC=1 in the environment keeps the Hopper backward's dQ on atomics (to compare
@@ -149,6 +168,11 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
               static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
               65535 / p.batch);
           if (p.row_splits > 1) {
+            if (p.overwrite_key_gradients) {  // the splits add into dK and dV: zero them first
+              zero_key_gradients_kernel<kHeadDim><<<4 * multiprocessor_count(), 256, 0, stream>>>(p);
+              RINGATTN_CUDA_CHECK_LAUNCH();
+              p.overwrite_key_gradients = false;
+            }
             launch(flash_backward_sm90_kernel<T, kHeadDim, false, true, true, true>,
                    dim3(key_blocks, p.kv_heads, p.batch * p.row_splits), HopperTiles::kThreads,
                    HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream, p, k_map, v_map,

@@ -28,7 +28,7 @@ struct FlashParams {
   float* delta = nullptr;  // rowsum(dO * O), laid out like lse
   std::int64_t delta_strides[3] = {};
   float* dq = nullptr;  // fp32 accumulators, added into
-  float* dk = nullptr;
+  float* dk = nullptr;  // added into, or overwritten when overwrite_key_gradients
   float* dv = nullptr;
   std::int64_t dq_strides[3] = {};
   std::int64_t dk_strides[3] = {};
@@ -45,6 +45,8 @@ struct FlashParams {
   // Hopper backward without a mask: each key block's query rows are split over this many CTAs
   // (blockIdx.z = batch * row_splits + split), which then add into dk and dv with atomics.
   int row_splits = 1;
+  // dK and dV are written, not added into (every CTA writes its keys, zeros where it saw no row).
+  bool overwrite_key_gradients = false;
 };
 
 }  // namespace ringattn::cuda_detail

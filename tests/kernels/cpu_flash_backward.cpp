@@ -277,6 +277,28 @@ void run_adds_twice() {
 TEST(FlashBackwardContract, AddsIntoGradientsF64) { run_adds_twice<double>(); }
 TEST(FlashBackwardContract, AddsIntoGradientsF32) { run_adds_twice<float>(); }
 
+// overwrite_key_gradients: dK and dV hold the block's gradients whatever they held before (R), also
+// for keys 75..89 that no row sees (rows at 5..74, causal); dQ still adds into R.
+template <typename T>
+void run_overwrite() {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(23);
+  Problem<T> p(Case{"", {2, 70, 90, 4, 2, 32}, {true, 5, 0}}, rng);
+  p.forward();
+  p.prepare();
+  GradBuffers<T> grads(p.s, Layout::contiguous, rng);
+  BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+  args.overwrite_key_gradients = true;
+  cpu::flash_backward(args);
+  const auto ref = p.oracle();
+  EXPECT_TRUE(test::Close("dQ (R + dQ)", grads.added_q(), ref.dq, kTolerance<T>));
+  EXPECT_TRUE(test::Close("dK (overwritten)", read_view(grads.buffers.k), ref.dk, kTolerance<T>));
+  EXPECT_TRUE(test::Close("dV (overwritten)", read_view(grads.buffers.v), ref.dv, kTolerance<T>));
+}
+
+TEST(FlashBackwardContract, OverwritesKeyGradientsF64) { run_overwrite<double>(); }
+TEST(FlashBackwardContract, OverwritesKeyGradientsF32) { run_overwrite<float>(); }
+
 // ---------------------------------------------------------------------------------------------
 // The ring's use: the final O/LSE of the whole row, K/V in chunks; each chunk's dK/dV lands in
 // its own slice, dQ sums over the chunks. Together: the one-shot gradient.

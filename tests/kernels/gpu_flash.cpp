@@ -149,18 +149,20 @@ struct DeviceProblem {
   Mask mask() const { return {c.causal, c.q_start, c.k_start}; }
   double scale() const { return default_scale(c.head_dim); }
 
-  // Forward, prepare and backward with every output poisoned (NaN) and the gradients zeroed.
-  AttentionResult run(bool deterministic) {
+  // Forward, prepare and backward with every output poisoned (NaN) and the gradients zeroed;
+  // overwrite: dK and dV poisoned too, and the backward asked to overwrite them.
+  AttentionResult run(bool deterministic, bool overwrite = false) {
     RINGATTN_CUDA_CHECK(cudaMemset(o.data(), 0xff, o.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(lse.data(), 0xff, lse.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(delta.data(), 0xff, delta.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(dq.data(), 0, dq.bytes()));
-    RINGATTN_CUDA_CHECK(cudaMemset(dk.data(), 0, dk.bytes()));
-    RINGATTN_CUDA_CHECK(cudaMemset(dv.data(), 0, dv.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(dk.data(), overwrite ? 0xff : 0, dk.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(dv.data(), overwrite ? 0xff : 0, dv.bytes()));
     cuda::flash_forward({q_view, k_view, v_view, o_view, lse_view, scale(), mask(), false});
     cuda::flash_backward_prepare(o_view, dout_view, delta_view);
     BackwardArgs args{q_view, k_view, v_view, dout_view, lse_view, delta_view,
                       dq_view, dk_view, dv_view, scale(), mask(), deterministic};
+    args.overwrite_key_gradients = overwrite;
     cuda::flash_backward(args);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
     AttentionResult r;
@@ -295,6 +297,27 @@ TEST(FlashCudaDeterministic, TwoRunsAreBitwiseEqual) {
   EXPECT_EQ(std::memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(double)), 0);
   EXPECT_EQ(std::memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(double)), 0);
   EXPECT_EQ(std::memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(double)), 0);
+}
+
+// overwrite_key_gradients: dK and dV start as NaN and come out as the block's gradients (zeros for
+// the keys no row sees), dQ still adds into its zeros. Causal with three key blocks after every
+// query (CTAs without rows); unmasked with two key blocks of 16 row tiles x 4 query heads (rows
+// split over CTAs that add: dK and dV zeroed first); head_dim 64 with a 2-key last block.
+TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(seed_trace());
+  const Case cases[] = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
+                        {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
+                        {DType::f16, 2, 3000, 130, 2, 1, 64, false}};
+  for (const Case& c : cases) {
+    DeviceProblem problem(c, 4);
+    const AttentionResult ref = problem.oracle();
+    const AttentionResult low = problem.low();
+    for (bool deterministic : {false, true}) {
+      SCOPED_TRACE(case_name({c, 0}) + (deterministic ? " deterministic" : ""));
+      expect_within_criterion(problem.run(deterministic, true), low, ref);
+    }
+  }
 }
 
 TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
