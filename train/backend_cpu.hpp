@@ -81,7 +81,10 @@ class CpuBackend {
     cpu::rmsnorm_backward<T>(span(dx, n), span(dg, s.dim), span(dy, n), span(x, n),
                              span(g, s.dim), span(inv, s.rows), s, dx_write, Write::add);
   }
-  void matmul_forward(T* y, const T* x, const T* w, const cpu::MatmulShape& s, Write write) {
+  // residual (Write::add): y = residual + x W^T.
+  void matmul_forward(T* y, const T* x, const T* w, const cpu::MatmulShape& s, Write write,
+                      const T* residual = nullptr) {
+    if (residual != nullptr && residual != y) copy(y, residual, s.rows * s.out_features);
     cpu::matmul_forward<T>(span(y, s.rows * s.out_features), span(x, s.rows * s.in_features),
                            span(w, s.out_features * s.in_features), s, write);
   }

@@ -6,8 +6,10 @@
 //   constants  act_dtype, acc_dtype (DType), memory (Memory), name() (a string)
 //   data       load_batch(ShardBatch), upload / download between host floats and Master buffers,
 //              fill_zero, copy, to_act (Acc or Master -> Act where they differ), stream()
-//   ops        embedding, rmsnorm, matmul, rope (set_rope once), swiglu, cross_entropy,
-//              sum_of_squares, adamw, memory_mib
+//   ops        embedding, rmsnorm, matmul, rope (set_rope once; where Acc and Act differ, also
+//              rope_backward(Act*, const Acc*, shape): the rotation from Acc, rounded once, with
+//              the rest of each token row converted), swiglu, cross_entropy, sum_of_squares,
+//              adamw, memory_mib
 //   profile    begin_interval(i), end_interval(i) around interval i (0, 1, ...) of a step, and
 //              intervals_ms(count, ms): waits for the end of interval count - 1 and gives the
 //              durations of intervals 0 .. count - 1
@@ -129,7 +131,7 @@ std::string Model<B>::backend_name() const {
 template <class B>
 void Model<B>::allocate_layer(Layer& L) {
   const std::int64_t n = local_tokens();
-  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
+  const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
   const std::int64_t row = qkv_width();
   L.inv1 = Buffer<Acc>(n);
   L.inv2 = Buffer<Acc>(n);
@@ -295,10 +297,9 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
     timed("attention.forward", [&] { ring_.forward(ring_forward_args(l, L)); });
   }
   // x_mid = x_in + o W_o^T
-  timed("residual.copy", [&] { be.copy(L.x_mid.data(), x_in, n * d); });
   timed("matmul.wo", [&] {
     be.matmul_forward(L.x_mid.data(), attn_o_[attention_slot(l)].data(), weight(P.wo),
-                      {n, hq * hd, d}, Write::add);
+                      {n, hq * hd, d}, Write::add, x_in);
   });
   timed("rmsnorm", [&] {
     be.rmsnorm_forward(L.h2.data(), L.inv2.data(), L.x_mid.data(), master(P.mlp_norm), {n, d},
@@ -311,9 +312,9 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   timed("swiglu", [&] { be.swiglu_forward(L.act.data(), L.gu.data(), {n, f}); });
   if (!recomputing) {
     Act* out = x_in_[l + 1].data();
-    timed("residual.copy", [&] { be.copy(out, L.x_mid.data(), n * d); });
     timed("matmul.down", [&] {
-      be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add);
+      be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add,
+                        L.x_mid.data());
     });
   }
 }
@@ -450,13 +451,18 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.stream = fwd.stream;
     args.scratch = fwd.scratch;
     timed("attention.backward", [&] { ring_.backward(args); });
-    if constexpr (!std::is_same_v<Act, Acc>) {
-      timed("attention.backward.to_act", [&] { be.to_act(dqkv_.data(), dqkv_acc, n * row); });
+    if constexpr (std::is_same_v<Act, Acc>) {
+      timed("rope.backward", [&] {
+        be.rope_backward(dqkv_.data(), {n, hq, hd, row});
+        be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
+      });
+    } else {
+      // q's and k's heads lie next to each other at the same positions: one rotation over
+      // hq + hkv heads, with v's converted to Act in the same pass.
+      timed("rope.backward", [&] {
+        be.rope_backward(dqkv_.data(), dqkv_acc, {n, hq + hkv, hd, row});
+      });
     }
-    timed("rope.backward", [&] {
-      be.rope_backward(dqkv_.data(), {n, hq, hd, row});
-      be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
-    });
     timed("matmul.qkv.backward", [&] {
       be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, Write::add);
       be.matmul_backward_input(dh_.data(), dqkv_.data(), weight(P.wqkv), {n, d, row},

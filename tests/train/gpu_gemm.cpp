@@ -260,6 +260,38 @@ TEST(Gemm, RepeatedCallsAreBitwiseEqual) {
   }
 }
 
+// forward with a residual R: Y = R + X W^T, Y (NaN before) never read, R left as it was; the twin
+// adds into a copy of R. Also R == Y (the in-place Write::add).
+TEST(Gemm, ForwardWithResidual) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(18);
+  CudaStream stream;
+  cuda::Gemm gemm(stream.get());
+  for (const cpu::MatmulShape s : {cpu::MatmulShape{200, 512, 384}, cpu::MatmulShape{37, 64, 48}}) {
+    const Sizes n = sizes_of(Product::forward, s);
+    const Bits x = random_bf16(n.a, rng), w = random_bf16(n.b, rng);
+    const Bits r = random_bf16(n.out, rng, std::sqrt(static_cast<double>(n.inner)));
+    DeviceBuffer dx(n.a * sizeof(bf16)), dw(n.b * sizeof(bf16)), dr(n.out * sizeof(bf16)),
+        dy(n.out * sizeof(bf16));
+    upload(dx.data(), x, stream.get());
+    upload(dw.data(), w, stream.get());
+    upload(dr.data(), r, stream.get());
+    upload(dy.data(), narrow(std::vector<float>(n.out, std::numeric_limits<float>::quiet_NaN())),
+           stream.get());
+    gemm.forward(dy.as<bf16>(), dx.as<bf16>(), dw.as<bf16>(), s, Write::add, dr.as<bf16>());
+    const std::vector<float> ref =
+        run_cpu(Product::forward, s, Write::add, widen(x), widen(w), widen(r));
+    EXPECT_TRUE(Matches("forward (residual)", download_bf16(dy.data(), n.out, stream.get()), ref,
+                        kBf16Unit, kSumSlack));
+    EXPECT_TRUE(BitwiseEqual("residual (unchanged)", download_bf16(dr.data(), n.out, stream.get()),
+                             widen(r)));
+    gemm.forward(dr.as<bf16>(), dx.as<bf16>(), dw.as<bf16>(), s, Write::add, dr.as<bf16>());
+    EXPECT_TRUE(Matches("forward (residual == y)", download_bf16(dr.data(), n.out, stream.get()),
+                        ref, kBf16Unit, kSumSlack));
+  }
+}
+
 TEST(Gemm, ArgumentErrorsNameTheArgument) {
   RINGATTN_REQUIRE_GPUS(1);
   using test::throws_error_with;
@@ -280,6 +312,9 @@ TEST(Gemm, ArgumentErrorsNameTheArgument) {
   EXPECT_TRUE(throws_error_with([&] { gemm.backward_weight(nullptr, b, b, s); },
                                 {"train::cuda::Gemm::backward_weight", "dw is null"}));
 
+  EXPECT_TRUE(throws_error_with([&] { gemm.forward(b, b, b, s, Write::overwrite, b); },
+                                {"train::cuda::Gemm::forward", "residual is given with "
+                                 "Write::overwrite; expected Write::add"}));
   EXPECT_TRUE(throws_error_with([&] { gemm.forward(b, b + 1, b, s); },
                                 {"train::cuda::Gemm::forward", "x (address", "16-byte aligned"}));
   EXPECT_TRUE(throws_error_with([&] { gemm.backward_input(b + 4, b, b, s); },

@@ -2,7 +2,8 @@
 // (train/op_*.hpp), run in fp32 on the same bf16 values: the conversions, the residual add and the
 // embedding gather bitwise; the embedding backward within fp32 reordering (atomics) and bitwise
 // (deterministic mode, which also repeats itself); RMSNorm, RoPE (inside packed QKV rows, positions
-// near 1e6, one table shared by a batch) and SwiGLU within the bf16 rounding of their outputs;
+// near 1e6, one table shared by a batch; the backward from fp32 gradients, which also converts v)
+// and SwiGLU within the bf16 rounding of their outputs;
 // RMSNorm's dg repeating itself bitwise; rope_table against a long-double table; the argument
 // checks. Odd sizes take the kernels' scalar paths, sizes of multiples of 8 their vector paths.
 //
@@ -547,18 +548,33 @@ std::vector<RopeCase> rope_cases() {
   };
 }
 
+// The positions of a table's rows, drawn from [first, first + span): not contiguous, in no order.
+std::vector<std::int64_t> random_positions(std::int64_t table_rows, std::int64_t first,
+                                           std::int64_t span, std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int64_t> position(first, first + span - 1);
+  std::vector<std::int64_t> positions(table_rows);
+  for (auto& p : positions) p = position(rng);
+  return positions;
+}
+
+// Each token's position: token t has the table's row t % table_rows, as the GPU ops use it.
+std::vector<std::int64_t> positions_of_tokens(const std::vector<std::int64_t>& positions,
+                                              std::int64_t tokens) {
+  std::vector<std::int64_t> per_token(tokens);
+  const auto table_rows = static_cast<std::int64_t>(positions.size());
+  for (std::int64_t t = 0; t < tokens; ++t) per_token[t] = positions[t % table_rows];
+  return per_token;
+}
+
 // Runs rope_forward (or rope_backward) on every view of a random buffer, on the GPU and through
 // the CPU twin, and compares the whole buffer: rotated elements within bf16 rounding, the rest
 // (v, gaps between views) bitwise unchanged.
 void check_rope(const RopeCase& rc, bool backward, std::mt19937_64& rng, cudaStream_t stream) {
   SCOPED_TRACE(rc.name + (backward ? ", backward" : ", forward"));
-  std::uniform_int_distribution<std::int64_t> position(rc.first_position,
-                                                       rc.first_position + rc.position_span - 1);
-  std::vector<std::int64_t> positions(rc.table_rows);
-  for (auto& p : positions) p = position(rng);
+  const std::vector<std::int64_t> positions =
+      random_positions(rc.table_rows, rc.first_position, rc.position_span, rng);
   const cuda::RopeTable table = cuda::rope_table(positions, rc.head_dim, kTheta);
-  std::vector<std::int64_t> token_positions(rc.tokens);
-  for (std::int64_t t = 0; t < rc.tokens; ++t) token_positions[t] = positions[t % rc.table_rows];
+  const std::vector<std::int64_t> token_positions = positions_of_tokens(positions, rc.tokens);
 
   const Bits x = random_bf16(rc.tokens * rc.token_stride, rng);
   const DeviceBuffer d_x = to_device(x, stream);
@@ -613,6 +629,79 @@ TEST(CudaLayerOps, RopeBackwardMatchesTwin) {
   std::mt19937_64 rng = test::make_rng(11);
   CudaStream stream;
   for (const RopeCase& rc : rope_cases()) check_rope(rc, /*backward=*/true, rng, stream.get());
+}
+
+// rope_backward from fp32 gradients: packed QKV rows [tokens, (q_heads + 2 kv_heads) head_dim],
+// q's and k's heads rotated as one view of q_heads + kv_heads heads, v's converted.
+struct RopeFromAccCase {
+  std::string name;
+  std::int64_t tokens, table_rows, q_heads, kv_heads, head_dim;
+  // dx_acc and dx this many elements into their allocations (misaligned: narrower accesses).
+  std::size_t acc_offset, dx_offset;
+  std::int64_t first_position, position_span;
+};
+
+std::vector<RopeFromAccCase> rope_from_acc_cases() {
+  return {
+      {"d128, 4 q + 2 kv heads, 2 sequences near 1e6", 512, 256, 4, 2, 128, 0, 0, 999'000, 4096},
+      {"d64, 4 q + 2 kv heads, 4 sequences", 256, 64, 4, 2, 64, 0, 0, 0, 70000},
+      {"d64, dx_acc 8-byte aligned (pairs of 2)", 300, 300, 4, 2, 64, 2, 0, 123'456, 1000},
+      {"d64, dx 2-byte aligned (single pairs)", 37, 37, 4, 2, 64, 0, 1, 5'000, 100},
+      {"d6, 1 q + 1 kv head, table of 5 rows", 37, 5, 1, 1, 6, 0, 0, 999'990, 20},
+  };
+}
+
+// The GPU writes bf16(R^T dx_acc) over a NaN-filled dx (every element must be written); the twin
+// rotates an fp32 copy of dx_acc in place. Rotated elements (q, k) within the rounding of a bf16
+// output of the fp32 twin, |out - ref| <= 2^-8 |ref| + 2^-16 max|ref| (one rounding, after the
+// rotation: rounding dx_acc to bf16 before it would add up to 2^-8 (|a| + |b|) for a pair (a, b),
+// far more than 2^-8 |ref| where a and b cancel); v bitwise bf16(dx_acc).
+void check_rope_from_acc(const RopeFromAccCase& rc, std::mt19937_64& rng, cudaStream_t stream) {
+  SCOPED_TRACE(rc.name);
+  const std::int64_t heads = rc.q_heads + rc.kv_heads;
+  const std::int64_t token_stride = (rc.q_heads + 2 * rc.kv_heads) * rc.head_dim;
+  const std::int64_t count = rc.tokens * token_stride;
+  const std::vector<std::int64_t> positions =
+      random_positions(rc.table_rows, rc.first_position, rc.position_span, rng);
+  const cuda::RopeTable table = cuda::rope_table(positions, rc.head_dim, kTheta);
+
+  const std::vector<float> dx_acc = test::normal_vector<float>(rc.acc_offset + count, rng);
+  const DeviceBuffer d_acc = to_device(dx_acc, stream);
+  const Bits poison(rc.dx_offset + count, std::uint16_t{0x7fc0});  // bf16 NaN
+  const DeviceBuffer d_dx = to_device(poison, stream);
+  const DeviceBuffer d_cos = to_device(table.cos, stream);
+  const DeviceBuffer d_sin = to_device(table.sin, stream);
+  const cpu::RopeShape shape{rc.tokens, heads, rc.head_dim, token_stride};
+  cuda::rope_backward(as_bf16(d_dx, rc.dx_offset), d_acc.as<float>() + rc.acc_offset,
+                      d_cos.as<float>(), d_sin.as<float>(), rc.table_rows, shape, stream);
+  const Bits out = download<std::uint16_t>(as_bf16(d_dx, rc.dx_offset), count, stream);
+
+  std::vector<float> ref(dx_acc.begin() + static_cast<std::ptrdiff_t>(rc.acc_offset), dx_acc.end());
+  cpu::rope_backward<float>(ref, positions_of_tokens(positions, rc.tokens), shape, kTheta);
+
+  std::vector<float> out_rotated, ref_rotated, ref_kept;
+  Bits out_kept;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (i % token_stride < heads * rc.head_dim) {
+      out_rotated.push_back(bf16_to_float(out[i]));
+      ref_rotated.push_back(ref[i]);
+    } else {
+      out_kept.push_back(out[i]);
+      ref_kept.push_back(ref[i]);  // the twin leaves v as it is: dx_acc's value
+    }
+  }
+  EXPECT_TRUE(WithinBf16Rounding("rotated elements (q, k)", out_rotated, ref_rotated));
+  EXPECT_TRUE(BitwiseEqual("converted elements (v)", out_kept, narrow(ref_kept)));
+}
+
+TEST(CudaLayerOps, RopeBackwardFromFp32MatchesTwinRoundedOnce) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(14);
+  CudaStream stream;
+  for (const RopeFromAccCase& rc : rope_from_acc_cases()) {
+    check_rope_from_acc(rc, rng, stream.get());
+  }
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------
@@ -760,6 +849,21 @@ TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
         cuda::rope_backward(nullptr, f, f, 1, {1, 1, 8, 8}, stream);
       },
       {"train::cuda::rope_backward", "dx is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(b, nullptr, f, f, 1, {1, 1, 8, 24}, stream);
+      },
+      {"train::cuda::rope_backward", "dx_acc is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(nullptr, f, f, f, 1, {1, 1, 8, 24}, stream);
+      },
+      {"train::cuda::rope_backward", "dx is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(b, f, f, f, 1, {2, 3, 8, 16}, stream);
+      },
+      {"train::cuda::rope_backward", "shape.token_stride is 16", "24"}));
 
   EXPECT_TRUE(throws_error_with([&] { cuda::rope_table({}, 8, kTheta); },
                                 {"train::cuda::rope_table", "positions.size() is 0"}));

@@ -68,7 +68,6 @@ std::map<std::string, std::int64_t> expected_calls(const TrainConfig& c, int ran
       {"matmul.qkv", forwards},
       {"rope", forwards},
       {"attention.forward", attention},
-      {"residual.copy", forwards + blocks},
       {"matmul.wo", forwards},
       {"matmul.gate_up", forwards},
       {"swiglu", forwards},

@@ -298,7 +298,7 @@ struct Gemm::Impl {
   // add_to_bf16 rounds D + product once: cuBLASLt's bf16 epilogue rounds the product to bf16
   // before adding C, which loses up to a few bf16 roundings where the sum cancels.
   void run(const char* where, Product product, void* d, const void* a, const void* b,
-           const cpu::MatmulShape& shape, Write write) {
+           const cpu::MatmulShape& shape, Write write, const void* residual = nullptr) {
     const bool via_fp32 = write == Write::add && product != Product::backward_weight;
     const std::int64_t outputs =
         shape.rows * (product == Product::backward_input ? shape.in_features : shape.out_features);
@@ -323,7 +323,10 @@ struct Gemm::Impl {
     }
     it->second->run(handle.get(), a, b, target, key.write == Write::add ? 1.0f : 0.0f,
                     workspace.data(), stream, where);
-    if (via_fp32) add_to_bf16(static_cast<__nv_bfloat16*>(d), sum.as<float>(), outputs, stream);
+    if (via_fp32) {
+      add_to_bf16(static_cast<__nv_bfloat16*>(d), sum.as<float>(), outputs, stream,
+                  static_cast<const __nv_bfloat16*>(residual));
+    }
   }
 
   cudaStream_t stream;
@@ -342,10 +345,15 @@ cudaStream_t Gemm::stream() const {
 }
 
 void Gemm::forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                   const cpu::MatmulShape& shape, Write write) {
+                   const cpu::MatmulShape& shape, Write write,
+                   const __nv_bfloat16* residual) {
   constexpr const char* kWhere = "train::cuda::Gemm::forward";
   check_arguments(kWhere, {{"y", y}, {"x", x}, {"w", w}}, shape);
-  impl_->run(kWhere, Product::forward, y, w, x, shape, write);
+  if (residual != nullptr && write != Write::add) {
+    ringattn::detail::fail(kWhere, "residual is given with Write::overwrite; expected Write::add ",
+                           "(y = residual + x W^T)");
+  }
+  impl_->run(kWhere, Product::forward, y, w, x, shape, write, residual);
 }
 
 void Gemm::backward_input(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w,

@@ -2,7 +2,8 @@
 // the CPU twin's conventions (train/op_matmul.hpp): X [rows, in], W [out, in], Y [rows, out], all
 // row-major.
 //
-//   forward          Y  (+)= X W^T      bf16 out (Write::add: the residual stream, Y = Y + X W^T)
+//   forward          Y  (+)= X W^T      bf16 out (Write::add: the residual stream, Y = Y + X W^T,
+//                                       or Y = R + X W^T with a residual R)
 //   backward_input   dX (+)= dY W       bf16 out
 //   backward_weight  dW (+)= dY^T X     fp32 out (Write::add accumulates over micro-batches)
 //
@@ -33,7 +34,8 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   void forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,
-               const cpu::MatmulShape& shape, Write write = Write::overwrite);
+               const cpu::MatmulShape& shape, Write write = Write::overwrite,
+               const __nv_bfloat16* residual = nullptr);
   void backward_input(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w,
                       const cpu::MatmulShape& shape, Write write = Write::overwrite);
   void backward_weight(float* dw, const __nv_bfloat16* dy, const __nv_bfloat16* x,

@@ -113,8 +113,8 @@ void CudaBackend::rmsnorm_backward(Act* dx, float* dg, const Act* dy, const Act*
 }
 
 void CudaBackend::matmul_forward(Act* y, const Act* x, const Act* w, const cpu::MatmulShape& s,
-                                 Write write) {
-  gemm_.forward(y, x, w, s, write);
+                                 Write write, const Act* residual) {
+  gemm_.forward(y, x, w, s, write, residual);
 }
 
 void CudaBackend::matmul_backward_input(Act* dx, const Act* dy, const Act* w,
@@ -143,6 +143,10 @@ void CudaBackend::rope_forward(Act* x, const cpu::RopeShape& s) {
 
 void CudaBackend::rope_backward(Act* dx, const cpu::RopeShape& s) {
   cuda::rope_backward(dx, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
+}
+
+void CudaBackend::rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s) {
+  cuda::rope_backward(dx, dx_acc, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
 }
 
 void CudaBackend::swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s) {

@@ -38,8 +38,10 @@ void to_bf16(bf16* out, const float* in, std::int64_t count, cudaStream_t stream
 void to_float(float* out, const bf16* in, std::int64_t count, cudaStream_t stream);
 // y += x elementwise (fp32 sum, rounded once to bf16).
 void residual_add(bf16* y, const bf16* x, std::int64_t count, cudaStream_t stream);
-// y += x elementwise for an fp32 x (a GEMM's product added into a bf16 output), rounded once.
-void add_to_bf16(bf16* y, const float* x, std::int64_t count, cudaStream_t stream);
+// y += x elementwise for an fp32 x (a GEMM's product added into a bf16 output), rounded once;
+// with an addend, y = addend + x (addend and y the same memory or not overlapping).
+void add_to_bf16(bf16* y, const float* x, std::int64_t count, cudaStream_t stream,
+                 const bf16* addend = nullptr);
 
 // ---- embedding ----------------------------------------------------------------------------
 
@@ -83,6 +85,14 @@ void rope_forward(bf16* x, const float* cos, const float* sin, std::int64_t tabl
 // dx = R^T dx, in place.
 void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t table_rows,
                    const cpu::RopeShape& shape, cudaStream_t stream);
+// dx = bf16(R^T dx_acc) from fp32 gradients dx_acc [tokens, token_stride], which may not overlap
+// dx: every element of dx's token rows, dx[t * token_stride + j] for j < token_stride, is written
+// once, rounded once: j < heads * head_dim rotated as above (the same pairs, table row
+// t % table_rows), the rest of the row (v inside a packed QKV row) dx_acc's value as it is. With
+// heads = q_heads + kv_heads this is the conversion of a packed QKV row's gradient to bf16 and the
+// backward of q's and k's rotations in one pass.
+void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
+                   std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream);
 
 // ---- SwiGLU --------------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@
 //   RMSNorm backward at dim 256, 512, 768 or 1024 (16-byte aligned rows): dx and dg's partials in
 //     one kernel, blocks owning the same row ranges, each warp holding a row of x and dy in
 //     registers: x and dy are read once instead of three times;
-//   RoPE: one thread per V (i, i + head_dim / 2) pairs of one (token, head);
+//   RoPE: one thread per V (i, i + head_dim / 2) pairs of one (token, head); the backward from
+//     fp32 gradients also converts the rest of each row (groups of V) in the same kernel;
 //   embedding backward: fp32 atomics, or one thread per column walking the tokens in order.
 //
 // The code keeps to C++17 (the .cu files of the library compile as C++17; the trainer's as
@@ -219,20 +220,21 @@ __global__ void residual_add_kernel(bf16* y, const bf16* x, std::int64_t count) 
   }
 }
 
-// y += x for an fp32 x: one fp32 sum, rounded once.
+// y = addend + x for an fp32 x (addend == y: y += x): one fp32 sum, rounded once.
 template <int V>
-__global__ void add_to_bf16_kernel(bf16* y, const float* x, std::int64_t count) {
+__global__ void add_to_bf16_kernel(bf16* y, const bf16* addend, const float* x,
+                                   std::int64_t count) {
   const std::int64_t groups = count / V;
   for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
     float a[V], b[V];
-    load_bf16<V>(y + g * V, a);
+    load_bf16<V>(addend + g * V, a);
     load_f32<V>(x + g * V, b);
 #pragma unroll
     for (int k = 0; k < V; ++k) a[k] += b[k];
     store_bf16<V>(y + g * V, a);
   }
   for (std::int64_t i = groups * V + global_thread(); i < count; i += grid_threads()) {
-    y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + x[i]);
+    y[i] = __float2bfloat16_rn(__bfloat162float(addend[i]) + x[i]);
   }
 }
 
@@ -512,12 +514,25 @@ class StreamScratch {
 
 // ---- RoPE ------------------------------------------------------------------------------------
 
+// V consecutive source values as fp32: bf16 (exact) or fp32.
+template <int V>
+__device__ __forceinline__ void load_values(const bf16* p, float (&v)[V]) {
+  load_bf16<V>(p, v);
+}
+
+template <int V>
+__device__ __forceinline__ void load_values(const float* p, float (&v)[V]) {
+  load_f32<V>(p, v);
+}
+
 // One thread per V consecutive pairs (i, i + half) of one (token, head); half % V == 0. Backward
-// (inverse = true) rotates by -angle.
-template <int V, bool inverse>
-__global__ void rope_kernel(bf16* x, const float* cos_table, const float* sin_table,
+// (inverse = true) rotates by -angle. The pairs are read from src and written to x (src == x: in
+// place). Then the `tail` elements that follow the heads in each token row are written to x as
+// src holds them, in groups of V (tail % V == 0; 0 when in place).
+template <int V, bool inverse, typename Src>
+__global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, const float* sin_table,
                             std::int64_t table_rows, std::int64_t n_tokens, std::int64_t heads,
-                            std::int64_t head_dim, std::int64_t token_stride) {
+                            std::int64_t head_dim, std::int64_t token_stride, std::int64_t tail) {
   const std::int64_t half = head_dim / 2;
   const std::int64_t groups_per_head = half / V;
   const std::int64_t groups_per_token = heads * groups_per_head;
@@ -527,12 +542,12 @@ __global__ void rope_kernel(bf16* x, const float* cos_table, const float* sin_ta
     const std::int64_t rest = g - t * groups_per_token;
     const std::int64_t h = rest / groups_per_head;
     const std::int64_t i = (rest - h * groups_per_head) * V;
-    bf16* lo = x + t * token_stride + h * head_dim + i;
-    bf16* hi = lo + half;
+    const std::int64_t lo = t * token_stride + h * head_dim + i;
+    const std::int64_t hi = lo + half;
     const std::int64_t table_offset = (t % table_rows) * half + i;
     float a[V], b[V];
-    load_bf16<V>(lo, a);
-    load_bf16<V>(hi, b);
+    load_values<V>(src + lo, a);
+    load_values<V>(src + hi, b);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float c = cos_table[table_offset + k];
@@ -541,14 +556,29 @@ __global__ void rope_kernel(bf16* x, const float* cos_table, const float* sin_ta
       a[k] = a_k * c - b[k] * s;
       b[k] = a_k * s + b[k] * c;
     }
-    store_bf16<V>(lo, a);
-    store_bf16<V>(hi, b);
+    store_bf16<V>(x + lo, a);
+    store_bf16<V>(x + hi, b);
+  }
+  const std::int64_t rotated = heads * head_dim;
+  const std::int64_t tail_groups_per_token = tail / V;
+  const std::int64_t tail_groups = n_tokens * tail_groups_per_token;
+  for (std::int64_t g = global_thread(); g < tail_groups; g += grid_threads()) {
+    const std::int64_t t = g / tail_groups_per_token;
+    const std::int64_t at = t * token_stride + rotated + (g - t * tail_groups_per_token) * V;
+    float v[V];
+    load_values<V>(src + at, v);
+    store_bf16<V>(x + at, v);
   }
 }
 
-template <bool inverse>
-void rope(std::string_view where, std::string_view x_name, bf16* x, const float* cos,
-          const float* sin, std::int64_t table_rows, const cpu::RopeShape& s, cudaStream_t stream) {
+// The rotation of x's heads by the tables, read from src (named src_name in errors). src == x
+// rotates in place and leaves the rest of each token row alone; another src (fp32, not
+// overlapping x) also writes that rest, src's values as they are: every element of x's token rows
+// is then written once, rounded once.
+template <bool inverse, typename Src>
+void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_view src_name,
+          const Src* src, const float* cos, const float* sin, std::int64_t table_rows,
+          const cpu::RopeShape& s, cudaStream_t stream) {
   detail::check_positive(where, "shape.tokens", s.tokens);
   detail::check_positive(where, "shape.heads", s.heads);
   detail::check_positive(where, "shape.head_dim", s.head_dim);
@@ -561,20 +591,27 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, const float*
   }
   detail::check_positive(where, "table_rows", table_rows);
   check_pointer(where, x_name, x);
+  check_pointer(where, src_name, src);
   check_pointer(where, "cos", cos);
   check_pointer(where, "sin", sin);
 
   const std::int64_t half = s.head_dim / 2;
+  const bool in_place = static_cast<const void*>(src) == static_cast<const void*>(x);
+  const std::int64_t tail = in_place ? 0 : s.token_stride - s.heads * s.head_dim;
   // The widest access every pair group allows: its offset t * token_stride + h * head_dim + i
-  // (and + half) is a multiple of V when token_stride, head_dim and half are.
+  // (and + half) is a multiple of V when token_stride, head_dim and half are; so are the tail's
+  // groups, from t * token_stride + heads * head_dim.
   auto fits = [&](int v) {
-    return half % v == 0 && s.token_stride % v == 0 && aligned(x, 2 * static_cast<std::size_t>(v));
+    return half % v == 0 && s.token_stride % v == 0 &&
+           aligned(x, sizeof(bf16) * static_cast<std::size_t>(v)) &&
+           aligned(src, sizeof(Src) * static_cast<std::size_t>(v));
   };
   const std::int64_t pairs = s.tokens * s.heads * half;
   auto launch = [&](auto width) {
     constexpr int V = decltype(width)::value;
-    rope_kernel<V, inverse><<<blocks_for(pairs / V), kThreads, 0, stream>>>(
-        x, cos, sin, table_rows, s.tokens, s.heads, s.head_dim, s.token_stride);
+    rope_kernel<V, inverse, Src>
+        <<<blocks_for((pairs + s.tokens * tail) / V), kThreads, 0, stream>>>(
+            x, src, cos, sin, table_rows, s.tokens, s.heads, s.head_dim, s.token_stride, tail);
   };
   if (fits(4)) {
     launch(std::integral_constant<int, 4>{});
@@ -674,15 +711,17 @@ void residual_add(bf16* y, const bf16* x, std::int64_t count, cudaStream_t strea
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
-void add_to_bf16(bf16* y, const float* x, std::int64_t count, cudaStream_t stream) {
+void add_to_bf16(bf16* y, const float* x, std::int64_t count, cudaStream_t stream,
+                 const bf16* addend) {
   constexpr const char* kWhere = "train::cuda::add_to_bf16";
   detail::check_positive(kWhere, "count", count);
   check_pointer(kWhere, "y", y);
   check_pointer(kWhere, "x", x);
-  if (aligned(y, 8) && aligned(x, 16)) {
-    add_to_bf16_kernel<4><<<blocks_for(count / 4 + 1), kThreads, 0, stream>>>(y, x, count);
+  if (addend == nullptr) addend = y;
+  if (aligned(y, 8) && aligned(addend, 8) && aligned(x, 16)) {
+    add_to_bf16_kernel<4><<<blocks_for(count / 4 + 1), kThreads, 0, stream>>>(y, addend, x, count);
   } else {
-    add_to_bf16_kernel<1><<<blocks_for(count), kThreads, 0, stream>>>(y, x, count);
+    add_to_bf16_kernel<1><<<blocks_for(count), kThreads, 0, stream>>>(y, addend, x, count);
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
@@ -880,12 +919,18 @@ RopeTable rope_table(const std::vector<std::int64_t>& positions, std::int64_t he
 
 void rope_forward(bf16* x, const float* cos, const float* sin, std::int64_t table_rows,
                   const cpu::RopeShape& shape, cudaStream_t stream) {
-  rope<false>("train::cuda::rope_forward", "x", x, cos, sin, table_rows, shape, stream);
+  rope<false>("train::cuda::rope_forward", "x", x, "x", x, cos, sin, table_rows, shape, stream);
 }
 
 void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t table_rows,
                    const cpu::RopeShape& shape, cudaStream_t stream) {
-  rope<true>("train::cuda::rope_backward", "dx", dx, cos, sin, table_rows, shape, stream);
+  rope<true>("train::cuda::rope_backward", "dx", dx, "dx", dx, cos, sin, table_rows, shape, stream);
+}
+
+void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
+                   std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream) {
+  rope<true>("train::cuda::rope_backward", "dx", dx, "dx_acc", dx_acc, cos, sin, table_rows, shape,
+             stream);
 }
 
 // ---- SwiGLU ----------------------------------------------------------------------------------

@@ -73,6 +73,27 @@ __device__ __forceinline__ void add_logit(RowStats& s, float x, int j) {
   }
 }
 
+// add_logit over kVector logits j0.. in order, with one rescale: their maximum (the first index
+// of it; NaN never becomes it) joins the running one first, then each logit adds exp(x - max), or
+// exactly 1 where it equals the maximum (no inf - inf).
+__device__ __forceinline__ void add_logits(RowStats& s, const float (&x)[kVector], int j0) {
+  float m = -INFINITY;
+  int arg = kNoIndex;
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) {
+    if (x[k] > m) m = x[k], arg = j0 + k;
+  }
+  if (m > s.max) {
+    s.sum *= expf(s.max - m);
+    s.max = m;
+    s.argmax = arg;
+  } else if (m == s.max) {
+    s.argmax = min(s.argmax, arg);
+  }
+#pragma unroll
+  for (int k = 0; k < kVector; ++k) s.sum += x[k] == s.max ? 1.0f : expf(x[k] - s.max);
+}
+
 // Symmetric in its arguments (the larger maximum first), so the result does not depend on which
 // lane holds which operand.
 __device__ __forceinline__ RowStats merge(RowStats a, RowStats b) {
@@ -170,9 +191,7 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
     float x[kVector];
     unpack(vectors[i], x);
-    const int j0 = split.head + i * kVector;
-#pragma unroll
-    for (int k = 0; k < kVector; ++k) add_logit(s, x[k], j0 + k);
+    add_logits(s, x, split.head + i * kVector);
   }
   for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
     add_logit(s, __bfloat162float(row[j]), j);
