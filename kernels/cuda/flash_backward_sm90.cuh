@@ -112,7 +112,7 @@ __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc
 
 // kAtomicDq: the default mode, dQ added here (kTmaDq: by TMA reductions through dq_map, else with
 // atomics); otherwise flash_dq_kernel computes it. kRowSplits (unmasked, kTmaDq): each key block's
-// rows split over FlashParams::row_splits CTAs.
+// rows split over FlashParams::row_splits CTAs (one or more).
 template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq, bool kTmaDq,
           bool kRowSplits = false>
 __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
@@ -375,7 +375,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add
   // (but writes its zeros when overwriting); the parts of a split key block add together.
   if (steps > 0 || p.overwrite_key_gradients) {
-    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv, kRowSplits);
+    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
+                                kRowSplits && p.row_splits > 1);
   }
 #endif  // sm_90a
 }

@@ -167,8 +167,11 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
               static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
               static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
               65535 / p.batch);
-          if (p.row_splits > 1) {
-            if (p.overwrite_key_gradients) {  // the splits add into dK and dV: zero them first
+          // The row-split instantiation also takes long rows unsplit: at 2048-4096 row tiles it
+          // ran 8-9% faster than the plain one on an H200 (45.6 against 49.6 ms per 32k x 32k
+          // at 16 heads), at 512 row tiles 1.4%.
+          if (p.row_splits > 1 || row_tiles >= 512) {
+            if (p.overwrite_key_gradients && p.row_splits > 1) {  // the splits add: zero first
               zero_key_gradients_kernel<kHeadDim><<<4 * multiprocessor_count(), 256, 0, stream>>>(p);
               RINGATTN_CUDA_CHECK_LAUNCH();
               p.overwrite_key_gradients = false;
