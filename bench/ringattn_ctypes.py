@@ -31,7 +31,8 @@ class BackwardParams(ctypes.Structure):
                 ("dout", Tensor), ("lse", Tensor), ("delta", Tensor), ("dq", Tensor),
                 ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
                 ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32),
-                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64)]
+                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64),
+                ("overwrite_key_gradients", ctypes.c_int32)]
 
 
 def describe(t):

@@ -103,7 +103,8 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
                                               void* stream) {
   constexpr const char* kWhere = "ringattn_attention_backward";
   return guarded([&] {
-    check_params(params, kWhere);
+    // The first version of the struct ended at k_start.
+    check_params(params, kWhere, offsetof(ringattn_backward_params_t, overwrite_key_gradients));
     BackwardArgs args;
     args.q = to_view(params->q, "q", kWhere);
     args.k = to_view(params->k, "k", kWhere);
@@ -117,6 +118,11 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
     args.scale = params->scale;
     args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
     args.deterministic = params->deterministic != 0;
+    args.overwrite_key_gradients =
+        detail::has_field(params->struct_size,
+                          offsetof(ringattn_backward_params_t, overwrite_key_gradients),
+                          sizeof(params->overwrite_key_gradients)) &&
+        params->overwrite_key_gradients != 0;
     flash_backward(args, stream);
   });
 }

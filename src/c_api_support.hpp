@@ -37,14 +37,21 @@ ringattn_status_t guarded(Body&& body) {
 
 TensorView to_view(const ringattn_tensor_t& t, const char* name, const char* where);
 
-// A parameter struct pointer that is null, or older than this library's struct, is refused.
+// A parameter struct pointer that is null, or shorter than the first version of its struct
+// (`first_size` bytes; by default this library's whole struct), is refused.
 template <typename Params>
-void check_params(const Params* params, const char* where) {
+void check_params(const Params* params, const char* where, std::size_t first_size = sizeof(Params)) {
   if (params == nullptr) fail(where, "params is a null pointer");
-  if (params->struct_size < sizeof(Params)) {
+  if (params->struct_size < first_size) {
     fail(where, "params->struct_size is ", params->struct_size, "; expected sizeof = ",
          sizeof(Params), " (set it to sizeof(the struct))");
   }
+}
+
+// Whether a caller's struct of `struct_size` bytes holds the field at `offset` of `size` bytes
+// (fields appended by later versions are absent from an older caller's struct).
+inline bool has_field(std::size_t struct_size, std::size_t offset, std::size_t size) {
+  return struct_size >= offset + size;
 }
 
 }  // namespace ringattn::detail

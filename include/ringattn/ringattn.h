@@ -75,6 +75,9 @@ typedef struct ringattn_backward_params {
   int32_t deterministic; /* bitwise-reproducible gradients */
   int64_t q_start;
   int64_t k_start;
+  /* Since 0.2: nonzero writes dk and dv instead of adding into them (never reading them); dq is
+   * still added into. A struct_size that ends before this field (an older caller) means 0. */
+  int32_t overwrite_key_gradients;
 } ringattn_backward_params_t;
 
 /* RINGATTN_VERSION_CODE of the library that is running (major * 10000 + minor * 100 + patch). */

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,67 @@ TEST(CApi, HostForwardAndBackwardEqualTheCppBlock) {
   EXPECT_EQ(dq, dq2);
   EXPECT_EQ(dk, dk2);
   EXPECT_EQ(dv, dv2);
+}
+
+// overwrite_key_gradients, appended to the backward's struct in 0.2: set, dk and dv (NaN before)
+// come out as the gradients added into zeros would; in a struct_size of the first version (an
+// older caller) it is not read, so a 1 in memory past that size still adds into dk and dv.
+TEST(CApi, BackwardOverwritesKeyGradientsWhenTheStructHasTheField) {
+  SCOPED_TRACE(ringattn::test::seed_trace());
+  Problem problem;
+  ringattn_forward_params_t p = problem.params();
+  ASSERT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, Hkv = Problem::Hkv, D = Problem::D;
+  std::mt19937_64 rng = ringattn::test::make_rng(9);
+  std::vector<double> dout = ringattn::test::normal_vector<double>(problem.o.size(), rng);
+  std::vector<double> delta(problem.lse.size());
+  ringattn_tensor_t o_t = describe(problem.o, {B, S, Hq, D}), do_t = describe(dout, {B, S, Hq, D});
+  ringattn_tensor_t delta_t = describe(delta, {B, Hq, S});
+  ASSERT_EQ(ringattn_attention_backward_prepare(&o_t, &do_t, &delta_t, nullptr), RINGATTN_SUCCESS)
+      << ringattn_last_error();
+  struct Gradients {
+    std::vector<double> dq, dk, dv;
+  };
+  auto run = [&](std::size_t struct_size, double dkv_before) {
+    Gradients g{std::vector<double>(problem.o.size(), 0.0),
+                std::vector<double>(problem.k.size(), dkv_before),
+                std::vector<double>(problem.k.size(), dkv_before)};
+    ringattn_backward_params_t bp{};
+    bp.struct_size = struct_size;
+    bp.q = p.q;
+    bp.k = p.k;
+    bp.v = p.v;
+    bp.dout = do_t;
+    bp.lse = p.lse;
+    bp.delta = delta_t;
+    bp.dq = describe(g.dq, {B, S, Hq, D});
+    bp.dk = describe(g.dk, {B, S, Hkv, D});
+    bp.dv = describe(g.dv, {B, S, Hkv, D});
+    bp.scale = 0.25;
+    bp.causal = 1;
+    bp.overwrite_key_gradients = 1;
+    EXPECT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+    return g;
+  };
+  const std::size_t first_size = offsetof(ringattn_backward_params_t, overwrite_key_gradients);
+  const Gradients added = run(first_size, 0.0);
+  const Gradients overwritten = run(sizeof(ringattn_backward_params_t), std::nan(""));
+  EXPECT_EQ(overwritten.dq, added.dq);
+  EXPECT_EQ(overwritten.dk, added.dk);
+  EXPECT_EQ(overwritten.dv, added.dv);
+  // The older caller's struct: dk and dv start at 1 and keep it under the gradient.
+  const Gradients older = run(first_size, 1.0);
+  for (std::size_t i = 0; i < added.dk.size(); ++i) {
+    ASSERT_EQ(older.dk[i], 1.0 + added.dk[i]) << "dk[" << i << "]";
+    ASSERT_EQ(older.dv[i], 1.0 + added.dv[i]) << "dv[" << i << "]";
+  }
+
+  ringattn_backward_params_t bp{};
+  bp.struct_size = first_size - 8;
+  EXPECT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("struct_size is " + std::to_string(first_size - 8)),
+            std::string::npos)
+      << ringattn_last_error();
 }
 
 TEST(CApi, BadCallsReturnAStatusAndAMessage) {
