@@ -37,6 +37,27 @@ struct Problem {
     p.causal = 1;
     return p;
   }
+
+  // The backward's parameters for the forward's `p`, dout, delta and the gradient buffers.
+  ringattn_backward_params_t backward_params(const ringattn_forward_params_t& p,
+                                             const ringattn_tensor_t& dout,
+                                             const ringattn_tensor_t& delta, std::vector<double>& dq,
+                                             std::vector<double>& dk, std::vector<double>& dv) {
+    ringattn_backward_params_t bp{};
+    bp.struct_size = sizeof(bp);
+    bp.q = p.q;
+    bp.k = p.k;
+    bp.v = p.v;
+    bp.dout = dout;
+    bp.lse = p.lse;
+    bp.delta = delta;
+    bp.dq = describe(dq, {B, S, Hq, D});
+    bp.dk = describe(dk, {B, S, Hkv, D});
+    bp.dv = describe(dv, {B, S, Hkv, D});
+    bp.scale = p.scale;
+    bp.causal = p.causal;
+    return bp;
+  }
 };
 
 TEST(CApi, VersionAndStatusStrings) {
@@ -72,19 +93,7 @@ TEST(CApi, HostForwardAndBackwardEqualTheCppBlock) {
   ringattn_tensor_t delta_t = describe(delta, {B, Hq, S});
   ASSERT_EQ(ringattn_attention_backward_prepare(&o_t, &do_t, &delta_t, nullptr), RINGATTN_SUCCESS)
       << ringattn_last_error();
-  ringattn_backward_params_t bp{};
-  bp.struct_size = sizeof(bp);
-  bp.q = p.q;
-  bp.k = p.k;
-  bp.v = p.v;
-  bp.dout = do_t;
-  bp.lse = p.lse;
-  bp.delta = delta_t;
-  bp.dq = describe(dq, {B, S, Hq, D});
-  bp.dk = describe(dk, {B, S, Hkv, D});
-  bp.dv = describe(dv, {B, S, Hkv, D});
-  bp.scale = 0.25;
-  bp.causal = 1;
+  ringattn_backward_params_t bp = problem.backward_params(p, do_t, delta_t, dq, dk, dv);
   ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
 
   std::vector<double> delta2(lse.size()), dq2(dq.size(), 0.0), dk2(dk.size(), 0.0), dv2(dv.size(), 0.0);
@@ -107,7 +116,7 @@ TEST(CApi, BackwardOverwritesKeyGradientsWhenTheStructHasTheField) {
   Problem problem;
   ringattn_forward_params_t p = problem.params();
   ASSERT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
-  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, Hkv = Problem::Hkv, D = Problem::D;
+  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, D = Problem::D;
   std::mt19937_64 rng = ringattn::test::make_rng(9);
   std::vector<double> dout = ringattn::test::normal_vector<double>(problem.o.size(), rng);
   std::vector<double> delta(problem.lse.size());
@@ -122,19 +131,8 @@ TEST(CApi, BackwardOverwritesKeyGradientsWhenTheStructHasTheField) {
     Gradients g{std::vector<double>(problem.o.size(), 0.0),
                 std::vector<double>(problem.k.size(), dkv_before),
                 std::vector<double>(problem.k.size(), dkv_before)};
-    ringattn_backward_params_t bp{};
+    ringattn_backward_params_t bp = problem.backward_params(p, do_t, delta_t, g.dq, g.dk, g.dv);
     bp.struct_size = struct_size;
-    bp.q = p.q;
-    bp.k = p.k;
-    bp.v = p.v;
-    bp.dout = do_t;
-    bp.lse = p.lse;
-    bp.delta = delta_t;
-    bp.dq = describe(g.dq, {B, S, Hq, D});
-    bp.dk = describe(g.dk, {B, S, Hkv, D});
-    bp.dv = describe(g.dv, {B, S, Hkv, D});
-    bp.scale = 0.25;
-    bp.causal = 1;
     bp.overwrite_key_gradients = 1;
     EXPECT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
     return g;
