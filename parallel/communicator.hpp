@@ -29,6 +29,8 @@ class Communicator {
   virtual int size() const = 0;
   // The memory the data calls move: host for MPI, device for NCCL.
   virtual Memory memory() const = 0;
+  // How the data moves, for people and benchmark records: "MPI", "NCCL", "copy engines".
+  virtual std::string transport() const = 0;
 
   // One step of a ring: send `send_bytes` to rank + 1 and receive `recv_bytes` from rank - 1
   // (modulo size), asynchronously. On a stream backend the transfer starts after the work already

@@ -23,6 +23,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Memory memory() const override { return Memory::host; }
+  std::string transport() const override { return "MPI"; }
   void exchange_start(const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes,
                       void* stream) override;
   void exchange_wait(void* stream) override;

@@ -11,7 +11,9 @@
 // (bf16, batch = 16384 / seq, hidden 2048 so heads = 2048 / head_dim, causal and not). The
 // backward time includes zeroing the fp32 gradient buffers and the rowsum(dO * O) pass.
 //
-// ring: ring attention over the N ranks of mpirun, one GPU each, over NCCL; bf16, batch 1, every
+// ring: ring attention over the N ranks of mpirun, one GPU each, over the NCCL communicator (its
+// exchanges by the copy engines where they reach: the header line and the JSON's "exchanges" say
+// which; RINGATTN_EXCHANGE=nccl compares); bf16, batch 1, every
 // (sequence length, K/V heads, mask). Each configuration is timed four ways, every run a forward
 // then a backward (CUDA events on the default stream give the forward, the backward and the two
 // together from the same runs; figures are medians over the runs):
@@ -548,6 +550,7 @@ struct RingRun {
   int ranks = 1;
   std::string date;
   std::vector<RingRow> rows;
+  std::string transport;  // how the ring's exchanges move (Communicator::transport)
 };
 
 double flops_of(const RingOptions& opt, const RingRow& row) {
@@ -592,8 +595,8 @@ std::optional<double> field_of(const std::optional<Times>& t, double Times::*fie
 }
 
 void print_ring_header(const RingOptions& opt, const RingRun& run) {
-  std::printf("ringattn-bench ring: %d x %s over NCCL, bf16, batch 1, %lld heads of %lld, %s\n", run.ranks,
-              run.gpu.c_str(), (long long)opt.heads, (long long)opt.head_dim, opt.layout.c_str());
+  std::printf("ringattn-bench ring: %d x %s, exchanges by %s, bf16, batch 1, %lld heads of %lld, %s\n",
+              run.ranks, run.gpu.c_str(), run.transport.c_str(), (long long)opt.heads, (long long)opt.head_dim, opt.layout.c_str());
   std::printf("%8s %3s %-6s | %25s | %17s | %9s | %17s | %17s | %17s | %11s\n", "", "", "", "ring ms fwd/bwd/f+b",
               "TFLOP/s a GPU", "1 GPU ms", "efficiency", "transfers ms", "compute ms", "hidden");
   std::printf("%8s %3s %-6s | %8s %8s %7s | %5s %5s %5s | %9s | %5s %5s %5s | %8s %8s | %8s %8s | %5s %5s\n", "seq",
@@ -629,7 +632,8 @@ void write_ring_json(const RingOptions& opt, const RingRun& run) {
   std::ofstream out(opt.json);
   const double factor = ringattn::kBackwardFlopFactor;
   out << "{\n  \"benchmark\": \"ring\",\n  \"gpu\": " << json_string(run.gpu) << ",\n  \"gpus\": " << run.ranks
-      << ",\n  \"communicator\": \"nccl\",\n  \"date\": " << json_string(run.date)
+      << ",\n  \"communicator\": \"nccl\",\n  \"exchanges\": " << json_string(run.transport)
+      << ",\n  \"date\": " << json_string(run.date)
       << ",\n  \"revision\": " << json_string(opt.revision) << ",\n  \"ringattn_version\": \""
       << RINGATTN_VERSION_STRING << "\",\n  \"configuration\": {\"dtype\": \"bf16\", \"batch\": 1, \"heads\": "
       << opt.heads << ", \"head_dim\": " << opt.head_dim << ", \"layout\": " << json_string(opt.layout)
@@ -958,7 +962,7 @@ int run_ring(const RingOptions& opt) {
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
   RINGATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  RingRun run{prop.name, ranks, utc_now(), {}};
+  RingRun run{prop.name, ranks, utc_now(), {}, comm->transport()};
   return opt.fit ? run_ring_fit(comm, opt, run) : run_ring_table(comm, opt, run);
 }
 

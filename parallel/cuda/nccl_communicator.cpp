@@ -3,7 +3,10 @@
 #include "parallel/device_communicator.hpp"
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
@@ -21,6 +24,17 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::bf16: return ncclBfloat16;
   }
   detail::fail("NcclCommunicator", "unknown dtype value ", static_cast<int>(dtype));
+}
+
+// RINGATTN_EXCHANGE: 0 auto, 1 copy engines, 2 NCCL.
+int exchange_choice() {
+  const char* text = std::getenv("RINGATTN_EXCHANGE");
+  const std::string_view value = text == nullptr ? "" : text;
+  if (value.empty() || value == "auto") return 0;
+  if (value == "copy") return 1;
+  if (value == "nccl") return 2;
+  detail::fail("NcclCommunicator", "RINGATTN_EXCHANGE is '", value,
+               "'; expected auto, copy or nccl");
 }
 
 }  // namespace
@@ -41,6 +55,24 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
   if (mpi_->rank() == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
   RINGATTN_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_->handle()));
   RINGATTN_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->size(), id, mpi_->rank()));
+
+  // The exchange path, the same on every rank: a bad or differing RINGATTN_EXCHANGE fails on all.
+  std::optional<Error> local_error;
+  int choice = 0;
+  try {
+    choice = exchange_choice();
+  } catch (const Error& error) {
+    local_error = error;
+  }
+  check_no_rank_failed(*mpi_, "NcclCommunicator", local_error ? &*local_error : nullptr);
+  check_same_on_all_ranks(*mpi_, "NcclCommunicator", "RINGATTN_EXCHANGE " + std::to_string(choice));
+  if (choice == 2 || size() == 1) return;
+  std::string why;
+  peer_ = PeerExchange::create(mpi_->handle(), device_, why);
+  if (peer_ == nullptr && choice == 1) {
+    detail::fail_as(ErrorKind::unsupported, "NcclCommunicator",
+                    "RINGATTN_EXCHANGE=copy, but the copy engines cannot carry the ring: ", why);
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -65,16 +97,21 @@ void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, 
     }
     RINGATTN_CUDA_CHECK(cudaMemcpyAsync(recv, send, send_bytes, cudaMemcpyDeviceToDevice, comm_stream_.get()));
   } else {
-    RINGATTN_NCCL_CHECK(ncclGroupStart());
-    RINGATTN_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, next, comm_, comm_stream_.get()));
-    RINGATTN_NCCL_CHECK(ncclRecv(recv, recv_bytes, ncclUint8, previous, comm_, comm_stream_.get()));
-    RINGATTN_NCCL_CHECK(ncclGroupEnd());
+    PeerExchange::Fallback nccl{true, true};
+    if (peer_) nccl = peer_->start(send, send_bytes, recv, recv_bytes, compute, comm_stream_.get());
+    if (nccl.send || nccl.recv) {
+      RINGATTN_NCCL_CHECK(ncclGroupStart());
+      if (nccl.send) RINGATTN_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, next, comm_, comm_stream_.get()));
+      if (nccl.recv) RINGATTN_NCCL_CHECK(ncclRecv(recv, recv_bytes, ncclUint8, previous, comm_, comm_stream_.get()));
+      RINGATTN_NCCL_CHECK(ncclGroupEnd());
+    }
   }
   // comm_stream_ runs in order: the last record covers every exchange started so far.
   transfer_done_.record(comm_stream_.get());
 }
 
 void NcclCommunicator::exchange_wait(void* stream) {
+  if (peer_) peer_->wait(static_cast<cudaStream_t>(stream));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), transfer_done_.get(), 0));
 }
 

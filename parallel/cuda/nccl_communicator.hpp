@@ -2,6 +2,13 @@
 // communication stream, ordered after the caller's compute stream by an event and waited for by
 // another event, so the ring loop never synchronises the host. Bootstrapped from MPI: rank 0
 // creates the NCCL unique id and broadcasts it; metadata and splits go through MPI.
+//
+// Where every rank's next neighbour shares its node and its GPU can write into the neighbour's
+// memory, the ring exchanges go by the copy engines instead (PeerExchange, peer_exchange.hpp):
+// NCCL's send/receive kernels would hold multiprocessors the local block is using. The
+// environment variable RINGATTN_EXCHANGE chooses: `auto` (the default: copy engines where they
+// reach), `copy` (copy engines or an error saying which link they cannot take) or `nccl`. It
+// must be the same on every rank. All-reduces always go through NCCL.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,8 +16,10 @@
 #include <nccl.h>
 
 #include <memory>
+#include <string>
 
 #include "parallel/communicator.hpp"
+#include "parallel/cuda/peer_exchange.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "src/cuda/device_buffer.hpp"
 
@@ -26,6 +35,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return mpi_->rank(); }
   int size() const override { return mpi_->size(); }
   Memory memory() const override { return Memory::device; }
+  std::string transport() const override { return peer_ ? "copy engines" : "NCCL"; }
   void exchange_start(const void* send, std::size_t send_bytes, void* recv,
                       std::size_t recv_bytes, void* stream) override;
   void exchange_wait(void* stream) override;
@@ -45,6 +55,7 @@ class NcclCommunicator final : public Communicator {
   CudaStream comm_stream_{CudaStream::highest_priority()};
   CudaEvent compute_ready_;  // recorded on the caller's stream, waited on by comm_stream_
   CudaEvent transfer_done_;  // recorded on comm_stream_, waited on by the caller's stream
+  std::unique_ptr<PeerExchange> peer_;  // the ring exchanges by the copy engines, where they reach
 };
 
 // Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;

@@ -42,6 +42,7 @@ class RecordingCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   Memory memory() const override { return inner_->memory(); }
+  std::string transport() const override { return inner_->transport(); }
   void exchange_start(const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes,
                       void* stream) override {
     log_.push_back("send " + std::to_string(send_bytes) + ", receive " + std::to_string(recv_bytes));

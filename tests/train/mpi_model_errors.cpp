@@ -72,6 +72,7 @@ class DeviceMemoryCommunicator final : public Communicator {
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
   Memory memory() const override { return Memory::device; }
+  std::string transport() const override { return "MPI, reporting device memory"; }
   void exchange_start(const void*, std::size_t, void*, std::size_t, void*) override {}
   void exchange_wait(void*) override {}
   void all_reduce_sum(void*, std::size_t, DType, void*) override {}

@@ -1,0 +1,241 @@
+#include "parallel/cuda/peer_exchange.hpp"
+
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ringattn/error.hpp"
+#include "src/cuda/cuda_check.hpp"
+#include "src/mpi_check.hpp"
+
+namespace ringattn {
+namespace {
+
+constexpr int kTagReady = 7101, kTagCopied = 7102;
+
+// The driver's cuMemGetAddressRange through the runtime's entry-point query (the library links
+// against the runtime only): the allocation a pointer lies in, which is what CUDA IPC exports.
+bool allocation_of(const void* pointer, void*& base) {
+  static const auto range = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &function, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      function = nullptr;
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(function);
+  }();
+  CUdeviceptr start = 0;
+  std::size_t bytes = 0;
+  if (range == nullptr ||
+      range(&start, &bytes, reinterpret_cast<CUdeviceptr>(pointer)) != CUDA_SUCCESS) {
+    return false;
+  }
+  base = reinterpret_cast<void*>(start);
+  return true;
+}
+
+cudaEvent_t interprocess_event() {
+  cudaEvent_t event = nullptr;
+  RINGATTN_CUDA_CHECK(
+      cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess));
+  return event;
+}
+
+}  // namespace
+
+struct PeerExchange::Ready {
+  std::uint64_t sequence;
+  std::uint64_t bytes;   // the receive buffer's size
+  std::uint64_t offset;  // of the receive buffer in its allocation
+  std::int32_t exported; // 0: the buffer could not be exported; NCCL carries this exchange
+  cudaIpcMemHandle_t handle;
+};
+
+PeerExchange::PeerExchange(MPI_Comm comm, int rank, int size)
+    : comm_(comm), rank_(rank), next_((rank + 1) % size), previous_((rank + size - 1) % size) {}
+
+std::unique_ptr<PeerExchange> PeerExchange::create(MPI_Comm comm, int device, std::string& why) {
+  int rank = 0, size = 1;
+  RINGATTN_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  RINGATTN_MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (size < 2) {
+    why = "one rank";
+    return nullptr;
+  }
+  // Every rank's node and GPU, so that each judges its link to the next rank.
+  struct Place {
+    char host[MPI_MAX_PROCESSOR_NAME + 1];
+    char bus_id[32];
+  };
+  Place mine{};
+  int length = 0;
+  RINGATTN_MPI_CHECK(MPI_Get_processor_name(mine.host, &length));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetPCIBusId(mine.bus_id, sizeof(mine.bus_id), device));
+  std::vector<Place> places(static_cast<std::size_t>(size));
+  RINGATTN_MPI_CHECK(MPI_Allgather(&mine, sizeof(Place), MPI_BYTE, places.data(), sizeof(Place),
+                                   MPI_BYTE, comm));
+  const Place& next = places[static_cast<std::size_t>((rank + 1) % size)];
+  int reachable = std::strcmp(next.host, mine.host) == 0;
+  if (reachable) {
+    int next_device = -1, access = 0;
+    if (cudaDeviceGetByPCIBusId(&next_device, next.bus_id) != cudaSuccess) {
+      (void)cudaGetLastError();
+      reachable = 0;  // not visible to this process
+    } else if (next_device != device) {
+      RINGATTN_CUDA_CHECK(cudaDeviceCanAccessPeer(&access, device, next_device));
+      reachable = access;
+    }
+  }
+  std::vector<int> all(static_cast<std::size_t>(size));
+  RINGATTN_MPI_CHECK(MPI_Allgather(&reachable, 1, MPI_INT, all.data(), 1, MPI_INT, comm));
+  for (int r = 0; r < size; ++r) {
+    if (all[static_cast<std::size_t>(r)] == 0) {
+      const Place& from = places[static_cast<std::size_t>(r)];
+      const Place& to = places[static_cast<std::size_t>((r + 1) % size)];
+      why = "rank " + std::to_string(r) + " (" + from.host + ", GPU " + from.bus_id +
+            ") cannot write into the memory of rank " + std::to_string((r + 1) % size) + " (" +
+            to.host + ", GPU " + to.bus_id + ")";
+      return nullptr;
+    }
+  }
+
+  std::unique_ptr<PeerExchange> exchange(new PeerExchange(comm, rank, size));
+  PeerExchange& x = *exchange;
+  std::array<cudaIpcEventHandle_t, kSlots> free_handles{}, copied_handles{}, next_free{},
+      previous_copied{};
+  for (int slot = 0; slot < kSlots; ++slot) {
+    x.free_[slot] = interprocess_event();
+    x.copied_[slot] = interprocess_event();
+    RINGATTN_CUDA_CHECK(cudaIpcGetEventHandle(&free_handles[slot], x.free_[slot]));
+    RINGATTN_CUDA_CHECK(cudaIpcGetEventHandle(&copied_handles[slot], x.copied_[slot]));
+  }
+  // Our free events go to the previous rank (it writes into us), our copied events to the next.
+  RINGATTN_MPI_CHECK(MPI_Sendrecv(free_handles.data(), sizeof(free_handles), MPI_BYTE, x.previous_,
+                                  kTagReady, next_free.data(), sizeof(next_free), MPI_BYTE, x.next_,
+                                  kTagReady, comm, MPI_STATUS_IGNORE));
+  RINGATTN_MPI_CHECK(MPI_Sendrecv(copied_handles.data(), sizeof(copied_handles), MPI_BYTE, x.next_,
+                                  kTagCopied, previous_copied.data(), sizeof(previous_copied),
+                                  MPI_BYTE, x.previous_, kTagCopied, comm, MPI_STATUS_IGNORE));
+  for (int slot = 0; slot < kSlots; ++slot) {
+    RINGATTN_CUDA_CHECK(cudaIpcOpenEventHandle(&x.next_free_[slot], next_free[slot]));
+    RINGATTN_CUDA_CHECK(cudaIpcOpenEventHandle(&x.previous_copied_[slot], previous_copied[slot]));
+  }
+  return exchange;
+}
+
+PeerExchange::~PeerExchange() {
+  // Copies still queued read or write mapped memory: let them finish first. Destructors only log.
+  RINGATTN_CUDA_LOG(cudaDeviceSynchronize());
+  for (const Mapping& m : mappings_) RINGATTN_CUDA_LOG(cudaIpcCloseMemHandle(m.base));
+  for (auto* events : {&free_, &copied_, &next_free_, &previous_copied_}) {
+    for (cudaEvent_t e : *events) {
+      if (e != nullptr) RINGATTN_CUDA_LOG(cudaEventDestroy(e));
+    }
+  }
+  if (!requests_.empty()) {
+    MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+}
+
+void* PeerExchange::map(const cudaIpcMemHandle_t& handle, cudaStream_t comm_stream) {
+  for (const Mapping& m : mappings_) {
+    if (std::memcmp(&m.handle, &handle, sizeof(handle)) == 0) return m.base;
+  }
+  // A handle seen before names the same allocation; a new one, a buffer allocated since. Old
+  // mappings go once more than a few are open (after the copies that use them).
+  constexpr std::size_t kKept = 16;
+  if (mappings_.size() >= kKept) {
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+    RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(mappings_.front().base));
+    mappings_.erase(mappings_.begin());
+  }
+  void* base = nullptr;
+  RINGATTN_CUDA_CHECK(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess));
+  mappings_.push_back({handle, base});
+  return base;
+}
+
+PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_bytes, void* recv,
+                                           std::size_t recv_bytes, cudaStream_t compute,
+                                           cudaStream_t comm_stream) {
+  constexpr const char* kWhere = "NcclCommunicator::exchange_start";
+  const std::uint64_t sequence = sequence_++;
+  const int slot = static_cast<int>(sequence % kSlots);
+
+  // Tell the previous rank where to write, once this rank's compute is done with the buffer.
+  RINGATTN_CUDA_CHECK(cudaEventRecord(free_[slot], compute));
+  auto ready = std::make_unique<Ready>();
+  ready->sequence = sequence;
+  ready->bytes = recv_bytes;
+  void* base = nullptr;
+  ready->exported = allocation_of(recv, base) && cudaIpcGetMemHandle(&ready->handle, base) == cudaSuccess;
+  if (!ready->exported) (void)cudaGetLastError();
+  ready->offset = ready->exported ? static_cast<std::uint64_t>(static_cast<char*>(recv) -
+                                                                static_cast<char*>(base))
+                                  : 0;
+  Fallback fallback;
+  fallback.recv = !ready->exported;
+  MPI_Request request = MPI_REQUEST_NULL;
+  RINGATTN_MPI_CHECK(MPI_Isend(ready.get(), sizeof(Ready), MPI_BYTE, previous_, kTagReady, comm_,
+                               &request));
+  requests_.push_back(request);
+  outgoing_.push_back(std::move(ready));
+
+  // Where the next rank wants this rank's data.
+  Ready there{};
+  RINGATTN_MPI_CHECK(MPI_Recv(&there, sizeof(Ready), MPI_BYTE, next_, kTagReady, comm_,
+                              MPI_STATUS_IGNORE));
+  if (there.sequence != sequence) {
+    detail::fail(kWhere, "rank ", rank_, " is at exchange ", sequence, " but rank ", next_,
+                 " at exchange ", there.sequence, ": the ranks' rings went out of step");
+  }
+  if (there.bytes != send_bytes) {
+    detail::fail(kWhere, "rank ", rank_, " sends ", send_bytes, " bytes but rank ", next_,
+                 " receives ", there.bytes);
+  }
+  fallback.send = there.exported == 0;
+  if (!fallback.send && send_bytes > 0) {
+    char* destination = static_cast<char*>(map(there.handle, comm_stream)) + there.offset;
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream, next_free_[slot], 0));
+    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(destination, send, send_bytes, cudaMemcpyDeviceToDevice,
+                                        comm_stream));
+  }
+  // The copied event is recorded whichever way the data goes, so that the protocol has one shape.
+  RINGATTN_CUDA_CHECK(cudaEventRecord(copied_[slot], comm_stream));
+  auto copied = std::make_unique<Ready>();
+  copied->sequence = sequence;
+  RINGATTN_MPI_CHECK(MPI_Isend(&copied->sequence, 1, MPI_UINT64_T, next_, kTagCopied, comm_,
+                               &request));
+  requests_.push_back(request);
+  outgoing_.push_back(std::move(copied));
+  pending_.push_back(sequence);
+  return fallback;
+}
+
+void PeerExchange::wait(cudaStream_t compute) {
+  for (const std::uint64_t sequence : pending_) {
+    std::uint64_t arrived = 0;
+    RINGATTN_MPI_CHECK(MPI_Recv(&arrived, 1, MPI_UINT64_T, previous_, kTagCopied, comm_,
+                                MPI_STATUS_IGNORE));
+    if (arrived != sequence) {
+      detail::fail("NcclCommunicator::exchange_wait", "rank ", rank_, " waits for exchange ",
+                   sequence, " but rank ", previous_, " finished exchange ", arrived,
+                   ": the ranks' rings went out of step");
+    }
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, previous_copied_[sequence % kSlots], 0));
+  }
+  pending_.clear();
+  // The messages are a few dozen bytes: sent eagerly, so this returns at once.
+  if (!requests_.empty()) {
+    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
+                                   MPI_STATUSES_IGNORE));
+  }
+  requests_.clear();
+  outgoing_.clear();
+}
+
+}  // namespace ringattn

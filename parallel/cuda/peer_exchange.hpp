@@ -1,0 +1,72 @@
+// PeerExchange: the ring exchange of NcclCommunicator by the copy engines, for rings whose
+// neighbours share a node and reach each other's memory (NVLink or PCIe peer access). Each rank
+// writes its send buffer straight into the next rank's receive buffer with one cudaMemcpyAsync on
+// the communication stream: no kernel runs, so a transfer takes no multiprocessor from the block
+// computing beside it (NCCL 2.28 set up 32 p2p channels per peer between two H200, each channel a
+// CTA of its send/receive kernel while the transfer runs).
+//
+// Per exchange, two small MPI messages order the GPUs without a host wait on either: the receiver
+// records an interprocess event once its receive buffer is free and tells the sender where that
+// buffer lies (a CUDA IPC handle and an offset); the sender's stream waits for that event, copies,
+// records an event of its own and says so; the receiver's compute stream waits for that one. A
+// receive buffer CUDA cannot export (memory from cuMemCreate, for one) goes through NCCL instead,
+// for that exchange only: `start` says which halves NCCL must carry.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ringattn {
+
+class PeerExchange {
+ public:
+  // Collective over `comm` (each rank on its current device `device`). Null, with the reason in
+  // `why`, where some rank's next neighbour is on another node or out of its GPU's peer reach.
+  static std::unique_ptr<PeerExchange> create(MPI_Comm comm, int device, std::string& why);
+  ~PeerExchange();
+  PeerExchange(const PeerExchange&) = delete;
+  PeerExchange& operator=(const PeerExchange&) = delete;
+
+  // What NCCL still carries of one exchange.
+  struct Fallback {
+    bool send = false;  // the next rank's receive buffer could not be exported
+    bool recv = false;  // this rank's receive buffer could not be exported
+  };
+  // Starts sending `send` to the next rank and receiving the previous rank's into `recv`.
+  // `compute` has produced `send` and is done with `recv`; `comm_stream` already waits for it.
+  Fallback start(const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes,
+                 cudaStream_t compute, cudaStream_t comm_stream);
+  // Makes `compute` wait for every receive started so far (the sends: the caller's own event).
+  void wait(cudaStream_t compute);
+
+ private:
+  static constexpr int kSlots = 4;  // exchanges in flight at once are at most 2 (ring backward)
+  struct Ready;                     // the receiver's message: where its buffer lies
+  struct Mapping {
+    cudaIpcMemHandle_t handle;
+    void* base;
+  };
+  PeerExchange(MPI_Comm comm, int rank, int size);
+  void* map(const cudaIpcMemHandle_t& handle, cudaStream_t comm_stream);
+
+  MPI_Comm comm_;
+  int rank_, next_, previous_;
+  std::uint64_t sequence_ = 0;
+  std::array<cudaEvent_t, kSlots> free_{};            // ours: this rank's receive buffer is free
+  std::array<cudaEvent_t, kSlots> copied_{};          // ours: our copy into the next rank is done
+  std::array<cudaEvent_t, kSlots> next_free_{};       // the next rank's free_, opened here
+  std::array<cudaEvent_t, kSlots> previous_copied_{}; // the previous rank's copied_, opened here
+  std::vector<std::unique_ptr<Ready>> outgoing_;      // messages whose sends are in flight
+  std::vector<MPI_Request> requests_;
+  std::vector<std::uint64_t> pending_;                // receives not yet waited for
+  std::vector<Mapping> mappings_;                     // the next rank's buffers, opened here
+};
+
+}  // namespace ringattn
