@@ -68,7 +68,12 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
   check_same_on_all_ranks(*mpi_, "NcclCommunicator", "RINGATTN_EXCHANGE " + std::to_string(choice));
   if (choice == 2 || size() == 1) return;
   std::string why;
-  peer_ = PeerExchange::create(mpi_->handle(), device_, why);
+  // auto: the copy engines from 256 MiB an exchange (the 128k-token ring with 16 K/V heads moves
+  // 256 and 512 MiB); below that, copies were no faster than NCCL on two H200 (RINGATTN_EXCHANGE
+  // in bench/results/ring-bench-2xh200-2026-11-30.md).
+  constexpr std::size_t kAutoCopyMinBytes = std::size_t{256} << 20;
+  peer_ = PeerExchange::create(mpi_->handle(), device_, choice == 1 ? 0 : kAutoCopyMinBytes, why);
+  copy_min_bytes_ = choice == 1 ? 0 : kAutoCopyMinBytes;
   if (peer_ == nullptr && choice == 1) {
     detail::fail_as(ErrorKind::unsupported, "NcclCommunicator",
                     "RINGATTN_EXCHANGE=copy, but the copy engines cannot carry the ring: ", why);

@@ -7,8 +7,9 @@
 // memory, the ring exchanges go by the copy engines instead (PeerExchange, peer_exchange.hpp):
 // NCCL's send/receive kernels would hold multiprocessors the local block is using. The
 // environment variable RINGATTN_EXCHANGE chooses: `auto` (the default: copy engines where they
-// reach), `copy` (copy engines or an error saying which link they cannot take) or `nccl`. It
-// must be the same on every rank. All-reduces always go through NCCL.
+// reach, for exchanges of 256 MiB and more), `copy` (copy engines for every exchange, or an error
+// saying which link they cannot take) or `nccl`. It must be the same on every rank. All-reduces
+// always go through NCCL.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,7 +36,11 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return mpi_->rank(); }
   int size() const override { return mpi_->size(); }
   Memory memory() const override { return Memory::device; }
-  std::string transport() const override { return peer_ ? "copy engines" : "NCCL"; }
+  std::string transport() const override {
+    if (!peer_) return "NCCL";
+    if (copy_min_bytes_ == 0) return "copy engines";
+    return "copy engines from " + std::to_string(copy_min_bytes_ >> 20) + " MiB, NCCL below";
+  }
   void exchange_start(const void* send, std::size_t send_bytes, void* recv,
                       std::size_t recv_bytes, void* stream) override;
   void exchange_wait(void* stream) override;
@@ -56,6 +61,7 @@ class NcclCommunicator final : public Communicator {
   CudaEvent compute_ready_;  // recorded on the caller's stream, waited on by comm_stream_
   CudaEvent transfer_done_;  // recorded on comm_stream_, waited on by the caller's stream
   std::unique_ptr<PeerExchange> peer_;  // the ring exchanges by the copy engines, where they reach
+  std::size_t copy_min_bytes_ = 0;      // smaller exchanges go through NCCL
 };
 
 // Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;

@@ -14,24 +14,31 @@ namespace {
 
 constexpr int kTagReady = 7101, kTagCopied = 7102;
 
-// The driver's cuMemGetAddressRange through the runtime's entry-point query (the library links
-// against the runtime only): the allocation a pointer lies in, which is what CUDA IPC exports.
-bool allocation_of(const void* pointer, void*& base) {
-  static const auto range = [] {
-    void* function = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &function, 12000,
-                                         cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      function = nullptr;
-    }
-    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(function);
-  }();
+// A driver function through the runtime's entry-point query (the library links against the
+// runtime only); null where the driver lacks it.
+void* driver_function(const char* name) {
+  void* function = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &function, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    function = nullptr;
+  }
+  return function;
+}
+
+// The allocation a pointer lies in (what CUDA IPC exports) and its process-wide unique id.
+bool allocation_of(const void* pointer, void*& base, unsigned long long& id) {
+  static const auto range =
+      reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(driver_function("cuMemGetAddressRange"));
+  static const auto attribute =
+      reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(driver_function("cuPointerGetAttribute"));
+  const auto address = reinterpret_cast<CUdeviceptr>(pointer);
   CUdeviceptr start = 0;
   std::size_t bytes = 0;
-  if (range == nullptr ||
-      range(&start, &bytes, reinterpret_cast<CUdeviceptr>(pointer)) != CUDA_SUCCESS) {
+  if (range == nullptr || attribute == nullptr || range(&start, &bytes, address) != CUDA_SUCCESS ||
+      attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, address) != CUDA_SUCCESS) {
     return false;
   }
   base = reinterpret_cast<void*>(start);
@@ -55,10 +62,15 @@ struct PeerExchange::Ready {
   cudaIpcMemHandle_t handle;
 };
 
-PeerExchange::PeerExchange(MPI_Comm comm, int rank, int size)
-    : comm_(comm), rank_(rank), next_((rank + 1) % size), previous_((rank + size - 1) % size) {}
+PeerExchange::PeerExchange(MPI_Comm comm, int rank, int size, std::size_t copy_min_bytes)
+    : comm_(comm),
+      rank_(rank),
+      next_((rank + 1) % size),
+      previous_((rank + size - 1) % size),
+      copy_min_bytes_(copy_min_bytes) {}
 
-std::unique_ptr<PeerExchange> PeerExchange::create(MPI_Comm comm, int device, std::string& why) {
+std::unique_ptr<PeerExchange> PeerExchange::create(MPI_Comm comm, int device,
+                                                   std::size_t copy_min_bytes, std::string& why) {
   int rank = 0, size = 1;
   RINGATTN_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   RINGATTN_MPI_CHECK(MPI_Comm_size(comm, &size));
@@ -103,7 +115,7 @@ std::unique_ptr<PeerExchange> PeerExchange::create(MPI_Comm comm, int device, st
     }
   }
 
-  std::unique_ptr<PeerExchange> exchange(new PeerExchange(comm, rank, size));
+  std::unique_ptr<PeerExchange> exchange(new PeerExchange(comm, rank, size, copy_min_bytes));
   PeerExchange& x = *exchange;
   std::array<cudaIpcEventHandle_t, kSlots> free_handles{}, copied_handles{}, next_free{},
       previous_copied{};
@@ -159,6 +171,23 @@ void* PeerExchange::map(const cudaIpcMemHandle_t& handle, cudaStream_t comm_stre
   return base;
 }
 
+bool PeerExchange::export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle) {
+  for (const Export& e : exports_) {
+    if (e.id == id) {
+      handle = e.handle;
+      return true;
+    }
+  }
+  if (cudaIpcGetMemHandle(&handle, base) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  constexpr std::size_t kKept = 16;
+  if (exports_.size() >= kKept) exports_.erase(exports_.begin());
+  exports_.push_back({id, handle});
+  return true;
+}
+
 PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_bytes, void* recv,
                                            std::size_t recv_bytes, cudaStream_t compute,
                                            cudaStream_t comm_stream) {
@@ -172,8 +201,9 @@ PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_by
   ready->sequence = sequence;
   ready->bytes = recv_bytes;
   void* base = nullptr;
-  ready->exported = allocation_of(recv, base) && cudaIpcGetMemHandle(&ready->handle, base) == cudaSuccess;
-  if (!ready->exported) (void)cudaGetLastError();
+  unsigned long long id = 0;
+  ready->exported = recv_bytes >= copy_min_bytes_ && allocation_of(recv, base, id) &&
+                    export_handle(base, id, ready->handle);
   ready->offset = ready->exported ? static_cast<std::uint64_t>(static_cast<char*>(recv) -
                                                                 static_cast<char*>(base))
                                   : 0;
@@ -212,12 +242,12 @@ PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_by
                                &request));
   requests_.push_back(request);
   outgoing_.push_back(std::move(copied));
-  pending_.push_back(sequence);
+  pending_.push_back({sequence, !fallback.recv});
   return fallback;
 }
 
 void PeerExchange::wait(cudaStream_t compute) {
-  for (const std::uint64_t sequence : pending_) {
+  for (const auto& [sequence, copied] : pending_) {
     std::uint64_t arrived = 0;
     RINGATTN_MPI_CHECK(MPI_Recv(&arrived, 1, MPI_UINT64_T, previous_, kTagCopied, comm_,
                                 MPI_STATUS_IGNORE));
@@ -226,7 +256,9 @@ void PeerExchange::wait(cudaStream_t compute) {
                    sequence, " but rank ", previous_, " finished exchange ", arrived,
                    ": the ranks' rings went out of step");
     }
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, previous_copied_[sequence % kSlots], 0));
+    if (copied) {
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, previous_copied_[sequence % kSlots], 0));
+    }
   }
   pending_.clear();
   // The messages are a few dozen bytes: sent eagerly, so this returns at once.

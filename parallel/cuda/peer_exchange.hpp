@@ -10,7 +10,9 @@
 // buffer lies (a CUDA IPC handle and an offset); the sender's stream waits for that event, copies,
 // records an event of its own and says so; the receiver's compute stream waits for that one. A
 // receive buffer CUDA cannot export (memory from cuMemCreate, for one) goes through NCCL instead,
-// for that exchange only: `start` says which halves NCCL must carry.
+// for that exchange only: `start` says which halves NCCL must carry. So does one smaller than a
+// threshold the receiver applies: a copy and its two event waits have a fixed cost that NCCL's
+// kernels, beside the block, only repay on large transfers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +31,9 @@ class PeerExchange {
  public:
   // Collective over `comm` (each rank on its current device `device`). Null, with the reason in
   // `why`, where some rank's next neighbour is on another node or out of its GPU's peer reach.
-  static std::unique_ptr<PeerExchange> create(MPI_Comm comm, int device, std::string& why);
+  // Exchanges smaller than `copy_min_bytes` (judged by the receiver) go through NCCL.
+  static std::unique_ptr<PeerExchange> create(MPI_Comm comm, int device,
+                                              std::size_t copy_min_bytes, std::string& why);
   ~PeerExchange();
   PeerExchange(const PeerExchange&) = delete;
   PeerExchange& operator=(const PeerExchange&) = delete;
@@ -53,11 +57,23 @@ class PeerExchange {
     cudaIpcMemHandle_t handle;
     void* base;
   };
-  PeerExchange(MPI_Comm comm, int rank, int size);
+  struct Export {
+    unsigned long long id;  // the allocation's process-wide unique id (never reused)
+    cudaIpcMemHandle_t handle;
+  };
+  struct Pending {
+    std::uint64_t sequence;
+    bool copied;  // by the copy engines (else NCCL carried it)
+  };
+  PeerExchange(MPI_Comm comm, int rank, int size, std::size_t copy_min_bytes);
   void* map(const cudaIpcMemHandle_t& handle, cudaStream_t comm_stream);
+  // This rank's allocation `base` (unique id `id`) as an IPC handle; false where CUDA cannot
+  // export it. Handles are kept per allocation, since getting one costs a driver call.
+  bool export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle);
 
   MPI_Comm comm_;
   int rank_, next_, previous_;
+  std::size_t copy_min_bytes_;
   std::uint64_t sequence_ = 0;
   std::array<cudaEvent_t, kSlots> free_{};            // ours: this rank's receive buffer is free
   std::array<cudaEvent_t, kSlots> copied_{};          // ours: our copy into the next rank is done
@@ -65,8 +81,9 @@ class PeerExchange {
   std::array<cudaEvent_t, kSlots> previous_copied_{}; // the previous rank's copied_, opened here
   std::vector<std::unique_ptr<Ready>> outgoing_;      // messages whose sends are in flight
   std::vector<MPI_Request> requests_;
-  std::vector<std::uint64_t> pending_;                // receives not yet waited for
+  std::vector<Pending> pending_;                      // receives not yet waited for
   std::vector<Mapping> mappings_;                     // the next rank's buffers, opened here
+  std::vector<Export> exports_;                       // this rank's buffers, exported
 };
 
 }  // namespace ringattn
