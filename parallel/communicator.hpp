@@ -43,6 +43,12 @@ class Communicator {
   // work queued on `stream` after it (NCCL: the stream waits on an event, the host does not),
   // sees the received data and may reuse the send buffers.
   virtual void exchange_wait(void* stream) = 0;
+  // For benchmarks: while measuring, each exchange_wait on a stream backend records how long its
+  // stream then waits for transfers still running (events on either side of the wait);
+  // take_waited_ms() waits for those events, returns the sum since the last call and clears it.
+  // The MPI backend returns 0 (its waits block the host, which the caller times itself).
+  virtual void measure_waits(bool on) { (void)on; }
+  virtual double take_waited_ms() { return 0.0; }
 
   // In place: data[i] = sum over ranks of data[i], `count` elements of `dtype`, ordered on
   // `stream` like exchange_start.

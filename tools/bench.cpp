@@ -28,7 +28,9 @@
 // From these: TFLOP/s per GPU by FlashAttention's count of the whole problem (4 b h s^2 d forward,
 // halved when causal, backward 2.5x) divided by N; efficiency = one GPU / (N x ring); hidden =
 // 1 - (ring - compute) / transfers, clamped to [0, 1], the share of the transfer time that the
-// ring hides behind compute. Timed runs: 5 below 128k tokens, 3 below 512k and 2 from 512k, after
+// ring hides behind compute (it also counts what running beside a transfer costs the compute);
+// waited = how long the compute stream stood in exchange_wait for transfers in one more ring run
+// (Communicator::measure_waits), the transfer time the schedule did not hide. Timed runs: 5 below 128k tokens, 3 below 512k and 2 from 512k, after
 // one warm-up run below 512k and none from there (a run takes seconds, and the transfers-only runs
 // that come first have allocated the ring's workspaces), unless --repeats and --warmup say. Before
 // the first configuration, every configuration's kernels run once on a short sequence.
@@ -483,6 +485,9 @@ struct RingRow {
   bool causal = false;
   int repeats = 0, warmup = 0;
   std::optional<Times> ring, transfers, compute, single;
+  // How long the compute stream waited for transfers in one more ring run (forward, backward;
+  // the largest over the ranks): what of the transfers the schedule did not hide.
+  std::optional<double> waited_forward, waited_backward;
   std::string error;        // why the ring did not run (e.g. out of memory); empty when it did
   std::string single_note;  // why there is no one-GPU time
 
@@ -518,6 +523,22 @@ void measure_ring(const std::shared_ptr<ringattn::Communicator>& comm, const Rin
     row.transfers = time(ringattn::RingWork::transfers, std::max(1, row.warmup));
     row.compute = time(ringattn::RingWork::compute, row.warmup);
     row.ring = time(ringattn::RingWork::all, row.warmup);
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    comm->barrier();
+    comm->measure_waits(true);
+    ringattn::ring_forward(ring, fwd, ringattn::RingWork::all);
+    double waited[2] = {comm->take_waited_ms(), 0.0};
+    ringattn::ring_backward(ring, bwd, ringattn::RingWork::all);
+    waited[1] = comm->take_waited_ms();
+    comm->measure_waits(false);
+    std::vector<double> all(2 * static_cast<std::size_t>(ranks));
+    comm->host_all_gather(waited, sizeof(waited), all.data());
+    for (int r = 0; r < ranks; ++r) {
+      waited[0] = std::max(waited[0], all[2 * r]);
+      waited[1] = std::max(waited[1], all[2 * r + 1]);
+    }
+    row.waited_forward = waited[0];
+    row.waited_backward = waited[1];
   } catch (const ringattn::Error& error) {
     if (!out_of_memory(error)) throw;
     clear_cuda_error();
@@ -597,18 +618,20 @@ std::optional<double> field_of(const std::optional<Times>& t, double Times::*fie
 void print_ring_header(const RingOptions& opt, const RingRun& run) {
   std::printf("ringattn-bench ring: %d x %s, exchanges by %s, bf16, batch 1, %lld heads of %lld, %s\n",
               run.ranks, run.gpu.c_str(), run.transport.c_str(), (long long)opt.heads, (long long)opt.head_dim, opt.layout.c_str());
-  std::printf("%8s %3s %-6s | %25s | %17s | %9s | %17s | %17s | %17s | %11s\n", "", "", "", "ring ms fwd/bwd/f+b",
-              "TFLOP/s a GPU", "1 GPU ms", "efficiency", "transfers ms", "compute ms", "hidden");
-  std::printf("%8s %3s %-6s | %8s %8s %7s | %5s %5s %5s | %9s | %5s %5s %5s | %8s %8s | %8s %8s | %5s %5s\n", "seq",
-              "kv", "mask", "fwd", "bwd", "f+b", "fwd", "bwd", "f+b", "f+b", "fwd", "bwd", "f+b", "fwd", "bwd", "fwd",
-              "bwd", "fwd", "bwd");
+  std::printf("%8s %3s %-6s | %25s | %17s | %9s | %17s | %17s | %17s | %11s | %13s\n", "", "", "",
+              "ring ms fwd/bwd/f+b", "TFLOP/s a GPU", "1 GPU ms", "efficiency", "transfers ms", "compute ms",
+              "hidden", "waited ms");
+  std::printf("%8s %3s %-6s | %8s %8s %7s | %5s %5s %5s | %9s | %5s %5s %5s | %8s %8s | %8s %8s | %5s %5s | %6s %6s\n",
+              "seq", "kv", "mask", "fwd", "bwd", "f+b", "fwd", "bwd", "f+b", "f+b", "fwd", "bwd", "f+b", "fwd", "bwd",
+              "fwd", "bwd", "fwd", "bwd", "fwd", "bwd");
   std::fflush(stdout);
 }
 
 void print_ring_row(const RingOptions& opt, const RingRun& run, const RingRow& r) {
   const double flop = flops_of(opt, r);
   const double factor = ringattn::kBackwardFlopFactor;
-  std::printf("%8lld %3lld %-6s | %s %s %s | %s %s %s | %s | %s %s %s | %s %s | %s %s | %s %s\n", (long long)r.seq,
+  std::printf("%8lld %3lld %-6s | %s %s %s | %s %s %s | %s | %s %s %s | %s %s | %s %s | %s %s | %s %s\n",
+              (long long)r.seq,
               (long long)r.kv_heads, r.causal ? "causal" : "full", cell(field_of(r.ring, kForward), "%.2f", 8).c_str(),
               cell(field_of(r.ring, kBackward), "%.2f", 8).c_str(), cell(field_of(r.ring, kTotal), "%.1f", 7).c_str(),
               cell(tflops(flop, r.ring, kForward, run.ranks), "%.0f", 5).c_str(),
@@ -622,7 +645,8 @@ void print_ring_row(const RingOptions& opt, const RingRun& run, const RingRow& r
               cell(field_of(r.transfers, kBackward), "%.2f", 8).c_str(),
               cell(field_of(r.compute, kForward), "%.2f", 8).c_str(),
               cell(field_of(r.compute, kBackward), "%.2f", 8).c_str(), cell(hidden(r, kForward), "%.2f", 5).c_str(),
-              cell(hidden(r, kBackward), "%.2f", 5).c_str());
+              cell(hidden(r, kBackward), "%.2f", 5).c_str(), cell(r.waited_forward, "%.3f", 6).c_str(),
+              cell(r.waited_backward, "%.3f", 6).c_str());
   if (!r.error.empty()) std::printf("    ring: %s\n", r.error.c_str());
   if (!r.single_note.empty()) std::printf("    one GPU: %s\n", r.single_note.c_str());
   std::fflush(stdout);
@@ -645,7 +669,9 @@ void write_ring_json(const RingOptions& opt, const RingRun& run) {
          "    \"efficiency\": \"single / (gpus * ring)\",\n"
          "    \"comm\": \"the ring's exchanges alone, same messages and order, no compute\",\n"
          "    \"compute\": \"the ring's block calls alone against the local K/V, no exchange\",\n"
-         "    \"hidden\": \"1 - (ring - compute) / comm, clamped to [0, 1]\"},\n  \"rows\": [";
+         "    \"hidden\": \"1 - (ring - compute) / comm, clamped to [0, 1]\",\n    \"waited\": \"how long the compute "
+         "stream waited for transfers in exchange_wait during one more ring run, the largest over the ranks\"},"
+         "\n  \"rows\": [";
   for (std::size_t i = 0; i < run.rows.size(); ++i) {
     const RingRow& r = run.rows[i];
     const double flop = flops_of(opt, r);
@@ -672,7 +698,10 @@ void write_ring_json(const RingOptions& opt, const RingRun& run) {
     times("compute", r.compute);
     out << ",\n     \"hidden_forward\": " << json_number(hidden(r, kForward))
         << ", \"hidden_backward\": " << json_number(hidden(r, kBackward))
-        << ", \"hidden_total\": " << json_number(hidden(r, kTotal)) << ", \"error\": " << json_optional_string(r.error)
+        << ", \"hidden_total\": " << json_number(hidden(r, kTotal))
+        << ",\n     \"waited_forward_ms\": " << json_number(r.waited_forward)
+        << ", \"waited_backward_ms\": " << json_number(r.waited_backward)
+        << ", \"error\": " << json_optional_string(r.error)
         << "}";
   }
   out << "\n  ]\n}\n";

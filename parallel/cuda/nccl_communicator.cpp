@@ -116,8 +116,24 @@ void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, 
 }
 
 void NcclCommunicator::exchange_wait(void* stream) {
-  if (peer_) peer_->wait(static_cast<cudaStream_t>(stream));
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), transfer_done_.get(), 0));
+  const auto compute = static_cast<cudaStream_t>(stream);
+  if (measuring_) waits_.emplace_back(CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault));
+  if (measuring_) waits_.back().first.record(compute);
+  if (peer_) peer_->wait(compute);
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, transfer_done_.get(), 0));
+  if (measuring_) waits_.back().second.record(compute);
+}
+
+double NcclCommunicator::take_waited_ms() {
+  double total = 0.0;
+  for (const auto& [before, after] : waits_) {
+    RINGATTN_CUDA_CHECK(cudaEventSynchronize(after.get()));
+    float ms = 0.0f;
+    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, before.get(), after.get()));
+    total += ms;
+  }
+  waits_.clear();
+  return total;
 }
 
 void NcclCommunicator::all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) {

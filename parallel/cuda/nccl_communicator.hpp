@@ -18,6 +18,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/communicator.hpp"
 #include "parallel/cuda/peer_exchange.hpp"
@@ -44,6 +46,8 @@ class NcclCommunicator final : public Communicator {
   void exchange_start(const void* send, std::size_t send_bytes, void* recv,
                       std::size_t recv_bytes, void* stream) override;
   void exchange_wait(void* stream) override;
+  void measure_waits(bool on) override { measuring_ = on; }
+  double take_waited_ms() override;
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) const override;
@@ -62,6 +66,8 @@ class NcclCommunicator final : public Communicator {
   CudaEvent transfer_done_;  // recorded on comm_stream_, waited on by the caller's stream
   std::unique_ptr<PeerExchange> peer_;  // the ring exchanges by the copy engines, where they reach
   std::size_t copy_min_bytes_ = 0;      // smaller exchanges go through NCCL
+  bool measuring_ = false;
+  std::vector<std::pair<CudaEvent, CudaEvent>> waits_;  // timing events around measured waits
 };
 
 // Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;

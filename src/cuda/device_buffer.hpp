@@ -79,7 +79,14 @@ class CudaEvent {
   }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
-  ~CudaEvent() { RINGATTN_CUDA_LOG(cudaEventDestroy(event_)); }
+  CudaEvent(CudaEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  CudaEvent& operator=(CudaEvent&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  ~CudaEvent() {
+    if (event_ != nullptr) RINGATTN_CUDA_LOG(cudaEventDestroy(event_));
+  }
   cudaEvent_t get() const { return event_; }
   void record(cudaStream_t stream) { RINGATTN_CUDA_CHECK(cudaEventRecord(event_, stream)); }
 
