@@ -13,6 +13,12 @@
 // for that exchange only: `start` says which halves NCCL must carry. So does one smaller than a
 // threshold the receiver applies: a copy and its two event waits have a fixed cost that NCCL's
 // kernels, beside the block, only repay on large transfers.
+//
+// Lifetime: a sender keeps the receive buffers it has written into mapped (up to 16 allocations)
+// after their owner may have freed them; nothing is written through such a mapping again. CUDA
+// calls freeing an exported allocation before its importers close it undefined; receive buffers
+// owned by the communicator (or exported as cuMem allocations, which CUDA reference-counts) would
+// not depend on that.
 #pragma once
 
 #include <cuda_runtime.h>
