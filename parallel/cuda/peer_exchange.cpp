@@ -2,7 +2,6 @@
 
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "ringattn/error.hpp"
