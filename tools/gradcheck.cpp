@@ -344,9 +344,11 @@ int run(const Options& opt) {
     const std::vector<double>* rings[] = {&ring_result.o, &ring_result.lse, &ring_result.dq, &ring_result.dk, &ring_result.dv};
     const std::vector<double>* singles[] = {&single.o, &single.lse, &single.dq, &single.dk, &single.dv};
     const std::vector<double>* refs[] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
-    std::printf("ringattn-gradcheck: %d ranks, %s layout, %s %s, seq %lld, batch %lld, heads %lld/%lld, "
-                "head_dim %lld, %s; reference: %s (%.1f s); ring forward+backward+transfers %.1f s\n",
-                size, opt.layout.c_str(), opt.backend.c_str(), opt.dtype.c_str(), (long long)s.S, (long long)s.B,
+    std::printf("ringattn-gradcheck: %d ranks, %s layout, %s %s (exchanges by %s), seq %lld, batch %lld, "
+                "heads %lld/%lld, head_dim %lld, %s; reference: %s (%.1f s); ring forward+backward+transfers "
+                "%.1f s\n",
+                size, opt.layout.c_str(), opt.backend.c_str(), opt.dtype.c_str(), comm->transport().c_str(),
+                (long long)s.S, (long long)s.B,
                 (long long)s.Hq, (long long)s.Hkv, (long long)s.D, opt.causal ? "causal" : "full",
                 use_fp64 ? "fp64 CPU oracle" : "fp32 GPU streaming reference", ref_s, ring_s);
     std::printf("%-4s %14s %14s %14s %14s %8s  %s\n", "out", "ring max err", "1-dev max err", "ring rel err",
@@ -373,7 +375,7 @@ int run(const Options& opt) {
       std::ofstream out(opt.json);
       out << "{\n  \"tool\": \"ringattn-gradcheck\", \"version\": \"" << RINGATTN_VERSION_STRING
           << "\",\n  \"ranks\": " << size << ", \"layout\": \"" << opt.layout << "\", \"backend\": \"" << opt.backend
-          << "\", \"dtype\": \"" << opt.dtype << "\", \"seq\": " << s.S << ", \"batch\": " << s.B
+          << "\", \"exchanges\": \"" << comm->transport() << "\", \"dtype\": \"" << opt.dtype << "\", \"seq\": " << s.S << ", \"batch\": " << s.B
           << ", \"heads\": " << s.Hq << ", \"kv_heads\": " << s.Hkv << ", \"head_dim\": " << s.D
           << ", \"causal\": " << (opt.causal ? "true" : "false") << ",\n  \"reference\": \""
           << (use_fp64 ? "fp64" : "gpu-fp32") << "\", \"passed\": " << (verdict == 0 ? "true" : "false")
