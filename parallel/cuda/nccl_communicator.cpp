@@ -73,7 +73,6 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
   // in bench/results/ring-bench-2xh200-2026-11-30.md).
   constexpr std::size_t kAutoCopyMinBytes = std::size_t{256} << 20;
   peer_ = PeerExchange::create(mpi_->handle(), device_, choice == 1 ? 0 : kAutoCopyMinBytes, why);
-  copy_min_bytes_ = choice == 1 ? 0 : kAutoCopyMinBytes;
   if (peer_ == nullptr && choice == 1) {
     detail::fail_as(ErrorKind::unsupported, "NcclCommunicator",
                     "RINGATTN_EXCHANGE=copy, but the copy engines cannot carry the ring: ", why);
@@ -117,8 +116,10 @@ void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, 
 
 void NcclCommunicator::exchange_wait(void* stream) {
   const auto compute = static_cast<cudaStream_t>(stream);
-  if (measuring_) waits_.emplace_back(CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault));
-  if (measuring_) waits_.back().first.record(compute);
+  if (measuring_) {
+    waits_.emplace_back(CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault));
+    waits_.back().first.record(compute);
+  }
   if (peer_) peer_->wait(compute);
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, transfer_done_.get(), 0));
   if (measuring_) waits_.back().second.record(compute);

@@ -40,8 +40,8 @@ class NcclCommunicator final : public Communicator {
   Memory memory() const override { return Memory::device; }
   std::string transport() const override {
     if (!peer_) return "NCCL";
-    if (copy_min_bytes_ == 0) return "copy engines";
-    return "copy engines from " + std::to_string(copy_min_bytes_ >> 20) + " MiB, NCCL below";
+    if (peer_->copy_min_bytes() == 0) return "copy engines";
+    return "copy engines from " + std::to_string(peer_->copy_min_bytes() >> 20) + " MiB, NCCL below";
   }
   void exchange_start(const void* send, std::size_t send_bytes, void* recv,
                       std::size_t recv_bytes, void* stream) override;
@@ -65,7 +65,6 @@ class NcclCommunicator final : public Communicator {
   CudaEvent compute_ready_;  // recorded on the caller's stream, waited on by comm_stream_
   CudaEvent transfer_done_;  // recorded on comm_stream_, waited on by the caller's stream
   std::unique_ptr<PeerExchange> peer_;  // the ring exchanges by the copy engines, where they reach
-  std::size_t copy_min_bytes_ = 0;      // smaller exchanges go through NCCL
   bool measuring_ = false;
   std::vector<std::pair<CudaEvent, CudaEvent>> waits_;  // timing events around measured waits
 };

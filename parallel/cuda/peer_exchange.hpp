@@ -55,6 +55,8 @@ class PeerExchange {
                  cudaStream_t compute, cudaStream_t comm_stream);
   // Makes `compute` wait for every receive started so far (the sends: the caller's own event).
   void wait(cudaStream_t compute);
+  // Exchanges smaller than this go through NCCL.
+  std::size_t copy_min_bytes() const { return copy_min_bytes_; }
 
  private:
   static constexpr int kSlots = 4;  // exchanges in flight at once are at most 2 (ring backward)
