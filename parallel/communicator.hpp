@@ -43,6 +43,12 @@ class Communicator {
   // work queued on `stream` after it (NCCL: the stream waits on an event, the host does not),
   // sees the received data and may reuse the send buffers.
   virtual void exchange_wait(void* stream) = 0;
+  // Ends one ring call's exchanges, after its last exchange_wait. A backend that writes straight
+  // into other ranks' buffers (the copy engines) lets go of them here: once this returns on a
+  // rank, no other rank holds a mapping of that rank's receive buffers, and its caller may free
+  // them (stream order still applies to its own queued work). The host may block until the
+  // transfers are done; no stream waits. The MPI backend has nothing to do.
+  virtual void exchange_finish(void* stream) { (void)stream; }
   // For benchmarks: while measuring, each exchange_wait on a stream backend records how long its
   // stream then waits for transfers still running (events on either side of the wait);
   // take_waited_ms() waits for those events, returns the sum since the last call and clears it.

@@ -426,6 +426,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
     }
   }
   if (compute) detail::copy(running, args.o, stream);
+  if (transfers) comm.exchange_finish(stream);
 }
 
 void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArgs& args,
@@ -591,6 +592,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     detail::add(dkv[arrived].k, args.dk, stream);
     detail::add(dkv[arrived].v, args.dv, stream);
   }
+  if (transfers) comm.exchange_finish(stream);
 }
 
 std::vector<std::int64_t> RingAttention::global_positions(std::int64_t total_length) const {

@@ -102,7 +102,7 @@ void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, 
     RINGATTN_CUDA_CHECK(cudaMemcpyAsync(recv, send, send_bytes, cudaMemcpyDeviceToDevice, comm_stream_.get()));
   } else {
     PeerExchange::Fallback nccl{true, true};
-    if (peer_) nccl = peer_->start(send, send_bytes, recv, recv_bytes, compute, comm_stream_.get());
+    if (peer_) nccl = peer_->start(send, send_bytes, recv, recv_bytes, compute);
     if (nccl.send || nccl.recv) {
       RINGATTN_NCCL_CHECK(ncclGroupStart());
       if (nccl.send) RINGATTN_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, next, comm_, comm_stream_.get()));
@@ -120,9 +120,18 @@ void NcclCommunicator::exchange_wait(void* stream) {
     waits_.emplace_back(CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault));
     waits_.back().first.record(compute);
   }
-  if (peer_) peer_->wait(compute);
+  if (peer_) {
+    peer_->issue(comm_stream_.get());
+    transfer_done_.record(comm_stream_.get());  // now after the copies out of the send buffers
+    peer_->wait(compute);
+  }
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, transfer_done_.get(), 0));
   if (measuring_) waits_.back().second.record(compute);
+}
+
+void NcclCommunicator::exchange_finish(void* stream) {
+  (void)stream;
+  if (peer_) peer_->finish(comm_stream_.get());
 }
 
 double NcclCommunicator::take_waited_ms() {

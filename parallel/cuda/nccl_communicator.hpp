@@ -46,6 +46,7 @@ class NcclCommunicator final : public Communicator {
   void exchange_start(const void* send, std::size_t send_bytes, void* recv,
                       std::size_t recv_bytes, void* stream) override;
   void exchange_wait(void* stream) override;
+  void exchange_finish(void* stream) override;
   void measure_waits(bool on) override { measuring_ = on; }
   double take_waited_ms() override;
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override;

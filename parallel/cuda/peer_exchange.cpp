@@ -11,7 +11,7 @@
 namespace ringattn {
 namespace {
 
-constexpr int kTagReady = 7101, kTagCopied = 7102;
+constexpr int kTagReady = 7101, kTagCopied = 7102, kTagReleased = 7103;
 
 // A driver function through the runtime's entry-point query (the library links against the
 // runtime only); null where the driver lacks it.
@@ -152,19 +152,9 @@ PeerExchange::~PeerExchange() {
   }
 }
 
-void* PeerExchange::map(const cudaIpcMemHandle_t& handle, cudaStream_t comm_stream) {
+void* PeerExchange::map(const cudaIpcMemHandle_t& handle) {
   for (const Mapping& m : mappings_) {
     if (std::memcmp(&m.handle, &handle, sizeof(handle)) == 0) return m.base;
-  }
-  // A handle seen before names the same allocation; a new one, a buffer allocated since. Old
-  // mappings go once more than a few are open (after the copies that use them). The neighbour may
-  // have freed such a buffer already (a ring's workspace goes with the ring): nothing is written
-  // through its mapping any more, and closing it only logs a failure.
-  constexpr std::size_t kKept = 16;
-  if (mappings_.size() >= kKept) {
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
-    RINGATTN_CUDA_LOG(cudaIpcCloseMemHandle(mappings_.front().base));
-    mappings_.erase(mappings_.begin());
   }
   void* base = nullptr;
   RINGATTN_CUDA_CHECK(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess));
@@ -190,8 +180,7 @@ bool PeerExchange::export_handle(void* base, unsigned long long id, cudaIpcMemHa
 }
 
 PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_bytes, void* recv,
-                                           std::size_t recv_bytes, cudaStream_t compute,
-                                           cudaStream_t comm_stream) {
+                                           std::size_t recv_bytes, cudaStream_t compute) {
   constexpr const char* kWhere = "NcclCommunicator::exchange_start";
   const std::uint64_t sequence = sequence_++;
   const int slot = static_cast<int>(sequence % kSlots);
@@ -205,6 +194,7 @@ PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_by
   unsigned long long id = 0;
   ready->exported = recv_bytes >= copy_min_bytes_ && allocation_of(recv, base, id) &&
                     export_handle(base, id, ready->handle);
+  awaits_release_ = awaits_release_ || ready->exported != 0;
   ready->offset = ready->exported ? static_cast<std::uint64_t>(static_cast<char*>(recv) -
                                                                 static_cast<char*>(base))
                                   : 0;
@@ -229,22 +219,35 @@ PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_by
                  " receives ", there.bytes);
   }
   fallback.send = there.exported == 0;
-  if (!fallback.send && send_bytes > 0) {
-    char* destination = static_cast<char*>(map(there.handle, comm_stream)) + there.offset;
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream, next_free_[slot], 0));
-    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(destination, send, send_bytes, cudaMemcpyDeviceToDevice,
-                                        comm_stream));
-  }
-  // The copied event is recorded whichever way the data goes, so that the protocol has one shape.
-  RINGATTN_CUDA_CHECK(cudaEventRecord(copied_[slot], comm_stream));
-  auto copied = std::make_unique<Ready>();
-  copied->sequence = sequence;
-  RINGATTN_MPI_CHECK(MPI_Isend(&copied->sequence, 1, MPI_UINT64_T, next_, kTagCopied, comm_,
-                               &request));
-  requests_.push_back(request);
-  outgoing_.push_back(std::move(copied));
+  owes_release_ = owes_release_ || !fallback.send;
+  // The copy waits for `issue`: opening the next rank's buffer can take the host milliseconds,
+  // which it spends better once the compute beside the transfer is queued.
+  outbound_.push_back({sequence, !fallback.send && send_bytes > 0, there.handle, there.offset,
+                       send, send_bytes});
   pending_.push_back({sequence, !fallback.recv});
   return fallback;
+}
+
+void PeerExchange::issue(cudaStream_t comm_stream) {
+  for (const Outbound& o : outbound_) {
+    const int slot = static_cast<int>(o.sequence % kSlots);
+    if (o.copy) {
+      char* destination = static_cast<char*>(map(o.handle)) + o.offset;
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream, next_free_[slot], 0));
+      RINGATTN_CUDA_CHECK(cudaMemcpyAsync(destination, o.send, o.bytes, cudaMemcpyDeviceToDevice,
+                                          comm_stream));
+    }
+    // Recorded whichever way the data goes, so that the protocol has one shape.
+    RINGATTN_CUDA_CHECK(cudaEventRecord(copied_[slot], comm_stream));
+    auto copied = std::make_unique<Ready>();
+    copied->sequence = o.sequence;
+    MPI_Request request = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Isend(&copied->sequence, 1, MPI_UINT64_T, next_, kTagCopied, comm_,
+                                 &request));
+    requests_.push_back(request);
+    outgoing_.push_back(std::move(copied));
+  }
+  outbound_.clear();
 }
 
 void PeerExchange::wait(cudaStream_t compute) {
@@ -263,6 +266,43 @@ void PeerExchange::wait(cudaStream_t compute) {
   }
   pending_.clear();
   // The messages are a few dozen bytes: sent eagerly, so this returns at once.
+  if (!requests_.empty()) {
+    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
+                                   MPI_STATUSES_IGNORE));
+  }
+  requests_.clear();
+  outgoing_.clear();
+}
+
+void PeerExchange::finish(cudaStream_t comm_stream) {
+  constexpr const char* kWhere = "NcclCommunicator::exchange_finish";
+  if (!outbound_.empty() || !pending_.empty()) {
+    detail::fail(kWhere, "rank ", rank_, " ends its ring call with exchanges not yet waited for");
+  }
+  finished_ = sequence_;
+  if (owes_release_) {
+    if (!mappings_.empty()) {
+      // The copies through the mappings are the last work on comm_stream that uses them.
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+      for (const Mapping& m : mappings_) RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
+      mappings_.clear();
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Isend(&finished_, 1, MPI_UINT64_T, next_, kTagReleased, comm_,
+                                 &request));
+    requests_.push_back(request);
+  }
+  if (awaits_release_) {
+    std::uint64_t released = 0;
+    RINGATTN_MPI_CHECK(MPI_Recv(&released, 1, MPI_UINT64_T, previous_, kTagReleased, comm_,
+                                MPI_STATUS_IGNORE));
+    if (released != finished_) {
+      detail::fail(kWhere, "rank ", rank_, " ends its ring call after ", finished_,
+                   " exchanges but rank ", previous_, " after ", released,
+                   ": the ranks' rings went out of step");
+    }
+  }
+  owes_release_ = awaits_release_ = false;
   if (!requests_.empty()) {
     RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
                                    MPI_STATUSES_IGNORE));

@@ -14,11 +14,13 @@
 // threshold the receiver applies: a copy and its two event waits have a fixed cost that NCCL's
 // kernels, beside the block, only repay on large transfers.
 //
-// Lifetime: a sender keeps the receive buffers it has written into mapped (up to 16 allocations)
-// after their owner may have freed them; nothing is written through such a mapping again. CUDA
-// calls freeing an exported allocation before its importers close it undefined; receive buffers
-// owned by the communicator (or exported as cuMem allocations, which CUDA reference-counts) would
-// not depend on that.
+// Lifetime: a sender maps the next rank's receive buffers (CUDA IPC) for one ring call only.
+// `finish`, after the call's last exchange, closes those mappings once the copies through them
+// are done, and the receiver returns from it only after its sender has: once a ring call has
+// returned, no other process holds a mapping of its buffers, so their owner may free them (CUDA
+// leaves freeing an allocation that another process still maps undefined, and a mapping kept
+// open holds the memory). Opening a buffer again in every call costs the sender's host up to
+// 10 ms (512 MiB on an H200); `issue` does it once the compute beside the copy is queued.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,12 +51,23 @@ class PeerExchange {
     bool send = false;  // the next rank's receive buffer could not be exported
     bool recv = false;  // this rank's receive buffer could not be exported
   };
-  // Starts sending `send` to the next rank and receiving the previous rank's into `recv`.
-  // `compute` has produced `send` and is done with `recv`; `comm_stream` already waits for it.
+  // Starts sending `send` to the next rank and receiving the previous rank's into `recv`: agrees
+  // with both neighbours where the data goes. `compute` has produced `send` and is done with
+  // `recv`; the copy itself waits for `issue` on a stream that already waits for `compute`.
   Fallback start(const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes,
-                 cudaStream_t compute, cudaStream_t comm_stream);
+                 cudaStream_t compute);
+  // Queues on `comm_stream` the copies of the exchanges started since the last call, opening the
+  // next rank's buffers where this call has not yet (a driver call of up to 10 ms on an H200 for
+  // a buffer of 512 MiB), and tells the next rank. The caller makes it once the compute beside
+  // the transfers is queued, so that the host's time here hides behind the GPU's.
+  void issue(cudaStream_t comm_stream);
   // Makes `compute` wait for every receive started so far (the sends: the caller's own event).
+  // After `issue`.
   void wait(cudaStream_t compute);
+  // Ends one ring call's exchanges, after its last wait (see Lifetime above). Blocks the host
+  // until this rank's copies into the next rank are done and the previous rank has closed its
+  // mappings of this rank's buffers; neither stream waits.
+  void finish(cudaStream_t comm_stream);
   // Exchanges smaller than this go through NCCL.
   std::size_t copy_min_bytes() const { return copy_min_bytes_; }
 
@@ -69,12 +82,20 @@ class PeerExchange {
     unsigned long long id;  // the allocation's process-wide unique id (never reused)
     cudaIpcMemHandle_t handle;
   };
+  struct Outbound {  // a send whose copy `issue` queues
+    std::uint64_t sequence;
+    bool copy;  // by the copy engines (else NCCL carries it, or it is empty)
+    cudaIpcMemHandle_t handle;
+    std::uint64_t offset;
+    const void* send;
+    std::size_t bytes;
+  };
   struct Pending {
     std::uint64_t sequence;
     bool copied;  // by the copy engines (else NCCL carried it)
   };
   PeerExchange(MPI_Comm comm, int rank, int size, std::size_t copy_min_bytes);
-  void* map(const cudaIpcMemHandle_t& handle, cudaStream_t comm_stream);
+  void* map(const cudaIpcMemHandle_t& handle);  // opened once a call
   // This rank's allocation `base` (unique id `id`) as an IPC handle; false where CUDA cannot
   // export it. Handles are kept per allocation, since getting one costs a driver call.
   bool export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle);
@@ -83,14 +104,18 @@ class PeerExchange {
   int rank_, next_, previous_;
   std::size_t copy_min_bytes_;
   std::uint64_t sequence_ = 0;
+  std::uint64_t finished_ = 0;  // the sequence number `finish` tells the next rank
+  bool owes_release_ = false;   // the next rank exported a buffer to this one in this call
+  bool awaits_release_ = false; // this rank exported a buffer to the previous one in this call
   std::array<cudaEvent_t, kSlots> free_{};            // ours: this rank's receive buffer is free
   std::array<cudaEvent_t, kSlots> copied_{};          // ours: our copy into the next rank is done
   std::array<cudaEvent_t, kSlots> next_free_{};       // the next rank's free_, opened here
   std::array<cudaEvent_t, kSlots> previous_copied_{}; // the previous rank's copied_, opened here
   std::vector<std::unique_ptr<Ready>> outgoing_;      // messages whose sends are in flight
   std::vector<MPI_Request> requests_;
+  std::vector<Outbound> outbound_;                    // sends not yet issued
   std::vector<Pending> pending_;                      // receives not yet waited for
-  std::vector<Mapping> mappings_;                     // the next rank's buffers, opened here
+  std::vector<Mapping> mappings_;                     // the next rank's buffers, open this call
   std::vector<Export> exports_;                       // this rank's buffers, exported
 };
 

@@ -1,7 +1,7 @@
 // ringattn-mpi-ranks: 1 2 3 4
 // The halves of the ring schedule (RingWork, parallel/ring_attention.hpp) that ringattn-bench ring
-// times apart. The transfers half makes exactly the ring's exchanges (sizes, order and waits) and
-// the compute half none. Without a mask every step of the compute half merges the block of the
+// times apart. The transfers half makes exactly the ring's exchanges (sizes, order and waits, and
+// the one exchange_finish after the last wait) and the compute half none. Without a mask every step of the compute half merges the block of the
 // local Q on the local K/V, so its forward gives that block's O and its LSE plus log N (N steps
 // ran and merged), and its backward, with that LSE, that block's gradients (N contributions of a
 // 1/N share each, dK/dV through the step buffer and the addition). A RingAttention that ran the
@@ -51,6 +51,10 @@ class RecordingCommunicator final : public Communicator {
   void exchange_wait(void* stream) override {
     log_.push_back("wait");
     inner_->exchange_wait(stream);
+  }
+  void exchange_finish(void* stream) override {
+    log_.push_back("finish");
+    inner_->exchange_finish(stream);
   }
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override {
     inner_->all_reduce_sum(data, count, dtype, stream);
@@ -150,6 +154,15 @@ TEST_F(MpiRingParts, TransfersAreTheRingsExchangesAndComputeHasNone) {
       };
       EXPECT_EQ(sends(forward, kv), ranks_ - 1);
       EXPECT_EQ(sends(backward, kv), 2 * (ranks_ - 1));
+      // Each call ends its exchanges once, after the last wait (a single rank has none to end).
+      for (const std::vector<std::string>* log : {&forward, &backward}) {
+        EXPECT_EQ(sends(*log, "finish"), ranks_ > 1 ? 1 : 0);
+        if (ranks_ > 1) {
+          ASSERT_GE(log->size(), 2u);
+          EXPECT_EQ(log->back(), "finish");
+          EXPECT_EQ((*log)[log->size() - 2], "wait");
+        }
+      }
     }
   }
 }

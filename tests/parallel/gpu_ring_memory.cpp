@@ -1,0 +1,167 @@
+// A finished ring call leaves no hold on the memory it used: the ring's own workspace and the
+// scratch lent to its calls go back to the GPU when freed, however many rings ran before. Under
+// mpiexec -n 2 on two GPUs (the ctest parallel.ring_memory.np2, RINGATTN_EXCHANGE=copy) each rank
+// writes into its neighbour's receive buffers through CUDA IPC mappings, which must be closed
+// before the call returns (a mapping kept open holds the neighbour's freed memory); alone, the
+// ring is one rank over NCCL. The reference is the GPU's free memory before the rings ran
+// (cudaMemGetInfo, after one ring of the same shape has warmed the libraries up), allowing 16 MiB;
+// one ring's buffers are 256 MiB. The outputs of every ring, with and without scratch, are
+// bitwise those of the first (the forward and the deterministic backward are reproducible).
+// MPI is initialised here (singleton mode when run alone): NCCL is bootstrapped through it.
+#include <mpi.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.hpp"
+#include "parallel/device_communicator.hpp"
+#include "ringattn/config.h"
+#include "ringattn/ring.hpp"
+#include "tests/common/gpu.hpp"
+
+#if RINGATTN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "src/cuda/device_buffer.hpp"
+#endif
+
+namespace ringattn {
+namespace {
+
+class MpiEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    }
+  }
+  void TearDown() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+};
+const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
+
+int world_size() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+#if RINGATTN_WITH_CUDA
+
+// One rank's shard: 8192 tokens, 8 heads of 128 (K/V too), bf16: K|V is 32 MiB, the travelling
+// fp32 dK|dV 64 MiB, the ring's workspace 2 x 32 + 2 x 64 + 64 (the step's dK|dV) MiB.
+constexpr std::int64_t kTokens = 8192, kHeads = 8, kHeadDim = 128;
+constexpr std::size_t kElements = kTokens * kHeads * kHeadDim;
+constexpr std::size_t kSlackBytes = std::size_t{16} << 20;
+
+struct Problem {
+  DeviceBuffer q{kElements * 2}, k{kElements * 2}, v{kElements * 2}, dout{kElements * 2};
+  DeviceBuffer o{kElements * 2}, lse{kTokens * kHeads * 4};
+  DeviceBuffer dq{kElements * 4}, dk{kElements * 4}, dv{kElements * 4};  // f32 gradients
+
+  explicit Problem(int rank) {
+    std::mt19937 rng(1234 + static_cast<unsigned>(rank));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<std::uint16_t> host(kElements);
+    for (DeviceBuffer* b : {&q, &k, &v, &dout}) {
+      for (std::uint16_t& x : host) {
+        const float value = normal(rng);
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, &value, sizeof bits);
+        x = static_cast<std::uint16_t>(bits >> 16);  // bf16 by truncation
+      }
+      RINGATTN_CUDA_CHECK(cudaMemcpy(b->data(), host.data(), b->bytes(), cudaMemcpyHostToDevice));
+    }
+  }
+  TensorView view(const DeviceBuffer& b, DType dtype = DType::bf16) const {
+    return TensorView::contiguous(b.data(), dtype, {1, kTokens, kHeads, kHeadDim}, Memory::device);
+  }
+  TensorView lse_view() const {
+    return TensorView::contiguous(lse.data(), DType::f32, {1, kHeads, kTokens}, Memory::device);
+  }
+};
+
+// The outputs of one ring, as bytes.
+struct Outputs {
+  std::vector<unsigned char> o, dq, dk, dv;
+};
+
+std::vector<unsigned char> download(const DeviceBuffer& b) {
+  std::vector<unsigned char> bytes(b.bytes());
+  RINGATTN_CUDA_CHECK(cudaMemcpy(bytes.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost));
+  return bytes;
+}
+
+// A fresh ring's forward and backward, its workspace in its own buffers or in a lent scratch
+// buffer; the ring and the scratch are freed before this returns.
+Outputs run_ring(const std::shared_ptr<Communicator>& comm, Problem& p, bool lend_scratch) {
+  RingAttention ring(comm, SequenceLayoutKind::zigzag);
+  DeviceBuffer scratch(lend_scratch ? std::size_t{320} << 20 : 0);
+  std::vector<ScratchRegion> regions;
+  if (lend_scratch) regions.push_back({scratch.data(), scratch.bytes()});
+  const double scale = 0.08838834764831845;  // 1 / sqrt(128)
+  ring.forward({p.view(p.q), p.view(p.k), p.view(p.v), p.view(p.o), p.lse_view(), scale, true,
+                nullptr, regions});
+  ring.backward({p.view(p.q), p.view(p.k), p.view(p.v), p.view(p.o), p.lse_view(), p.view(p.dout),
+                 p.view(p.dq, DType::f32), p.view(p.dk, DType::f32), p.view(p.dv, DType::f32), scale,
+                 true, true, nullptr, regions});
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  if (lend_scratch) {
+    EXPECT_EQ(ring.owned_workspace_bytes(), 0u) << "the scratch holds all of the workspace";
+  }
+  return {download(p.o), download(p.dq), download(p.dk), download(p.dv)};
+}
+
+std::size_t free_device_bytes(Communicator& comm) {
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  comm.barrier();  // every rank's rings are gone, and with them its mappings of this rank
+  std::size_t free = 0, total = 0;
+  RINGATTN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+TEST(RingMemory, FreedRingBuffersGoBackToTheGpu) {
+  RINGATTN_REQUIRE_GPUS(world_size());
+  std::shared_ptr<Communicator> comm =
+      world_size() == 1 ? nccl_communicator_over(MPI_COMM_SELF) : nccl_world_communicator();
+  SCOPED_TRACE("rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) +
+               ", exchanges by " + comm->transport());
+  Problem p(comm->rank());
+  const Outputs first = run_ring(comm, p, false);  // loads kernels and libraries
+  const std::size_t before = free_device_bytes(*comm);
+
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("ring " + std::to_string(round + 2) + (round % 2 ? ", scratch" : ", own buffers"));
+    const Outputs again = run_ring(comm, p, round % 2 == 1);
+    EXPECT_TRUE(again.o == first.o && again.dq == first.dq && again.dk == first.dk &&
+                again.dv == first.dv)
+        << "the outputs differ from the first ring's";
+  }
+  const std::size_t after = free_device_bytes(*comm);
+  EXPECT_GE(after + kSlackBytes, before)
+      << "free device memory went from " << (before >> 20) << " MiB before the rings to "
+      << (after >> 20) << " MiB after them";
+}
+
+#else
+
+TEST(RingMemory, FreedRingBuffersGoBackToTheGpu) {
+  RINGATTN_REQUIRE_GPUS(world_size());
+}
+
+#endif
+
+}  // namespace
+}  // namespace ringattn
