@@ -20,7 +20,9 @@
 //   ring       RingAttention::forward and backward. Every rank enters a barrier before each run,
 //              and a run counts as long as its slowest rank took.
 //   transfers  the ring's exchanges alone: the same messages, sizes and order, no compute
-//              (RingWork::transfers, parallel/ring_attention.hpp). Timed like the ring.
+//              (RingWork::transfers, parallel/ring_attention.hpp). Timed like the ring. Over the
+//              copy engines this includes the host opening the neighbour's buffers (about 10 ms
+//              for 512 MiB, per buffer and call), which the full ring does while its compute runs.
 //   compute    the ring's compute alone: every step's block calls, with the pairs and masks of
 //              the shard that would visit, against the local K/V, no exchange (RingWork::compute).
 //   one GPU    the same local block on the whole sequence on rank 0's GPU while the other ranks
@@ -28,7 +30,8 @@
 // From these: TFLOP/s per GPU by FlashAttention's count of the whole problem (4 b h s^2 d forward,
 // halved when causal, backward 2.5x) divided by N; efficiency = one GPU / (N x ring); hidden =
 // 1 - (ring - compute) / transfers, clamped to [0, 1], the share of the transfer time that the
-// ring hides behind compute (it also counts what running beside a transfer costs the compute);
+// ring hides behind compute (it also counts what running beside a transfer costs the compute;
+// over the copy engines it understates, the buffer openings in `transfers` being host time);
 // waited = how long the compute stream stood in exchange_wait for transfers in one more ring run
 // (Communicator::measure_waits), the transfer time the schedule did not hide. Timed runs: 5 below 128k tokens, 3 below 512k and 2 from 512k, after
 // one warm-up run below 512k and none from there (a run takes seconds, and the transfers-only runs
@@ -667,7 +670,8 @@ void write_ring_json(const RingOptions& opt, const RingRun& run) {
          "enters a barrier before each run and a run counts its slowest rank\",\n"
          "    \"single\": \"the same local block on the whole sequence on rank 0's GPU\",\n"
          "    \"efficiency\": \"single / (gpus * ring)\",\n"
-         "    \"comm\": \"the ring's exchanges alone, same messages and order, no compute\",\n"
+         "    \"comm\": \"the ring's exchanges alone, same messages and order, no compute (over the "
+         "copy engines with the host's opening of the neighbour's buffers)\",\n"
          "    \"compute\": \"the ring's block calls alone against the local K/V, no exchange\",\n"
          "    \"hidden\": \"1 - (ring - compute) / comm, clamped to [0, 1]\",\n    \"waited\": \"how long the compute "
          "stream waited for transfers in exchange_wait during one more ring run, the largest over the ranks\"},"
