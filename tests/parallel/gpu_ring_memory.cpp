@@ -5,9 +5,9 @@
 // before the call returns (a mapping kept open holds the neighbour's freed memory); alone, the
 // ring is one rank over NCCL. The reference is the GPU's free memory before the rings ran
 // (cudaMemGetInfo, after one ring of the same shape has warmed the libraries up), allowing 16 MiB;
-// one ring's buffers are 256 MiB. The outputs of every ring, with and without scratch, are
+// a ring's workspace is 192 MiB at its largest. The outputs of every ring, with and without scratch, are
 // bitwise those of the first (the forward and the deterministic backward are reproducible).
-// MPI is initialised here (singleton mode when run alone): NCCL is bootstrapped through it.
+// MPI (tests/common/mpi_environment.hpp, singleton mode when run alone) bootstraps NCCL.
 #include <mpi.h>
 
 #include <gtest/gtest.h>
@@ -24,6 +24,7 @@
 #include "ringattn/config.h"
 #include "ringattn/ring.hpp"
 #include "tests/common/gpu.hpp"
+#include "tests/common/mpi_environment.hpp"
 
 #if RINGATTN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -34,34 +35,13 @@
 namespace ringattn {
 namespace {
 
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    }
-  }
-  void TearDown() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
-};
-const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using test::world_size;
 
 #if RINGATTN_WITH_CUDA
 
-// One rank's shard: 8192 tokens, 8 heads of 128 (K/V too), bf16: K|V is 32 MiB, the travelling
-// fp32 dK|dV 64 MiB, the ring's workspace 2 x 32 + 2 x 64 + 64 (the step's dK|dV) MiB.
+// One rank's shard: 8192 tokens, 8 heads of 128 (K/V too), bf16. The ring's workspace on two
+// ranks: forward K|V twice (32 MiB each) and the fp32 running output (32 MiB); backward K|V twice
+// and the travelling fp32 dK|dV twice (64 MiB each): 192 MiB, all of it in the 320 MiB lent.
 constexpr std::int64_t kTokens = 8192, kHeads = 8, kHeadDim = 128;
 constexpr std::size_t kElements = kTokens * kHeads * kHeadDim;
 constexpr std::size_t kSlackBytes = std::size_t{16} << 20;

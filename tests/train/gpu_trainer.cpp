@@ -11,7 +11,7 @@
 //   - under mpiexec -n 2 on two GPUs (the ctest train.trainer.cp2): 50 steps at cp = 2 give the
 //     loss curve of the same job on one GPU, within bf16 tolerance (5% at any step, 1.5% on
 //     average), and the loss falls.
-// MPI is initialised here (singleton mode when run alone): NCCL is bootstrapped through it.
+// MPI (tests/common/mpi_environment.hpp, singleton mode when run alone) bootstraps NCCL.
 #include <mpi.h>
 
 #include <gtest/gtest.h>
@@ -28,6 +28,7 @@
 #include "parallel/mpi_communicator.hpp"
 #include "ringattn/ring.hpp"
 #include "tests/common/gpu.hpp"
+#include "tests/common/mpi_environment.hpp"
 #include "train/config.hpp"
 #include "train/model_cpu.hpp"
 #include "train/trainer.hpp"
@@ -35,35 +36,8 @@
 namespace ringattn::train {
 namespace {
 
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-    }
-  }
-  void TearDown() override {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
-};
-const auto* const kMpi = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
-
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
+using test::world_rank;
+using test::world_size;
 
 TrainConfig small_config() {
   TrainConfig c;
