@@ -110,8 +110,6 @@ void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, 
       RINGATTN_NCCL_CHECK(ncclGroupEnd());
     }
   }
-  // comm_stream_ runs in order: the last record covers every exchange started so far.
-  transfer_done_.record(comm_stream_.get());
 }
 
 void NcclCommunicator::exchange_wait(void* stream) {
@@ -120,11 +118,11 @@ void NcclCommunicator::exchange_wait(void* stream) {
     waits_.emplace_back(CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault));
     waits_.back().first.record(compute);
   }
-  if (peer_) {
-    peer_->issue(comm_stream_.get());
-    transfer_done_.record(comm_stream_.get());  // now after the copies out of the send buffers
-    peer_->wait(compute);
-  }
+  if (peer_) peer_->issue(comm_stream_.get());
+  // comm_stream_ runs in order: this record covers every exchange started so far, the copies out
+  // of the send buffers included.
+  transfer_done_.record(comm_stream_.get());
+  if (peer_) peer_->wait(compute);
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, transfer_done_.get(), 0));
   if (measuring_) waits_.back().second.record(compute);
 }
