@@ -289,10 +289,8 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   timed("matmul.qkv", [&] {
     be.matmul_forward(L.qkv.data(), L.h1.data(), weight(P.wqkv), {n, d, row}, Write::overwrite);
   });
-  timed("rope", [&] {
-    be.rope_forward(L.qkv.data(), {n, hq, hd, row});
-    be.rope_forward(L.qkv.data() + hq * hd, {n, hkv, hd, row});
-  });
+  // q's and k's heads lie next to each other at the same positions: one rotation over hq + hkv.
+  timed("rope", [&] { be.rope_forward(L.qkv.data(), {n, hq + hkv, hd, row}); });
   if (!recomputing || !keeps_attention()) {
     timed("attention.forward", [&] { ring_.forward(ring_forward_args(l, L)); });
   }
@@ -452,13 +450,9 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.scratch = fwd.scratch;
     timed("attention.backward", [&] { ring_.backward(args); });
     if constexpr (std::is_same_v<Act, Acc>) {
-      timed("rope.backward", [&] {
-        be.rope_backward(dqkv_.data(), {n, hq, hd, row});
-        be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
-      });
+      timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), {n, hq + hkv, hd, row}); });
     } else {
-      // q's and k's heads lie next to each other at the same positions: one rotation over
-      // hq + hkv heads, with v's converted to Act in the same pass.
+      // One rotation over q's and k's hq + hkv heads, with v's converted to Act in the same pass.
       timed("rope.backward", [&] {
         be.rope_backward(dqkv_.data(), dqkv_acc, {n, hq + hkv, hd, row});
       });

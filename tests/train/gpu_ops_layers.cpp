@@ -340,10 +340,13 @@ TEST(CudaLayerOps, EmbeddingBackwardDeterministicIsBitwiseTheTwin) {
 
 // ---- RMSNorm --------------------------------------------------------------------------------
 
-// (dim 1 only in the forward: there the backward's dx is inv * dy * g * eps / (x^2 + eps), all
-// cancellation, and no fp32 computation of it is within 2^-8.)
-const cpu::RmsNormShape kRmsNormShapes[] = {{37, 200},  {37, 203},  {512, 1024}, {3, 8192},
-                                            {4097, 64}, {700, 201}, {5, 2}};
+// dim 256, 512, 768 and 1024 take the kernels that hold a row in registers; 20000 rows make 254
+// row ranges of 79 for dg's partial sums. (dim 1 only in the forward: there the backward's dx is
+// inv * dy * g * eps / (x^2 + eps), all cancellation, and no fp32 computation of it is within
+// 2^-8.)
+const cpu::RmsNormShape kRmsNormShapes[] = {{37, 200},   {37, 203},  {512, 1024}, {3, 8192},
+                                            {4097, 64},  {700, 201}, {5, 2},      {300, 768},
+                                            {20000, 256}, {65, 512}};
 
 std::string describe(const cpu::RmsNormShape& s) {
   return "rows " + std::to_string(s.rows) + ", dim " + std::to_string(s.dim);

@@ -324,30 +324,72 @@ __global__ void rmsnorm_forward_kernel(bf16* y, float* inv_rms, const bf16* x, c
   }
 }
 
-// A row's sum of dy * g * x over V columns from c, added to `dot`.
-template <int V>
-__device__ __forceinline__ void add_rmsnorm_dot(float& dot, const float (&xv)[V],
-                                                const float (&dyv)[V], const float* g,
-                                                std::int64_t c) {
+// rmsnorm_forward_kernel<8>'s arithmetic, in the same order (the same bits), where dim = 256 kChunks
+// (up to 1024) and g is 16-byte aligned: a warp's row stays in registers between the sum of squares
+// and the output (x read once, all its loads in flight together), g read as float4s.
+template <int kChunks>
+__global__ void rmsnorm_forward_rows_kernel(bf16* y, float* inv_rms, const bf16* x, const float* g,
+                                            std::int64_t rows, float eps) {
+  constexpr int V = 8;
+  constexpr int kDim = 32 * V * kChunks;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t{gridDim.x} * kWarpsPerBlock;
+  for (std::int64_t row = std::int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32; row < rows;
+       row += warps) {
+    const bf16* xr = x + row * kDim;
+    float v[kChunks][V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) dot += dyv[k] * g[c + k] * xv[k];
+    for (int j = 0; j < kChunks; ++j) load_bf16<V>(xr + 32 * V * j + lane * V, v[j]);
+    float squares = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) squares += v[j][k] * v[j][k];
+    }
+    squares = warp_sum(squares);
+    const float inv = 1.0f / sqrtf(squares / static_cast<float>(kDim) + eps);
+    bf16* yr = y + row * kDim;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = 32 * V * j + lane * V;
+      float gv[V];
+      load_f32<V>(g + c, gv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[j][k] = v[j][k] * inv * gv[k];
+      store_bf16<V>(yr + c, v[j]);
+    }
+    if (lane == 0) inv_rms[row] = inv;
+  }
 }
 
-// dx (+)= inv * (dy * g - x * inv * mean) over V columns from c of one row (dxr).
+// A row's sum of dy * g * x over V columns, added to `dot`.
 template <int V>
-__device__ __forceinline__ void write_rmsnorm_dx(bf16* dxr, const float (&xv)[V],
-                                                 const float (&dyv)[V], const float* g,
-                                                 std::int64_t c, float inv, float mean, bool add) {
-  float out[V];
+__device__ __forceinline__ void add_rmsnorm_dot(float& dot, const float (&xv)[V],
+                                                const float (&dyv)[V], const float (&gv)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) dot += dyv[k] * gv[k] * xv[k];
+}
+
+// out = before + inv * (dy * g - x * inv * mean) over V columns (before: dx's old values, or
+// zeros), stored to dx.
+template <int V>
+__device__ __forceinline__ void write_rmsnorm_dx(bf16* dx, float (&out)[V], const float (&xv)[V],
+                                                 const float (&dyv)[V], const float (&gv)[V],
+                                                 float inv, float mean) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] += inv * (dyv[k] * gv[k] - xv[k] * inv * mean);
+  store_bf16<V>(dx, out);
+}
+
+// dx's old values (add) or zeros.
+template <int V>
+__device__ __forceinline__ void load_dx_before(const bf16* dx, bool add, float (&out)[V]) {
   if (add) {
-    load_bf16<V>(dxr + c, out);
+    load_bf16<V>(dx, out);
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) out[k] = 0.0f;
   }
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] += inv * (dyv[k] * g[c + k] - xv[k] * inv * mean);
-  store_bf16<V>(dxr + c, out);
 }
 
 // dx (+)= inv * (dy * g - xhat * mean(dy * g * xhat)), xhat = x * inv; one warp per row.
@@ -363,19 +405,24 @@ __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16*
     const bf16* dyr = dy + row * dim;
     float dot = 0.0f;  // sum of dy * g * x
     for (std::int64_t c = std::int64_t{lane} * V; c < dim; c += 32 * V) {
-      float xv[V], dyv[V];
+      float xv[V], dyv[V], gv[V];
       load_bf16<V>(xr + c, xv);
       load_bf16<V>(dyr + c, dyv);
-      add_rmsnorm_dot<V>(dot, xv, dyv, g, c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] = g[c + k];
+      add_rmsnorm_dot<V>(dot, xv, dyv, gv);
     }
     dot = warp_sum(dot);
     const float inv = inv_rms[row];
     const float mean = dot * inv / static_cast<float>(dim);
     for (std::int64_t c = std::int64_t{lane} * V; c < dim; c += 32 * V) {
-      float xv[V], dyv[V];
+      float xv[V], dyv[V], gv[V], out[V];
       load_bf16<V>(xr + c, xv);
       load_bf16<V>(dyr + c, dyv);
-      write_rmsnorm_dx<V>(dx + row * dim, xv, dyv, g, c, inv, mean, add);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] = g[c + k];
+      load_dx_before<V>(dx + row * dim + c, add, out);
+      write_rmsnorm_dx<V>(dx + row * dim + c, out, xv, dyv, gv, inv, mean);
     }
   }
 }
@@ -424,62 +471,91 @@ __global__ void rmsnorm_dg_partial_kernel(float* out, const bf16* dy, const bf16
   }
 }
 
-// dg[c] += partial[0, c] + partial[1, c] + ... in range order; one thread per column.
+// dg[c] += the sum of partial[0 .. ranges - 1, c]: a block takes 32 columns at a time (from 32 b,
+// striding over the grid); lane l of warp w sums its column over the ranges w, w + 8, ... in order,
+// then lane l of warp 0 adds the 8 warps' sums in warp order. The order depends only on the shape:
+// reproducible sums.
 __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::int64_t ranges,
                                          std::int64_t dim) {
-  const std::int64_t c = global_thread();
-  if (c >= dim) return;
-  float s = partial[c];
-  for (std::int64_t k = 1; k < ranges; ++k) s += partial[k * dim + c];
-  dg[c] += s;
+  __shared__ float sums[kWarpsPerBlock][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (std::int64_t c0 = std::int64_t{blockIdx.x} * 32; c0 < dim; c0 += std::int64_t{gridDim.x} * 32) {
+    const std::int64_t c = c0 + lane;
+    float s = 0.0f;
+    if (c < dim) {
+#pragma unroll 4
+      for (std::int64_t k = warp; k < ranges; k += kWarpsPerBlock) s += partial[k * dim + c];
+    }
+    sums[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && c < dim) {
+      float total = sums[0][lane];
+#pragma unroll
+      for (int w = 1; w < kWarpsPerBlock; ++w) total += sums[w][lane];
+      dg[c] += total;
+    }
+    __syncthreads();
+  }
 }
 
-// Both at once where dim = 256 kChunks (up to 1024), in one pass over x and dy held in registers:
-// dx as rmsnorm_backward_dx_kernel computes it, and dg's partial sums with
-// rmsnorm_dg_partial_kernel's row ranges and order. Block y owns range y; its warp w takes the
-// range's rows w, w + 8, ...; lane l sums its columns 8 l + 256 j + {0..7} over them, and the
-// block adds its warps' sums in warp order into out = dg (`accumulate`, one range) or
+// Both at once where dim = 256 kChunks (up to 1024) and g is 16-byte aligned, in one pass over x,
+// dy (and dx, when added to) held in registers, all of a row's loads in flight together: dx as
+// rmsnorm_backward_dx_kernel computes it, and dg's partial sums with rmsnorm_dg_partial_kernel's
+// row ranges and order. Block y owns range y; its warp w takes the range's rows w, w + 8, ...;
+// lane l sums its columns 8 l + 256 j + {0..7} over them in its warp's row of shared memory, and
+// the block adds its warps' sums in warp order into out = dg (`accumulate`, one range) or
 // out = partial[y]. The same sums, bitwise, as the two-kernel path.
 template <int kChunks>
-__global__ void rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
+__global__ void __launch_bounds__(kThreads, 2) rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
                                              const float* g, const float* inv_rms,
                                              std::int64_t rows, std::int64_t rows_per_range,
                                              bool add, bool accumulate) {
   constexpr int V = 8;
   constexpr int kDim = 32 * V * kChunks;
-  __shared__ float sums[kWarpsPerBlock][kDim];
+  __shared__ __align__(16) float sums[kWarpsPerBlock][kDim];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const std::int64_t begin = std::int64_t{blockIdx.x} * rows_per_range;
   const std::int64_t end = begin + rows_per_range < rows ? begin + rows_per_range : rows;
-  float partial[kChunks][V] = {};
+  float* partial = sums[warp];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const float zeros[V] = {};
+    store_f32<V>(partial + 32 * V * j + lane * V, zeros);
+  }
   for (std::int64_t row = begin + warp; row < end; row += kWarpsPerBlock) {
     const bf16* xr = x + row * kDim;
     const bf16* dyr = dy + row * kDim;
-    float xv[kChunks][V], dyv[kChunks][V];
+    bf16* dxr = dx + row * kDim;
+    float xv[kChunks][V], dyv[kChunks][V], before[kChunks][V];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = 32 * V * j + lane * V;
+      load_bf16<V>(xr + c, xv[j]);
+      load_bf16<V>(dyr + c, dyv[j]);
+      load_dx_before<V>(dxr + c, add, before[j]);
+    }
+    const float inv = inv_rms[row];
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const std::int64_t c = 32 * V * j + lane * V;
-      load_bf16<V>(xr + c, xv[j]);
-      load_bf16<V>(dyr + c, dyv[j]);
-      add_rmsnorm_dot<V>(dot, xv[j], dyv[j], g, c);
+      float gv[V];
+      load_f32<V>(g + 32 * V * j + lane * V, gv);
+      add_rmsnorm_dot<V>(dot, xv[j], dyv[j], gv);
     }
     dot = warp_sum(dot);
-    const float inv = inv_rms[row];
     const float mean = dot * inv / static_cast<float>(kDim);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const std::int64_t c = 32 * V * j + lane * V;
-      write_rmsnorm_dx<V>(dx + row * kDim, xv[j], dyv[j], g, c, inv, mean, add);
+      const int c = 32 * V * j + lane * V;
+      float gv[V], sum[V];
+      load_f32<V>(g + c, gv);
+      write_rmsnorm_dx<V>(dxr + c, before[j], xv[j], dyv[j], gv, inv, mean);
+      load_f32<V>(partial + c, sum);
 #pragma unroll
-      for (int k = 0; k < V; ++k) partial[j][k] += dyv[j][k] * xv[j][k] * inv;
+      for (int k = 0; k < V; ++k) sum[k] += dyv[j][k] * xv[j][k] * inv;
+      store_f32<V>(partial + c, sum);
     }
-  }
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-#pragma unroll
-    for (int k = 0; k < V; ++k) sums[warp][32 * V * j + lane * V + k] = partial[j][k];
   }
   __syncthreads();
   for (int c = threadIdx.x; c < kDim; c += kThreads) {
@@ -804,7 +880,19 @@ void rmsnorm_forward(bf16* y, float* inv_rms, const bf16* x, const float* g,
     ringattn::detail::fail(kWhere, "eps is ", eps, "; expected a finite value > 0");
   }
   const float eps_f = static_cast<float>(eps);
-  if (s.dim % 8 == 0 && aligned(y, 16) && aligned(x, 16)) {
+  const bool vectors = s.dim % 8 == 0 && aligned(y, 16) && aligned(x, 16);
+  const auto rows_kernel = [&](auto kernel) {
+    kernel<<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, eps_f);
+  };
+  if (vectors && aligned(g, 16) && s.dim == 256) {
+    rows_kernel(rmsnorm_forward_rows_kernel<1>);
+  } else if (vectors && aligned(g, 16) && s.dim == 512) {
+    rows_kernel(rmsnorm_forward_rows_kernel<2>);
+  } else if (vectors && aligned(g, 16) && s.dim == 768) {
+    rows_kernel(rmsnorm_forward_rows_kernel<3>);
+  } else if (vectors && aligned(g, 16) && s.dim == 1024) {
+    rows_kernel(rmsnorm_forward_rows_kernel<4>);
+  } else if (vectors) {
     rmsnorm_forward_kernel<8>
         <<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, s.dim, eps_f);
   } else {
@@ -855,13 +943,14 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
     kernel<<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
         dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, ranges == 1);
   };
-  if (vectors && s.dim == 256) {
+  const bool rows = vectors && aligned(g, 16);
+  if (rows && s.dim == 256) {
     rows_kernel(rmsnorm_backward_rows_kernel<1>);
-  } else if (vectors && s.dim == 512) {
+  } else if (rows && s.dim == 512) {
     rows_kernel(rmsnorm_backward_rows_kernel<2>);
-  } else if (vectors && s.dim == 768) {
+  } else if (rows && s.dim == 768) {
     rows_kernel(rmsnorm_backward_rows_kernel<3>);
-  } else if (vectors && s.dim == 1024) {
+  } else if (rows && s.dim == 1024) {
     rows_kernel(rmsnorm_backward_rows_kernel<4>);
   } else {
     if (vectors) {
@@ -878,7 +967,8 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
   if (ranges > 1) {
-    rmsnorm_dg_reduce_kernel<<<blocks_for(s.dim), kThreads, 0, stream>>>(dg, sums, ranges, s.dim);
+    rmsnorm_dg_reduce_kernel<<<blocks_for(s.dim, 32), kThreads, 0, stream>>>(dg, sums, ranges,
+                                                                             s.dim);
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
