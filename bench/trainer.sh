@@ -8,7 +8,7 @@
 #   TRAINER_STEPS (default 12) steps each; the first 3 are warm-up, the median of the others counts
 #   TRAINER_SHAPES overrides the one-GPU list, TRAINER_TORCH=0 skips PyTorch
 #   CUDA_VISIBLE_DEVICES limits the GPUs (the cp = 2 runs need two); RINGATTN_REVISION names the
-#   revision in the JSON (default: git's HEAD)
+#   revision in the JSON (default: git's HEAD, with -dirty when tracked files differ)
 #
 # Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
 # for the same shape and the ratio.
@@ -94,7 +94,7 @@ for name in sorted(os.listdir(runs)):
           + (f"  torch {t['tokens_per_s']:.0f} tokens/s  ratio {row['ratio_to_torch']:.2f}"
              if t is not None and "ratio_to_torch" in row else ""))
 rev = os.environ.get("RINGATTN_REVISION") or subprocess.run(
-    ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    ["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True).stdout.strip()
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                      text=True).stdout.strip().splitlines()
 json.dump({"gpu": gpu[0] if gpu else "", "gpus": int(visible), "date": datetime.date.today().isoformat(),

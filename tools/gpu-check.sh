@@ -18,6 +18,9 @@ cd "$(dirname "$self")/.." || exit 2
 
 # NVLink multicast stays off on the reference machines; every launcher below inherits this.
 export NCCL_NVLS_ENABLE=0
+# The revision the results name, for every part: HEAD, with "-dirty" when tracked files differ
+# from it.
+export RINGATTN_REVISION="${RINGATTN_REVISION:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}"
 
 usage() { sed -n '2,16s/^# \{0,1\}//p' "$self"; }
 
@@ -84,7 +87,7 @@ for part in "${parts[@]}"; do
 done
 
 gpu_names="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | paste -sd, -)"
-revision="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+revision="$RINGATTN_REVISION"
 failed=0
 {
   printf '{\n  "date": "%s",\n  "revision": "%s",\n  "gpus": "%s",\n  "parts": [\n' \
