@@ -505,11 +505,12 @@ __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::i
 // lane l sums its columns 8 l + 256 j + {0..7} over them in its warp's row of shared memory, and
 // the block adds its warps' sums in warp order into out = dg (`accumulate`, one range) or
 // out = partial[y]. The same sums, bitwise, as the two-kernel path.
+// Two blocks an SM (128 registers): g is read again from L1 for dx rather than held.
 template <int kChunks>
-__global__ void __launch_bounds__(kThreads, 2) rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
-                                             const float* g, const float* inv_rms,
-                                             std::int64_t rows, std::int64_t rows_per_range,
-                                             bool add, bool accumulate) {
+__global__ void __launch_bounds__(kThreads, 2)
+    rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
+                                 const float* g, const float* inv_rms, std::int64_t rows,
+                                 std::int64_t rows_per_range, bool add, bool accumulate) {
   constexpr int V = 8;
   constexpr int kDim = 32 * V * kChunks;
   __shared__ __align__(16) float sums[kWarpsPerBlock][kDim];
