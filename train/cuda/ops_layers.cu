@@ -882,16 +882,17 @@ void rmsnorm_forward(bf16* y, float* inv_rms, const bf16* x, const float* g,
   }
   const float eps_f = static_cast<float>(eps);
   const bool vectors = s.dim % 8 == 0 && aligned(y, 16) && aligned(x, 16);
+  const bool rows = vectors && aligned(g, 16);
   const auto rows_kernel = [&](auto kernel) {
     kernel<<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, eps_f);
   };
-  if (vectors && aligned(g, 16) && s.dim == 256) {
+  if (rows && s.dim == 256) {
     rows_kernel(rmsnorm_forward_rows_kernel<1>);
-  } else if (vectors && aligned(g, 16) && s.dim == 512) {
+  } else if (rows && s.dim == 512) {
     rows_kernel(rmsnorm_forward_rows_kernel<2>);
-  } else if (vectors && aligned(g, 16) && s.dim == 768) {
+  } else if (rows && s.dim == 768) {
     rows_kernel(rmsnorm_forward_rows_kernel<3>);
-  } else if (vectors && aligned(g, 16) && s.dim == 1024) {
+  } else if (rows && s.dim == 1024) {
     rows_kernel(rmsnorm_forward_rows_kernel<4>);
   } else if (vectors) {
     rmsnorm_forward_kernel<8>
