@@ -10,9 +10,11 @@ void flash_forward(const ForwardArgs& args, void* stream) {
 }
 
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
-                            void* stream) {
-  if (o.memory == Memory::device) return cuda::flash_backward_prepare(o, dout, delta, stream);
-  cpu::flash_backward_prepare(o, dout, delta);
+                            void* stream, const TensorView* dq_to_zero) {
+  if (o.memory == Memory::device) {
+    return cuda::flash_backward_prepare(o, dout, delta, stream, dq_to_zero);
+  }
+  cpu::flash_backward_prepare(o, dout, delta, dq_to_zero);
 }
 
 void flash_backward(const BackwardArgs& args, void* stream) {

@@ -15,7 +15,8 @@ namespace {
 }  // namespace
 
 void flash_forward(const ForwardArgs&, void*) { unavailable("cuda::flash_forward"); }
-void flash_backward_prepare(const TensorView&, const TensorView&, const TensorView&, void*) {
+void flash_backward_prepare(const TensorView&, const TensorView&, const TensorView&, void*,
+                            const TensorView*) {
   unavailable("cuda::flash_backward_prepare");
 }
 void flash_backward(const BackwardArgs&, void*) { unavailable("cuda::flash_backward"); }

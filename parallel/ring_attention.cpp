@@ -490,8 +490,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   const DType acc = accumulator_dtype(args.q.dtype);
   const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});
   if (compute) {
-    flash_backward_prepare(args.o, args.dout, delta, stream);
-    detail::fill(args.dq, 0.0, stream);
+    flash_backward_prepare(args.o, args.dout, delta, stream, &args.dq);
     if (ranks > 1) {
       detail::fill(args.dk, 0.0, stream);
       detail::fill(args.dv, 0.0, stream);

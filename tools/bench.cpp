@@ -398,10 +398,9 @@ class BlockProblem {
   void forward() const { ringattn::cuda::flash_forward(forward_args()); }
   void backward() const {
     const ringattn::BackwardArgs b = backward_args();
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq.data(), 0, dq.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk.data(), 0, dk.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.bytes()));
-    ringattn::cuda::flash_backward_prepare(forward_args().o, b.dout, b.delta);
+    ringattn::cuda::flash_backward_prepare(forward_args().o, b.dout, b.delta, nullptr, &b.dq);
     ringattn::cuda::flash_backward(b);
   }
 

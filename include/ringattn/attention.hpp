@@ -86,8 +86,10 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 // The local block on the backend of the tensors' memory: host tensors (f32, f64) run the CPU block
 // below, device tensors (bf16, f16) the CUDA block; `stream` is a cudaStream_t, unused on the host.
 void flash_forward(const ForwardArgs& args, void* stream = nullptr);
+// flash_backward_prepare: delta = rowsum(dO * O) for flash_backward; with dq_to_zero (the
+// accumulator [B, Sq, Hq, D] flash_backward will add dQ into), also dq = 0 in the same pass.
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
-                            void* stream = nullptr);
+                            void* stream = nullptr, const TensorView* dq_to_zero = nullptr);
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);
 
 // The CPU flash block: the same tiled algorithm and contract as the CUDA kernel, on host memory,
@@ -95,7 +97,8 @@ void flash_backward(const BackwardArgs& args, void* stream = nullptr);
 namespace cpu {
 void flash_forward(const ForwardArgs& args);
 // delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d], in the accumulator dtype.
-void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta);
+void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                            const TensorView* dq_to_zero = nullptr);
 void flash_backward(const BackwardArgs& args);
 
 // Worker threads of the CPU backend: RINGATTN_NUM_THREADS, else the hardware's count.
@@ -111,9 +114,9 @@ void set_num_threads(int threads);
 // host. Everything is checked before any launch; a library built without CUDA throws Error.
 namespace cuda {
 void flash_forward(const ForwardArgs& args, void* stream = nullptr);
-// delta = rowsum(dO * O) in fp32, for flash_backward.
+// delta = rowsum(dO * O) in fp32, for flash_backward; dq_to_zero (fp32) as above.
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
-                            void* stream = nullptr);
+                            void* stream = nullptr, const TensorView* dq_to_zero = nullptr);
 // dQ is summed with fp32 atomics, or in a second pass over the keys when args.deterministic
 // (bitwise-reproducible, at the cost of recomputing P and dP once more).
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);

@@ -153,7 +153,8 @@ void backward(const BackwardArgs& a, const AttentionShape& s) {
 }
 
 template <typename T>
-void prepare(const TensorView& o, const TensorView& dout, const TensorView& delta) {
+void prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
+             const TensorView* dq) {
   const std::int64_t batch = o.shape[0], len = o.shape[1], heads = o.shape[2], d = o.shape[3];
   ringattn::detail::parallel_for(batch * heads, [&](std::int64_t task) {
     const std::int64_t b = task / heads, h = task % heads;
@@ -163,13 +164,18 @@ void prepare(const TensorView& o, const TensorView& dout, const TensorView& delt
       T sum = 0;
       for (std::int64_t x = 0; x < d; ++x) sum += o_row[x * o.strides[3]] * g_row[x * dout.strides[3]];
       delta.as<T>()[delta.offset(b, h, i)] = sum;
+      if (dq != nullptr) {
+        T* dq_row = dq->as<T>() + dq->offset(b, i, h, 0);
+        for (std::int64_t x = 0; x < d; ++x) dq_row[x * dq->strides[3]] = T(0);
+      }
     }
   });
 }
 
 }  // namespace
 
-void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta) {
+void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                            const TensorView* dq_to_zero) {
   constexpr const char* kWhere = "cpu::flash_backward_prepare";
   ringattn::detail::check_view(o, "o", 4, Memory::host, kWhere);
   ringattn::detail::check_view(dout, "dout", 4, Memory::host, kWhere);
@@ -180,9 +186,15 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
                                 "[batch, heads, len] of o", kWhere);
   ringattn::detail::check_dtype(dout, "dout", o.dtype, "the dtype of o", kWhere);
   ringattn::detail::check_dtype(delta, "delta", o.dtype, "the dtype of o", kWhere);
+  if (dq_to_zero != nullptr) {
+    ringattn::detail::check_view(*dq_to_zero, "dq", 4, Memory::host, kWhere);
+    ringattn::detail::check_shape(*dq_to_zero, "dq", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]},
+                                  "the shape of o", kWhere);
+    ringattn::detail::check_dtype(*dq_to_zero, "dq", o.dtype, "the dtype of o", kWhere);
+  }
   switch (o.dtype) {
-    case DType::f32: return prepare<float>(o, dout, delta);
-    case DType::f64: return prepare<double>(o, dout, delta);
+    case DType::f32: return prepare<float>(o, dout, delta, dq_to_zero);
+    case DType::f64: return prepare<double>(o, dout, delta, dq_to_zero);
     default:
       ringattn::detail::fail(kWhere, "o has dtype ", dtype_name(o.dtype),
                              "; the CPU block takes f32 or f64");

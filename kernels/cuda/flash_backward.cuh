@@ -33,28 +33,36 @@ __device__ __forceinline__ void add_pair_atomic(float* address, float x, float y
 #endif
 }
 
-// delta[b, h, i] = sum_d dO * O in fp32: kHeadDim / 8 threads a row, each reading 8 elements of O
-// and 8 of dO in one 16-byte access each (check_layout: unit stride along head_dim, other strides
-// multiples of 8, 16-byte aligned data), so a warp covers 2 (head_dim 128) or 4 (64) rows.
+// delta[b, h, i] = sum_d dO * O in fp32, and dQ = 0 where p.dq is set: kHeadDim / 8 threads a
+// row, each reading 8 elements of O and 8 of dO in one 16-byte access each (check_layout: unit
+// stride along head_dim, other strides multiples of 8, 16-byte aligned data), so a warp covers 2
+// (head_dim 128) or 4 (64) rows. blockIdx.y is the head, blockIdx.z the batch: a row's address
+// takes no division. A row's zeros go out as four float2 stores a thread (dQ's rows have even
+// strides), lane `part` of the row on columns 2 part + kHeadDim / 4 * j, so that each store of the
+// row's threads covers a contiguous stretch.
 template <typename T, int kHeadDim>
 __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   constexpr int kLanes = kHeadDim / 8;
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads lie within one warp");
-  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len;
-  const std::int64_t index = thread / kLanes;
-  const int part = static_cast<int>(thread % kLanes);
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int row = static_cast<int>(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
+  const int part = static_cast<int>(threadIdx.x % kLanes);
   float sum = 0.f;
-  if (index < rows) {  // no early return: every lane of the warp takes part in the shuffles
-    const int row = static_cast<int>(index % p.q_len);
-    const int head = static_cast<int>((index / p.q_len) % p.q_heads);
-    const int batch = static_cast<int>(index / (static_cast<std::int64_t>(p.q_len) * p.q_heads));
+  if (row < p.q_len) {  // no early return: every lane of the warp takes part in the shuffles
     const T* o = static_cast<const T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
                  head * p.o_strides[2] + part * 8;
     const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] +
                  row * p.dout_strides[1] + head * p.dout_strides[2] + part * 8;
     const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
     const uint4 g_raw = *reinterpret_cast<const uint4*>(g);
+    if (p.dq != nullptr) {
+      float* dq = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] +
+                  head * p.dq_strides[2] + 2 * part;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(dq + j * (kHeadDim / 4)) = make_float2(0.f, 0.f);
+      }
+    }
     const T* o8 = reinterpret_cast<const T*>(&o_raw);
     const T* g8 = reinterpret_cast<const T*>(&g_raw);
 #pragma unroll
@@ -64,11 +72,9 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   }
-  if (index < rows && part == 0) {
-    const int row = static_cast<int>(index % p.q_len);
-    const int head = static_cast<int>((index / p.q_len) % p.q_heads);
-    const int batch = static_cast<int>(index / (static_cast<std::int64_t>(p.q_len) * p.q_heads));
-    p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]] = sum;
+  if (row < p.q_len && part == 0) {
+    p.delta[batch * p.delta_strides[0] + head * p.delta_strides[1] + row * p.delta_strides[2]] =
+        sum;
   }
 }
 

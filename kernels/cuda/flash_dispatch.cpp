@@ -162,7 +162,7 @@ void flash_forward(const ForwardArgs& args, void* stream) {
 }
 
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
-                            void* stream) {
+                            void* stream, const TensorView* dq_to_zero) {
   constexpr const char* kWhere = "cuda::flash_backward_prepare";
   detail::check_view(o, "o", 4, Memory::device, kWhere);
   detail::check_view(dout, "dout", 4, Memory::device, kWhere);
@@ -179,6 +179,13 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
   check_layout(o, "o", kWhere);
   check_layout(dout, "dout", kWhere);
   check_layout(delta, "delta", kWhere);
+  if (dq_to_zero != nullptr) {
+    detail::check_view(*dq_to_zero, "dq", 4, Memory::device, kWhere);
+    detail::check_shape(*dq_to_zero, "dq", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]},
+                        "the shape of o", kWhere);
+    detail::check_dtype(*dq_to_zero, "dq", DType::f32, "the accumulator dtype", kWhere);
+    check_layout(*dq_to_zero, "dq", kWhere);
+  }
   if (o.numel() == 0) return;
   FlashParams p;
   p.o = o.data;
@@ -187,6 +194,10 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
   copy_strides(dout, p.dout_strides);
   p.delta = static_cast<float*>(delta.data);
   copy_strides(delta, p.delta_strides);
+  if (dq_to_zero != nullptr) {
+    p.dq = static_cast<float*>(dq_to_zero->data);
+    copy_strides(*dq_to_zero, p.dq_strides);
+  }
   p.batch = static_cast<int>(o.shape[0]);
   p.q_len = static_cast<int>(o.shape[1]);
   p.q_heads = static_cast<int>(o.shape[2]);

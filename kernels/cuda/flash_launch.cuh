@@ -87,8 +87,9 @@ template <DType kDtype, int kHeadDim>
 void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
   constexpr int kThreads = 256, kRowThreads = kHeadDim / 8;
-  const std::int64_t rows = static_cast<std::int64_t>(p.batch) * p.q_heads * p.q_len;
-  const dim3 grid(static_cast<unsigned>((rows * kRowThreads + kThreads - 1) / kThreads));
+  const std::int64_t row_threads = static_cast<std::int64_t>(p.q_len) * kRowThreads;
+  const dim3 grid(static_cast<unsigned>((row_threads + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
   flash_backward_prepare_kernel<T, kHeadDim><<<grid, kThreads, 0, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }

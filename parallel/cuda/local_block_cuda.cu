@@ -1,8 +1,9 @@
 // The ring's element-wise operations on the device: fill, convert-copy and add over strided views
 // of rank <= 4. Memory-bound: the views are first reduced to rows of contiguous elements (adjacent
 // axes merged where both views allow), and where the rows and pointers allow, each thread moves 16
-// bytes at a time; otherwise one element a thread with its index decomposed (64-bit: a shard may
-// exceed 2^31 elements). Grid-stride loops over a capped grid.
+// bytes at a time, the row index decomposed in 32 bits where it fits; otherwise one element a
+// thread with its index decomposed in 64 bits (a shard may exceed 2^31 elements). Grid-stride
+// loops over a capped grid.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -72,12 +73,17 @@ __device__ std::int64_t offset_of(const Index4& index, std::int64_t linear) {
   return offset;
 }
 
-// The offset of row `row` (the three outer axes) of a view whose innermost axis is contiguous.
-__device__ std::int64_t row_offset(const Index4& index, std::int64_t row) {
-  const std::int64_t i2 = row % index.shape[2];
-  row /= index.shape[2];
-  return (row / index.shape[1]) * index.strides[0] + (row % index.shape[1]) * index.strides[1] +
-         i2 * index.strides[2];
+// The offset of row `row` (the three outer axes) of a view whose innermost axis is contiguous,
+// the row decomposed in I: 32-bit where the view's vectors fit (a 64-bit division costs several
+// times a 32-bit one, and the rows kernels are otherwise a load and a store).
+template <typename I>
+__device__ std::int64_t row_offset(const Index4& index, I row) {
+  const I shape1 = static_cast<I>(index.shape[1]), shape2 = static_cast<I>(index.shape[2]);
+  const I i2 = row % shape2;
+  row /= shape2;
+  return static_cast<std::int64_t>(row / shape1) * index.strides[0] +
+         static_cast<std::int64_t>(row % shape1) * index.strides[1] +
+         static_cast<std::int64_t>(i2) * index.strides[2];
 }
 
 template <typename T, int kWidth>
@@ -150,27 +156,25 @@ __global__ void add_kernel(const T* src, Index4 src_index, T* dst, Index4 dst_in
 
 // The same over rows (innermost axis contiguous), kWidth elements a thread: `vectors` is the
 // element count / kWidth, and every row holds a whole number of vectors.
-template <typename T, int kWidth>
-__global__ void fill_rows_kernel(T* data, Index4 index, std::int64_t vectors, T value) {
-  const std::int64_t per_row = index.shape[3] / kWidth;
+template <typename T, int kWidth, typename I>
+__global__ void fill_rows_kernel(T* data, Index4 index, I vectors, T value) {
+  const I per_row = static_cast<I>(index.shape[3] / kWidth);
   Vector<T, kWidth> v;
 #pragma unroll
   for (int k = 0; k < kWidth; ++k) v.value[k] = value;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < vectors;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
+  for (I i = blockIdx.x * I{blockDim.x} + threadIdx.x; i < vectors; i += I{gridDim.x} * blockDim.x) {
+    const I row = i / per_row, column = (i - row * per_row) * kWidth;
     *reinterpret_cast<Vector<T, kWidth>*>(data + row_offset(index, row) + column) = v;
   }
 }
 
 // dst = src converted, or with kAdd (S and D the same type) dst += src.
-template <typename S, typename D, int kWidth, bool kAdd>
+template <typename S, typename D, int kWidth, bool kAdd, typename I>
 __global__ void copy_rows_kernel(const S* src, Index4 src_index, D* dst, Index4 dst_index,
-                                 std::int64_t vectors) {
-  const std::int64_t per_row = src_index.shape[3] / kWidth;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < vectors;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const std::int64_t row = i / per_row, column = (i - row * per_row) * kWidth;
+                                 I vectors) {
+  const I per_row = static_cast<I>(src_index.shape[3] / kWidth);
+  for (I i = blockIdx.x * I{blockDim.x} + threadIdx.x; i < vectors; i += I{gridDim.x} * blockDim.x) {
+    const I row = i / per_row, column = (i - row * per_row) * kWidth;
     const Vector<S, kWidth> in = *reinterpret_cast<const Vector<S, kWidth>*>(
         src + row_offset(src_index, row) + column);
     auto* target = reinterpret_cast<Vector<D, kWidth>*>(dst + row_offset(dst_index, row) + column);
@@ -202,6 +206,17 @@ bool fits_rows(const Index4& index, const void* base, int width, std::size_t byt
   return reinterpret_cast<std::uintptr_t>(base) % (width * bytes) == 0;
 }
 
+// Calls f(count) with count as a std::uint32_t where every index of a grid-stride loop over it
+// fits (count + the grid's threads < 2^32), else as itself.
+template <typename F>
+void with_index_type(std::int64_t count, F&& f) {
+  if (count + kThreads * kMaxBlocks < (std::int64_t{1} << 32)) {
+    f(static_cast<std::uint32_t>(count));
+  } else {
+    f(count);
+  }
+}
+
 // Calls f(T{}) with T the CUDA type of `dtype`.
 template <typename F>
 void dispatch(DType dtype, F&& f) {
@@ -229,8 +244,10 @@ void fill(const TensorView& t, double value, void* stream) {
     using T = decltype(zero);
     constexpr int kWidth = 16 / sizeof(T);
     if (fits_rows(index[0], t.data, kWidth, sizeof(T))) {
-      fill_rows_kernel<T, kWidth><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
-          t.as<T>(), index[0], count / kWidth, from_double<T>(value));
+      with_index_type(count / kWidth, [&](auto vectors) {
+        fill_rows_kernel<T, kWidth><<<blocks_for(vectors), kThreads, 0, cuda_stream>>>(
+            t.as<T>(), index[0], vectors, from_double<T>(value));
+      });
     } else {
       fill_kernel<T><<<blocks_for(count), kThreads, 0, cuda_stream>>>(t.as<T>(), index[0], count,
                                                                       from_double<T>(value));
@@ -252,8 +269,10 @@ void copy(const TensorView& src, const TensorView& dst, void* stream) {
       constexpr int kWidth = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
       if (fits_rows(index[0], src.data, kWidth, sizeof(S)) &&
           fits_rows(index[1], dst.data, kWidth, sizeof(D))) {
-        copy_rows_kernel<S, D, kWidth, false><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
-            src.as<const S>(), index[0], dst.as<D>(), index[1], count / kWidth);
+        with_index_type(count / kWidth, [&](auto vectors) {
+          copy_rows_kernel<S, D, kWidth, false><<<blocks_for(vectors), kThreads, 0, cuda_stream>>>(
+              src.as<const S>(), index[0], dst.as<D>(), index[1], vectors);
+        });
       } else {
         copy_kernel<S, D><<<blocks_for(count), kThreads, 0, cuda_stream>>>(
             src.as<const S>(), index[0], dst.as<D>(), index[1], count);
@@ -274,8 +293,10 @@ void add(const TensorView& src, const TensorView& dst, void* stream) {
     constexpr int kWidth = 16 / sizeof(T);
     if (fits_rows(index[0], src.data, kWidth, sizeof(T)) &&
         fits_rows(index[1], dst.data, kWidth, sizeof(T))) {
-      copy_rows_kernel<T, T, kWidth, true><<<blocks_for(count / kWidth), kThreads, 0, cuda_stream>>>(
-          src.as<const T>(), index[0], dst.as<T>(), index[1], count / kWidth);
+      with_index_type(count / kWidth, [&](auto vectors) {
+        copy_rows_kernel<T, T, kWidth, true><<<blocks_for(vectors), kThreads, 0, cuda_stream>>>(
+            src.as<const T>(), index[0], dst.as<T>(), index[1], vectors);
+      });
     } else {
       add_kernel<T><<<blocks_for(count), kThreads, 0, cuda_stream>>>(
           src.as<const T>(), index[0], dst.as<T>(), index[1], count);

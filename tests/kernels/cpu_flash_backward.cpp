@@ -457,6 +457,30 @@ TEST_F(FlashBackwardValidation, Prepare) {
                                  {"dout has shape [2, 4, 4, 8]"}));
 }
 
+// dq_to_zero: a strided dQ (heads 1-4 of 6 in each token's row) comes out zero, the rest of the
+// row keeps its value, delta is bitwise the plain prepare's; a dQ of another shape is named.
+TEST_F(FlashBackwardValidation, PrepareZeroesDqAndNothingElse) {
+  const std::int64_t B = 2, S = 5, H = 4, D = 8, row = 6 * D;
+  HostTensor<double> wide({B, S, 6, D}, 7.0);
+  const TensorView dq = TensorView::contiguous(wide.storage.data() + D, DType::f64, {B, S, H, D})
+                            .with_strides({S * row, row, D, 1});
+  const std::vector<double> plain = p.delta.values();
+  p.delta.poison();
+  cpu::flash_backward_prepare(p.o.view, p.dout.view, p.delta.view, &dq);
+  EXPECT_EQ(p.delta.values(), plain);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < wide.storage.size(); ++i) {
+    const std::int64_t column = static_cast<std::int64_t>(i) % row;
+    wrong += wide.storage[i] != (column >= D && column < 5 * D ? 0.0 : 7.0);
+  }
+  EXPECT_EQ(wrong, 0u);
+  TensorView short_dq = dq;
+  short_dq.shape[1] = 4;
+  EXPECT_TRUE(test::ThrowsNaming(
+      [&] { cpu::flash_backward_prepare(p.o.view, p.dout.view, p.delta.view, &short_dq); },
+      {"cpu::flash_backward_prepare", "dq has shape [2, 4, 4, 8]"}));
+}
+
 TEST(FlashBackwardValidationBf16, Bf16IsNotACpuDtype) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(25);

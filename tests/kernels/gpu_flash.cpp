@@ -3,6 +3,8 @@
 // GQA, packed QKV views, combine mode, the deterministic backward, and its argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -149,17 +151,18 @@ struct DeviceProblem {
   Mask mask() const { return {c.causal, c.q_start, c.k_start}; }
   double scale() const { return default_scale(c.head_dim); }
 
-  // Forward, prepare and backward with every output poisoned (NaN) and the gradients zeroed;
-  // overwrite: dK and dV poisoned too, and the backward asked to overwrite them.
+  // Forward, prepare and backward with every output poisoned (NaN), dQ too (the prepare zeroes
+  // it), and dK and dV zeroed; overwrite: dK and dV poisoned too, and the backward asked to
+  // overwrite them.
   AttentionResult run(bool deterministic, bool overwrite = false) {
     RINGATTN_CUDA_CHECK(cudaMemset(o.data(), 0xff, o.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(lse.data(), 0xff, lse.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(delta.data(), 0xff, delta.bytes()));
-    RINGATTN_CUDA_CHECK(cudaMemset(dq.data(), 0, dq.bytes()));
+    RINGATTN_CUDA_CHECK(cudaMemset(dq.data(), 0xff, dq.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(dk.data(), overwrite ? 0xff : 0, dk.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(dv.data(), overwrite ? 0xff : 0, dv.bytes()));
     cuda::flash_forward({q_view, k_view, v_view, o_view, lse_view, scale(), mask(), false});
-    cuda::flash_backward_prepare(o_view, dout_view, delta_view);
+    cuda::flash_backward_prepare(o_view, dout_view, delta_view, nullptr, &dq_view);
     BackwardArgs args{q_view, k_view, v_view, dout_view, lse_view, delta_view,
                       dq_view, dk_view, dv_view, scale(), mask(), deterministic};
     args.overwrite_key_gradients = overwrite;
@@ -320,6 +323,56 @@ TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
   }
 }
 
+// The prepare's dQ zeroing on a strided view (heads 1 and 2 of 4 in each token's row of a wider
+// fp32 buffer, as a packed dQKV gradient row): the view comes out zero, every other element keeps
+// its value, and delta equals the prepare without zeroing bitwise and a host sum in double to
+// fp32 rounding. Odd lengths, both head dims.
+TEST(FlashCudaPrepare, ZeroesAStridedDqAndNothingElse) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(seed_trace());
+  for (const std::int64_t head_dim : {64, 128}) {
+    const std::int64_t B = 2, S = 77, H = 2, D = head_dim, row = 4 * D;
+    SCOPED_TRACE("head_dim " + std::to_string(D));
+    DeviceProblem problem({DType::bf16, B, S, S, H, H, D, false}, 9);
+    DeviceBuffer o_buffer;
+    std::mt19937_64 rng = make_rng(10);
+    const std::vector<double> o = random_rounded(DType::bf16, B * S * H * D, rng, 1.0);
+    const TensorView o_view = problem.upload(o_buffer, o, {B, S, H, D});
+    const std::vector<float> sentinel(B * S * row, 7.0f);
+    DeviceBuffer wide(sentinel.size() * sizeof(float));
+    RINGATTN_CUDA_CHECK(cudaMemcpy(wide.data(), sentinel.data(), wide.bytes(), cudaMemcpyHostToDevice));
+    const TensorView dq = TensorView::contiguous(wide.as<float>() + D, DType::f32, {B, S, H, D}, Memory::device)
+                              .with_strides({S * row, row, D, 1});
+    cuda::flash_backward_prepare(o_view, problem.dout_view, problem.delta_view, nullptr, &dq);
+    const std::vector<float> zeroing_delta = download<float>(problem.delta, B * H * S);
+    RINGATTN_CUDA_CHECK(cudaMemset(problem.delta.data(), 0xff, problem.delta.bytes()));
+    cuda::flash_backward_prepare(o_view, problem.dout_view, problem.delta_view);
+    const std::vector<float> plain_delta = download<float>(problem.delta, B * H * S);
+    const std::vector<float> after = download<float>(wide, sentinel.size());
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(after.size()); ++i) {
+      const std::int64_t column = i % row;
+      const bool inside = column >= D && column < 3 * D;
+      wrong += after[i] != (inside ? 0.0f : 7.0f);
+    }
+    EXPECT_EQ(wrong, 0) << "elements of the wide buffer with the wrong value after the zeroing";
+    EXPECT_EQ(0, std::memcmp(zeroing_delta.data(), plain_delta.data(), plain_delta.size() * sizeof(float)));
+    double worst = 0.0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < S; ++t) {
+          double sum = 0.0, magnitude = 0.0;
+          for (std::int64_t x = 0; x < D; ++x) {
+            const std::int64_t at = ((b * S + t) * H + h) * D + x;
+            sum += o[at] * problem.dout[at];
+            magnitude += std::abs(o[at] * problem.dout[at]);
+          }
+          worst = std::max(worst, std::abs(zeroing_delta[(b * H + h) * S + t] - sum) / magnitude);
+        }
+    EXPECT_LT(worst, 1e-5) << "delta against a host sum in double, relative to sum |o dO|";
+  }
+}
+
 TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   RINGATTN_REQUIRE_GPUS(1);
   DeviceProblem problem({DType::bf16, 1, 64, 64, 2, 2, 64, false}, 4);
@@ -353,6 +406,14 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   args = good;
   args.k.shape[2] = args.v.shape[2] = 3;
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"2 heads", "3 heads"}));
+  // A dQ to zero of another shape or dtype than O's.
+  TensorView dq = problem.dq_view;
+  dq.shape[1] = 32;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward_prepare(problem.o_view, problem.dout_view, problem.delta_view, nullptr, &dq); },
+                           {"cuda::flash_backward_prepare", "dq has shape [1, 32, 2, 64]"}));
+  dq = problem.o_view;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward_prepare(problem.o_view, problem.dout_view, problem.delta_view, nullptr, &dq); },
+                           {"dq has dtype bf16", "f32"}));
 }
 
 }  // namespace
