@@ -49,6 +49,20 @@ class Communicator {
   // them (stream order still applies to its own queued work). The host may block until the
   // transfers are done; no stream waits. The MPI backend has nothing to do.
   virtual void exchange_finish(void* stream) { (void)stream; }
+  // Receive buffers that persist: `data` (bytes long) lies in memory its owner keeps allocated,
+  // at this address, until release_kept_memory has returned on every rank. A backend that writes
+  // into other ranks' buffers may then keep what it set up for them between ring calls (the copy
+  // engines: the sender's CUDA IPC mapping, whose opening and closing costs the host milliseconds
+  // a call), and exchange_finish does not let go of them. The MPI backend ignores both.
+  virtual void keep_memory(const void* data, std::size_t bytes) {
+    (void)data;
+    (void)bytes;
+  }
+  // Collective: lets go of everything kept for the memory keep_memory named on any rank; once it
+  // returns on a rank, no other rank holds a mapping of that rank's memory, and its owner may
+  // free it. Waits for the previous rank at most `timeout_s` seconds (then warns on stderr and
+  // returns), so a rank that never comes cannot hang the others.
+  virtual void release_kept_memory(double timeout_s = 60.0) { (void)timeout_s; }
   // For benchmarks: while measuring, each exchange_wait on a stream backend records how long its
   // stream then waits for transfers still running (events on either side of the wait);
   // take_waited_ms() waits for those events, returns the sum since the last call and clears it.

@@ -248,6 +248,16 @@ class Placement {
   Memory memory_;
 };
 
+// Names the call's persistent scratch to the communicator, which may keep what it sets up for that
+// memory (receive-buffer mappings) until release_scratch.
+void keep_persistent(Communicator& comm, const std::vector<ScratchRegion>& scratch) {
+  for (const ScratchRegion& region : scratch) {
+    if (region.persistent && region.data != nullptr && region.bytes > 0) {
+      comm.keep_memory(region.data, region.bytes);
+    }
+  }
+}
+
 // Fails naming the region when a scratch region overlaps one of the call's tensors.
 void check_scratch(const std::vector<ScratchRegion>& scratch, NamedViews views,
                    const char* where) {
@@ -326,6 +336,8 @@ std::size_t RingAttention::owned_workspace_bytes() const {
          w.dkv[1].bytes() + w.dkv_step.bytes() + w.delta.bytes();
 }
 
+void RingAttention::release_scratch(double timeout_s) { comm_->release_kept_memory(timeout_s); }
+
 void RingAttention::forward(const RingForwardArgs& args) {
   RingAttentionInternals::forward(*this, args, RingWork::all);
 }
@@ -375,6 +387,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
                                                 dtype_size(accumulator_dtype(args.q.dtype)));
     for (int i = 0; i < 2; ++i) kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
   });
+  if (ranks > 1 && transfers) keep_persistent(comm, args.scratch);
 
   void* stream = args.stream;
   // One rank holds the whole sequence in order (either layout): one block call on local positions
@@ -486,6 +499,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
         place.take(w.delta, static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
   });
 
+  if (ranks > 1 && transfers) keep_persistent(comm, args.scratch);
   void* stream = args.stream;
   const DType acc = accumulator_dtype(args.q.dtype);
   const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});

@@ -3,7 +3,7 @@
 //   ringattn-bench attention [--seqlens 512,1024,...] [--head-dims 64,128] [--json FILE]
 //   mpirun -np N ringattn-bench ring [--seqlens 32768,131072,524288] [--heads 16]
 //       [--kv-heads 16,4] [--head-dim 128] [--causal both|on|off] [--layout zigzag]
-//       [--repeats R] [--warmup W] [--max-full-seq S] [--json FILE]
+//       [--repeats R] [--warmup W] [--max-full-seq S] [--scratch persistent|own] [--json FILE]
 //   mpirun -np N ringattn-bench ring --fit [--heads 16] [--kv-heads 16] [--head-dim 128]
 //       [--no-verify] [--json FILE]
 //
@@ -21,8 +21,8 @@
 //              and a run counts as long as its slowest rank took.
 //   transfers  the ring's exchanges alone: the same messages, sizes and order, no compute
 //              (RingWork::transfers, parallel/ring_attention.hpp). Timed like the ring. Over the
-//              copy engines this includes the host opening the neighbour's buffers (about 10 ms
-//              for 512 MiB, per buffer and call), which the full ring does while its compute runs.
+//              copy engines with --scratch own this includes the host opening the neighbour's
+//              buffers (about 10 ms for 512 MiB, per buffer and call).
 //   compute    the ring's compute alone: every step's block calls, with the pairs and masks of
 //              the shard that would visit, against the local K/V, no exchange (RingWork::compute).
 //   one GPU    the same local block on the whole sequence on rank 0's GPU while the other ranks
@@ -37,6 +37,10 @@
 // one warm-up run below 512k and none from there (a run takes seconds, and the transfers-only runs
 // that come first have allocated the ring's workspaces), unless --repeats and --warmup say. Before
 // the first configuration, every configuration's kernels run once on a short sequence.
+// --scratch persistent (the default) lends the ring its workspace as one buffer of persistent
+// scratch, as ringattn-train does (a first ring, untimed, sizes it): over the copy engines the
+// neighbours then keep their mappings of the receive buffers between calls; own leaves the
+// workspace to the ring, which has them mapped and closed again in every call.
 //
 // ring --fit: the longest sequence whose forward + backward fits on 1 GPU (a ring of one rank on
 // rank 0) and on the N GPUs; bf16, causal, zigzag, --heads, the first --kv-heads, --head-dim.
@@ -105,6 +109,7 @@ struct RingOptions {
   int repeats = 0;   // 0: by length (default_repeats)
   int warmup = -1;   // -1: by length (default_warmup)
   bool fit = false, verify = true;
+  std::string scratch = "persistent";  // the ring's workspace: persistent scratch or its own
   std::string json, revision = default_revision();
 };
 
@@ -510,8 +515,30 @@ void measure_ring(const std::shared_ptr<ringattn::Communicator>& comm, const Rin
   try {
     ringattn::RingAttention ring(comm, layout);
     const auto shard = problem_on_every_rank(*comm, local, row.causal, seed + 16 * rank, false, true);
-    const ringattn::RingForwardArgs fwd = shard->ring_forward_args();
-    const ringattn::RingBackwardArgs bwd = shard->ring_backward_args();
+    ringattn::RingForwardArgs fwd = shard->ring_forward_args();
+    ringattn::RingBackwardArgs bwd = shard->ring_backward_args();
+    // --scratch persistent: the workspace in one buffer lent to every call as persistent scratch,
+    // as ringattn-train lends its own; a first ring sizes it. The guard releases it from the
+    // communicator before the buffer is freed, on every way out of this block.
+    DeviceBuffer scratch;
+    struct ReleaseGuard {
+      ringattn::RingAttention& ring;
+      ~ReleaseGuard() {
+        try {
+          ring.release_scratch(10.0);
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "ringattn-bench: releasing the ring's scratch failed: %s\n", error.what());
+        }
+      }
+    } release{ring};
+    if (opt.scratch == "persistent" && ranks > 1) {
+      ringattn::ring_forward(ring, fwd, ringattn::RingWork::all);
+      ringattn::ring_backward(ring, bwd, ringattn::RingWork::all);
+      RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+      constexpr std::size_t kAlignmentSlack = 16 * 256;  // each buffer aligned to 256 bytes
+      scratch = DeviceBuffer(ring.owned_workspace_bytes() + kAlignmentSlack);
+      fwd.scratch = bwd.scratch = {{scratch.data(), scratch.bytes(), true}};
+    }
     auto time = [&](ringattn::RingWork work, int warmup) {
       return times_of(median_phases_ms(
           [&](Phases& phases) {
@@ -618,8 +645,9 @@ std::optional<double> field_of(const std::optional<Times>& t, double Times::*fie
 }
 
 void print_ring_header(const RingOptions& opt, const RingRun& run) {
-  std::printf("ringattn-bench ring: %d x %s, exchanges by %s, bf16, batch 1, %lld heads of %lld, %s\n",
-              run.ranks, run.gpu.c_str(), run.transport.c_str(), (long long)opt.heads, (long long)opt.head_dim, opt.layout.c_str());
+  std::printf("ringattn-bench ring: %d x %s, exchanges by %s, bf16, batch 1, %lld heads of %lld, %s, %s workspace\n",
+              run.ranks, run.gpu.c_str(), run.transport.c_str(), (long long)opt.heads, (long long)opt.head_dim,
+              opt.layout.c_str(), opt.scratch == "persistent" ? "persistent scratch" : "its own");
   std::printf("%8s %3s %-6s | %25s | %17s | %9s | %17s | %17s | %17s | %11s | %13s\n", "", "", "",
               "ring ms fwd/bwd/f+b", "TFLOP/s a GPU", "1 GPU ms", "efficiency", "transfers ms", "compute ms",
               "hidden", "waited ms");
@@ -663,6 +691,7 @@ void write_ring_json(const RingOptions& opt, const RingRun& run) {
       << ",\n  \"revision\": " << json_string(opt.revision) << ",\n  \"ringattn_version\": \""
       << RINGATTN_VERSION_STRING << "\",\n  \"configuration\": {\"dtype\": \"bf16\", \"batch\": 1, \"heads\": "
       << opt.heads << ", \"head_dim\": " << opt.head_dim << ", \"layout\": " << json_string(opt.layout)
+      << ", \"workspace\": " << json_string(opt.scratch == "persistent" ? "persistent scratch" : "the ring's own")
       << ",\n    \"flops\": \"4*b*h*s^2*d forward over the whole sequence (half when causal), backward 2.5x; "
          "per GPU: divided by gpus\",\n"
          "    \"timing\": \"CUDA events, forward then backward in each run, median over the runs; every rank "
@@ -1101,6 +1130,11 @@ int main(int argc, char** argv) {
   ring->add_option("--max-full-seq", ro.max_full_seq, "time the full (non-causal) mask only up to this length");
   ring->add_flag("--fit", ro.fit, "find the longest sequence whose forward + backward fits on 1 and on N GPUs");
   ring->add_flag("--verify,!--no-verify", ro.verify, "--fit: run the longest length found (default) or not");
+  ring->add_option("--scratch", ro.scratch,
+                   "the ring's workspace: persistent (one buffer lent to every call as persistent "
+                   "scratch) or own (the ring's own buffers)")
+      ->check(CLI::IsMember({"persistent", "own"}))
+      ->capture_default_str();
   ring->add_option("--revision", ro.revision, "source revision for the JSON (default: $RINGATTN_REVISION)");
   ring->add_option("--json", ro.json, "write the results as JSON to this file (rank 0)");
   CLI11_PARSE(app, argc, argv);

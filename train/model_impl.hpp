@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <tuple>
@@ -120,8 +121,17 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   if constexpr (!std::is_same_v<Act, Acc>) dqkv_acc_ = Buffer<Acc>(n * row);
 }
 
+// The scratch lent to the ring as persistent is freed with the members, after this: every rank
+// lets go of the others' first. Bounded, so that a rank unwinding alone from an error waits at
+// most 10 s for the others.
 template <class B>
-Model<B>::~Model() = default;
+Model<B>::~Model() {
+  try {
+    ring_.release_scratch(10.0);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "ringattn: releasing the ring's scratch failed: %s\n", error.what());
+  }
+}
 
 template <class B>
 std::string Model<B>::backend_name() const {
@@ -223,9 +233,10 @@ RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
   // Dead whenever attention runs: the MLP's activations of L (written after the attention forward
   // and read before the attention backward), dh_ and the MLP's gradients (each written and read
   // within one layer's backward, before its attention backward). So the ring's workspace costs no
-  // memory of its own on the cp ranks.
+  // memory of its own on the cp ranks. The buffers live as long as the model, which releases them
+  // from the ring first (~Model): persistent.
   const auto lend = [&](auto& buffer) {
-    args.scratch.push_back({buffer.data(), buffer.size() * sizeof(*buffer.data())});
+    args.scratch.push_back({buffer.data(), buffer.size() * sizeof(*buffer.data()), true});
   };
   lend(dgu_);
   lend(L.gu);

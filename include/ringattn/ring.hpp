@@ -70,9 +70,15 @@ SequenceLayoutKind parse_sequence_layout(std::string_view name);  // "contiguous
 // tensors): for the duration of the call the caller leaves it alone and it overlaps none of the
 // call's tensors; afterwards its contents are unspecified. A trainer lends buffers that are dead
 // while attention runs, so that the ring costs no memory of its own.
+// persistent: the caller keeps the memory allocated, at this address, until
+// RingAttention::release_scratch has returned on every rank (and frees it only after). The ring
+// may then keep what it sets up for the memory between calls: on GPUs whose neighbours exchange
+// by the copy engines, the previous rank's CUDA IPC mapping of it, which otherwise costs each call
+// milliseconds of host time and a wait at its end.
 struct ScratchRegion {
   void* data = nullptr;
   std::size_t bytes = 0;
+  bool persistent = false;
 };
 
 struct RingForwardArgs {
@@ -127,6 +133,11 @@ class RingAttention {
 
   // The bytes of workspace this object holds now (not counting the scratch lent to calls).
   std::size_t owned_workspace_bytes() const;
+  // Collective, between calls: ends what the communicator keeps for persistent scratch (lent to
+  // this or any other ring over it); once it returns on a rank, that rank's persistent scratch
+  // may be freed. Waits for the previous rank at most `timeout_s` seconds, then warns on stderr
+  // and returns, so a rank that never comes cannot hang the others.
+  void release_scratch(double timeout_s = 60.0);
 
   // This rank's tokens of a sequence of `total_length`: their global positions (for RoPE), and
   // copies between a whole host tensor and this rank's shard, for any dtype and strides. Rank 4:

@@ -132,6 +132,14 @@ void NcclCommunicator::exchange_finish(void* stream) {
   if (peer_) peer_->finish(comm_stream_.get());
 }
 
+void NcclCommunicator::keep_memory(const void* data, std::size_t bytes) {
+  if (peer_) peer_->keep(data, bytes);
+}
+
+void NcclCommunicator::release_kept_memory(double timeout_s) {
+  if (peer_) peer_->release_kept(comm_stream_.get(), timeout_s);
+}
+
 double NcclCommunicator::take_waited_ms() {
   double total = 0.0;
   for (const auto& [before, after] : waits_) {

@@ -47,6 +47,8 @@ class NcclCommunicator final : public Communicator {
                       std::size_t recv_bytes, void* stream) override;
   void exchange_wait(void* stream) override;
   void exchange_finish(void* stream) override;
+  void keep_memory(const void* data, std::size_t bytes) override;
+  void release_kept_memory(double timeout_s) override;
   void measure_waits(bool on) override { measuring_ = on; }
   double take_waited_ms() override;
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override;

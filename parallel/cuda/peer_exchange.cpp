@@ -2,7 +2,10 @@
 
 #include <cudaTypedefs.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
@@ -11,7 +14,7 @@
 namespace ringattn {
 namespace {
 
-constexpr int kTagReady = 7101, kTagCopied = 7102, kTagReleased = 7103;
+constexpr int kTagReady = 7101, kTagCopied = 7102, kTagReleased = 7103, kTagKeptReleased = 7104;
 
 // A driver function through the runtime's entry-point query (the library links against the
 // runtime only); null where the driver lacks it.
@@ -58,6 +61,7 @@ struct PeerExchange::Ready {
   std::uint64_t bytes;   // the receive buffer's size
   std::uint64_t offset;  // of the receive buffer in its allocation
   std::int32_t exported; // 0: the buffer could not be exported; NCCL carries this exchange
+  std::int32_t kept;     // 1: its allocation stays until release_kept; the mapping may stay too
   cudaIpcMemHandle_t handle;
 };
 
@@ -152,14 +156,87 @@ PeerExchange::~PeerExchange() {
   }
 }
 
-void* PeerExchange::map(const cudaIpcMemHandle_t& handle) {
-  for (const Mapping& m : mappings_) {
-    if (std::memcmp(&m.handle, &handle, sizeof(handle)) == 0) return m.base;
+void* PeerExchange::map(const cudaIpcMemHandle_t& handle, bool kept) {
+  for (Mapping& m : mappings_) {
+    if (std::memcmp(&m.handle, &handle, sizeof(handle)) == 0) {
+      m.kept = m.kept || kept;
+      return m.base;
+    }
   }
   void* base = nullptr;
   RINGATTN_CUDA_CHECK(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess));
-  mappings_.push_back({handle, base});
+  mappings_.push_back({handle, base, kept});
   return base;
+}
+
+void PeerExchange::keep(const void* data, std::size_t bytes) {
+  for (const auto& [start, length] : kept_ranges_) {
+    if (start == data && length == bytes) return;
+  }
+  kept_ranges_.emplace_back(data, bytes);
+  void* base = nullptr;
+  unsigned long long id = 0;
+  if (bytes == 0 || !allocation_of(data, base, id)) return;  // no IPC for it: NCCL carries it
+  for (unsigned long long known : kept_ids_) {
+    if (known == id) return;
+  }
+  kept_ids_.push_back(id);
+}
+
+void PeerExchange::release_kept(cudaStream_t comm_stream, double timeout_s) {
+  constexpr const char* kWhere = "NcclCommunicator::release_kept_memory";
+  ++releases_;
+  if (holds_kept_) {
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));  // the copies through the mappings
+    std::vector<Mapping> open;
+    for (const Mapping& m : mappings_) {
+      if (m.kept) {
+        RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
+      } else {
+        open.push_back(m);
+      }
+    }
+    mappings_ = std::move(open);
+    MPI_Request request = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Isend(&releases_, 1, MPI_UINT64_T, next_, kTagKeptReleased, comm_,
+                                 &request));
+    requests_.push_back(request);
+  }
+  if (lent_kept_) {
+    std::uint64_t released = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+    RINGATTN_MPI_CHECK(MPI_Irecv(&released, 1, MPI_UINT64_T, previous_, kTagKeptReleased, comm_,
+                                 &request));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    int done = 0;
+    while (true) {
+      RINGATTN_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      if (done || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!done) {
+      RINGATTN_MPI_CHECK(MPI_Cancel(&request));
+      RINGATTN_MPI_CHECK(MPI_Request_free(&request));
+      std::fprintf(stderr,
+                   "ringattn: %s: rank %d did not hear from rank %d within %g s that it closed its "
+                   "mappings of this rank's kept memory\n",
+                   kWhere, rank_, previous_, timeout_s);
+    } else if (released != releases_) {
+      detail::fail(kWhere, "rank ", rank_, " releases its kept memory for the ", releases_,
+                   ". time but rank ", previous_, " for the ", released,
+                   ". time: the ranks' calls went out of step");
+    }
+  }
+  holds_kept_ = lent_kept_ = false;
+  kept_ids_.clear();
+  kept_ranges_.clear();
+  if (!requests_.empty()) {
+    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
+                                   MPI_STATUSES_IGNORE));
+  }
+  requests_.clear();
+  outgoing_.clear();
 }
 
 bool PeerExchange::export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle) {
@@ -194,7 +271,11 @@ PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_by
   unsigned long long id = 0;
   ready->exported = recv_bytes >= copy_min_bytes_ && allocation_of(recv, base, id) &&
                     export_handle(base, id, ready->handle);
-  awaits_release_ = awaits_release_ || ready->exported != 0;
+  bool kept = false;
+  for (unsigned long long known : kept_ids_) kept = kept || known == id;
+  ready->kept = ready->exported != 0 && kept ? 1 : 0;
+  awaits_release_ = awaits_release_ || (ready->exported != 0 && ready->kept == 0);
+  lent_kept_ = lent_kept_ || ready->kept != 0;
   ready->offset = ready->exported ? static_cast<std::uint64_t>(static_cast<char*>(recv) -
                                                                 static_cast<char*>(base))
                                   : 0;
@@ -219,11 +300,12 @@ PeerExchange::Fallback PeerExchange::start(const void* send, std::size_t send_by
                  " receives ", there.bytes);
   }
   fallback.send = there.exported == 0;
-  owes_release_ = owes_release_ || !fallback.send;
+  owes_release_ = owes_release_ || (!fallback.send && there.kept == 0);
+  holds_kept_ = holds_kept_ || (!fallback.send && there.kept != 0);
   // The copy waits for `issue`: opening the next rank's buffer can take the host milliseconds,
   // which it spends better once the compute beside the transfer is queued.
-  outbound_.push_back({sequence, !fallback.send && send_bytes > 0, there.handle, there.offset,
-                       send, send_bytes});
+  outbound_.push_back({sequence, !fallback.send && send_bytes > 0, there.handle,
+                       there.kept != 0, there.offset, send, send_bytes});
   pending_.push_back({sequence, !fallback.recv});
   return fallback;
 }
@@ -232,7 +314,7 @@ void PeerExchange::issue(cudaStream_t comm_stream) {
   for (const Outbound& o : outbound_) {
     const int slot = static_cast<int>(o.sequence % kSlots);
     if (o.copy) {
-      char* destination = static_cast<char*>(map(o.handle)) + o.offset;
+      char* destination = static_cast<char*>(map(o.handle, o.kept)) + o.offset;
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream, next_free_[slot], 0));
       RINGATTN_CUDA_CHECK(cudaMemcpyAsync(destination, o.send, o.bytes, cudaMemcpyDeviceToDevice,
                                           comm_stream));
@@ -281,11 +363,17 @@ void PeerExchange::finish(cudaStream_t comm_stream) {
   }
   finished_ = sequence_;
   if (owes_release_) {
-    if (!mappings_.empty()) {
+    std::vector<Mapping> kept;
+    for (const Mapping& m : mappings_) {
+      if (m.kept) kept.push_back(m);
+    }
+    if (kept.size() < mappings_.size()) {
       // The copies through the mappings are the last work on comm_stream that uses them.
       RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
-      for (const Mapping& m : mappings_) RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
-      mappings_.clear();
+      for (const Mapping& m : mappings_) {
+        if (!m.kept) RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
+      }
+      mappings_ = std::move(kept);
     }
     MPI_Request request = MPI_REQUEST_NULL;
     RINGATTN_MPI_CHECK(MPI_Isend(&finished_, 1, MPI_UINT64_T, next_, kTagReleased, comm_,

@@ -21,6 +21,10 @@
 // leaves freeing an allocation that another process still maps undefined, and a mapping kept
 // open holds the memory). Opening a buffer again in every call costs the sender's host up to
 // 10 ms (512 MiB on an H200); `issue` does it once the compute beside the copy is queued.
+// A receive buffer in an allocation its owner declared kept (`keep`: it stays allocated until
+// `release_kept`, which is collective) says so in its message: the sender keeps that mapping
+// between calls, and neither side's `finish` waits for it; `release_kept` closes those mappings
+// with the same handshake.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ringattn {
@@ -70,6 +75,13 @@ class PeerExchange {
   void finish(cudaStream_t comm_stream);
   // Exchanges smaller than this go through NCCL.
   std::size_t copy_min_bytes() const { return copy_min_bytes_; }
+  // The allocation holding [data, data + bytes) stays allocated until release_kept (see Lifetime).
+  // Between ring calls.
+  void keep(const void* data, std::size_t bytes);
+  // Collective, between ring calls: closes this rank's kept mappings of the next rank's buffers
+  // (after the copies through them) and tells it so; waits at most `timeout_s` for the previous
+  // rank to say the same, then forgets this rank's kept allocations.
+  void release_kept(cudaStream_t comm_stream, double timeout_s);
 
  private:
   static constexpr int kSlots = 4;  // exchanges in flight at once are at most 2 (ring backward)
@@ -77,6 +89,7 @@ class PeerExchange {
   struct Mapping {
     cudaIpcMemHandle_t handle;
     void* base;
+    bool kept;  // open until release_kept (else until the call's finish)
   };
   struct Export {
     unsigned long long id;  // the allocation's process-wide unique id (never reused)
@@ -86,6 +99,7 @@ class PeerExchange {
     std::uint64_t sequence;
     bool copy;  // by the copy engines (else NCCL carries it, or it is empty)
     cudaIpcMemHandle_t handle;
+    bool kept;
     std::uint64_t offset;
     const void* send;
     std::size_t bytes;
@@ -95,7 +109,7 @@ class PeerExchange {
     bool copied;  // by the copy engines (else NCCL carried it)
   };
   PeerExchange(MPI_Comm comm, int rank, int size, std::size_t copy_min_bytes);
-  void* map(const cudaIpcMemHandle_t& handle);  // opened once a call
+  void* map(const cudaIpcMemHandle_t& handle, bool kept);  // opened once a call, or kept
   // This rank's allocation `base` (unique id `id`) as an IPC handle; false where CUDA cannot
   // export it. Handles are kept per allocation, since getting one costs a driver call.
   bool export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle);
@@ -107,6 +121,11 @@ class PeerExchange {
   std::uint64_t finished_ = 0;  // the sequence number `finish` tells the next rank
   bool owes_release_ = false;   // the next rank exported a buffer to this one in this call
   bool awaits_release_ = false; // this rank exported a buffer to the previous one in this call
+  bool holds_kept_ = false;      // the next rank lent this one a kept buffer since release_kept
+  bool lent_kept_ = false;       // this rank lent the previous one a kept buffer since then
+  std::uint64_t releases_ = 0;   // release_kept calls so far (the ranks' must match)
+  std::vector<unsigned long long> kept_ids_;          // this rank's kept allocations
+  std::vector<std::pair<const void*, std::size_t>> kept_ranges_;  // as keep named them
   std::array<cudaEvent_t, kSlots> free_{};            // ours: this rank's receive buffer is free
   std::array<cudaEvent_t, kSlots> copied_{};          // ours: our copy into the next rank is done
   std::array<cudaEvent_t, kSlots> next_free_{};       // the next rank's free_, opened here

@@ -7,7 +7,9 @@
 // (cudaMemGetInfo, after one ring of the same shape has warmed the libraries up), allowing 16 MiB;
 // a ring's workspace is 192 MiB at its largest. The outputs of every ring, with and without scratch, are
 // bitwise those of the first (the forward and the deterministic backward are reproducible).
-// MPI (tests/common/mpi_environment.hpp, singleton mode when run alone) bootstraps NCCL.
+// Persistent scratch keeps its mappings between calls until release_scratch, and then goes back
+// the same way. MPI (tests/common/mpi_environment.hpp, singleton mode when run alone) bootstraps
+// NCCL.
 #include <mpi.h>
 
 #include <gtest/gtest.h>
@@ -133,6 +135,46 @@ TEST(RingMemory, FreedRingBuffersGoBackToTheGpu) {
   EXPECT_GE(after + kSlackBytes, before)
       << "free device memory went from " << (before >> 20) << " MiB before the rings to "
       << (after >> 20) << " MiB after them";
+}
+
+// Persistent scratch: one ring and one scratch buffer over three calls (the previous rank keeps
+// its mapping of the buffer between them, where the copy engines carry the exchanges), outputs
+// bitwise the first ring's; after release_scratch, freeing the scratch gives its memory back.
+TEST(RingMemory, PersistentScratchGoesBackAfterRelease) {
+  RINGATTN_REQUIRE_GPUS(world_size());
+  std::shared_ptr<Communicator> comm =
+      world_size() == 1 ? nccl_communicator_over(MPI_COMM_SELF) : nccl_world_communicator();
+  SCOPED_TRACE("rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) +
+               ", exchanges by " + comm->transport());
+  Problem p(comm->rank());
+  const Outputs first = run_ring(comm, p, false);  // loads kernels and libraries
+  const std::size_t before = free_device_bytes(*comm);
+  {
+    RingAttention ring(comm, SequenceLayoutKind::zigzag);
+    DeviceBuffer scratch(std::size_t{320} << 20);
+    const std::vector<ScratchRegion> regions{{scratch.data(), scratch.bytes(), true}};
+    const double scale = 0.08838834764831845;  // 1 / sqrt(128)
+    for (int call = 0; call < 3; ++call) {
+      SCOPED_TRACE("call " + std::to_string(call + 1) + " with the same persistent scratch");
+      RINGATTN_CUDA_CHECK(cudaMemset(p.o.data(), 0xff, p.o.bytes()));
+      RINGATTN_CUDA_CHECK(cudaMemset(p.dk.data(), 0xff, p.dk.bytes()));
+      ring.forward({p.view(p.q), p.view(p.k), p.view(p.v), p.view(p.o), p.lse_view(), scale, true,
+                    nullptr, regions});
+      ring.backward({p.view(p.q), p.view(p.k), p.view(p.v), p.view(p.o), p.lse_view(),
+                     p.view(p.dout), p.view(p.dq, DType::f32), p.view(p.dk, DType::f32),
+                     p.view(p.dv, DType::f32), scale, true, true, nullptr, regions});
+      RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(ring.owned_workspace_bytes(), 0u) << "the scratch holds all of the workspace";
+      EXPECT_TRUE(download(p.o) == first.o && download(p.dq) == first.dq &&
+                  download(p.dk) == first.dk && download(p.dv) == first.dv)
+          << "the outputs differ from the first ring's";
+    }
+    ring.release_scratch();
+  }
+  const std::size_t after = free_device_bytes(*comm);
+  EXPECT_GE(after + kSlackBytes, before)
+      << "free device memory went from " << (before >> 20) << " MiB before the ring to "
+      << (after >> 20) << " MiB after its persistent scratch was released and freed";
 }
 
 #else

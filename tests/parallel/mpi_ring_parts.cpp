@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,14 @@ class RecordingCommunicator final : public Communicator {
   void exchange_finish(void* stream) override {
     log_.push_back("finish");
     inner_->exchange_finish(stream);
+  }
+  void keep_memory(const void* data, std::size_t bytes) override {
+    log_.push_back("keep " + std::to_string(bytes));
+    inner_->keep_memory(data, bytes);
+  }
+  void release_kept_memory(double timeout_s) override {
+    log_.push_back("release");
+    inner_->release_kept_memory(timeout_s);
   }
   void all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) override {
     inner_->all_reduce_sum(data, count, dtype, stream);
@@ -249,6 +258,50 @@ TEST_F(MpiRingParts, ScratchHoldsTheWorkspaceAndChangesNoResult) {
     expect_same_results(partly, plain);
     recording_->take_log();
   }
+}
+
+// Persistent scratch: each call with more than one rank names its persistent regions (only those)
+// to the communicator before its first exchange, the results do not change, and release_scratch
+// is the communicator's release, once.
+TEST_F(MpiRingParts, PersistentScratchIsNamedToTheCommunicatorAndReleased) {
+  Shards plain(120 + rank_), lent(120 + rank_);
+  RingAttention own(recording_, SequenceLayoutKind::zigzag);
+  own.forward(plain.forward_args(true));
+  own.backward(plain.backward_args(true));
+  const std::size_t owned = own.owned_workspace_bytes();
+  recording_->take_log();
+
+  std::vector<double> scratch(owned / sizeof(double) + 1024), other(64);
+  const std::size_t bytes = scratch.size() * sizeof(double);
+  RingAttention ring(recording_, SequenceLayoutKind::zigzag);
+  RingForwardArgs forward = lent.forward_args(true);
+  RingBackwardArgs backward = lent.backward_args(true);
+  forward.scratch = backward.scratch = {{scratch.data(), bytes, true},
+                                        {other.data(), other.size() * sizeof(double), false}};
+  for (int call = 0; call < 2; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call + 1));
+    ring.forward(forward);
+    const std::vector<std::string> forward_log = recording_->take_log();
+    ring.backward(backward);
+    const std::vector<std::string> backward_log = recording_->take_log();
+    for (const std::vector<std::string>* log : {&forward_log, &backward_log}) {
+      if (ranks_ == 1) {
+        EXPECT_TRUE(log->empty());
+        continue;
+      }
+      ASSERT_FALSE(log->empty());
+      EXPECT_EQ(log->front(), "keep " + std::to_string(bytes)) << "before the first exchange";
+      EXPECT_EQ(std::count(log->begin(), log->end(), "keep " + std::to_string(bytes)), 1);
+      EXPECT_EQ(std::count_if(log->begin(), log->end(),
+                              [](const std::string& line) { return line.rfind("keep", 0) == 0; }),
+                1)
+          << "the region lent without persistent is not named";
+    }
+    EXPECT_EQ(ring.owned_workspace_bytes(), 0u);
+    expect_same_results(lent, plain);
+  }
+  ring.release_scratch();
+  EXPECT_EQ(recording_->take_log(), std::vector<std::string>{"release"});
 }
 
 TEST_F(MpiRingParts, ScratchOverlappingATensorFailsEverywhere) {
