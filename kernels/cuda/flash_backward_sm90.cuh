@@ -77,10 +77,11 @@ template <int kHeadDim, int kRows, typename T>
 __device__ __forceinline__ void add_fragments_times_rows(float (&acc)[kHeadDim / 8][4],
                                                          const std::uint32_t (&a)[kRows / 16][4],
                                                          const T* rows) {
+  const std::uint64_t b0 = mn_major_descriptor(rows, kRows);
   wgmma_fence();
 #pragma unroll
   for (int kstep = 0; kstep < kRows / 16; ++kstep) {
-    wgmma_rs_mn<kHeadDim, T>(acc, a[kstep], mn_major_descriptor(rows + kstep * 16 * 64, kRows), 1);
+    wgmma_rs_mn<kHeadDim, T>(acc, a[kstep], descriptor_plus(b0, kstep * 16 * 64 * sizeof(T)), 1);
   }
   wgmma_commit();
 }
@@ -172,10 +173,20 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   // the CTAs in flight walk the same rows together. Starting each on a row tile of its own (tile
   // b or 5b for key block b, wrapping around) ran 3-4% slower on an H200 at 32k-128k tokens
   // without a mask, even with every start set to 0 at run time.
-  const auto step_head = [&](int step) { return kv_head * p.group + step / row_tiles; };
-  const auto step_rows = [&](int step) {
-    return (first_tile + step % row_tiles) * kRows;
+  // Each walk of the steps (the producer's loads, the consumers' steps and their statistics, two
+  // steps ahead) keeps its place in counters: a division a step would cost every warp a
+  // reciprocal on the MUFU that the exponentials use.
+  struct StepWalk {
+    int head, tile;  // the step's query head and its row tile, counted from first_tile
+    __device__ __forceinline__ void advance(int tiles) {
+      if (++tile == tiles) {
+        tile = 0;
+        ++head;
+      }
+    }
   };
+  const StepWalk first_step{kv_head * p.group, 0};
+  const auto step_rows = [&](const StepWalk& at) { return (first_tile + at.tile) * kRows; };
 
   if (threadIdx.x == 0) {
     mbarrier_init(kv_full, 1);
@@ -198,9 +209,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         tma_load_box(v_tile + panel * kKeys * 64, &v_map, panel * 64, key0, kv_head, batch,
                      kv_full);
       }
-      for (int step = 0; step < steps; ++step) {
+      StepWalk at = first_step;
+      for (int step = 0; step < steps; ++step, at.advance(row_tiles)) {
         const int stage = step % kStages;
-        const int head = step_head(step), row_first = step_rows(step);
+        const int head = at.head, row_first = step_rows(at);
         mbarrier_wait(rows_empty + stage, ((step / kStages) & 1) ^ 1);
         mbarrier_arrive_expect_bytes(rows_full + stage, 2 * Tiles::kRowTileBytes);
         for (int panel = 0; panel < kPanels; ++panel) {
@@ -223,21 +235,26 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
                           key0 + wg_key + warp * 16 + group_row + 8};
 
   if (steps > 0) {
-    // This warpgroup's 64 rows of K and V (A operands): kKeys * 128 bytes between panels.
-    const T* k_rows = k_tile + wg_key * 64;
-    const T* v_rows = v_tile + wg_key * 64;
+    // The descriptors of this warpgroup's 64 rows of K and V (A operands: kKeys * 128 bytes
+    // between panels) and of the K columns its dQ reads (kAtomicDq, below), made uniform once.
+    const std::uint64_t k_rows = uniform_descriptor(k_major_descriptor(k_tile + wg_key * 64));
+    const std::uint64_t v_rows = uniform_descriptor(k_major_descriptor(v_tile + wg_key * 64));
+    const std::uint64_t dq_keys = uniform_descriptor(mn_major_descriptor(
+        k_tile + (kHeadDim == 128 ? warp_group * kKeys * 64 : wg_key * 64), kKeys));
     // Lane l holds the statistics of rows l and l + 32 of a step until it stages them in buffer
     // step % 2 of its warp's copy. Two buffers: a lane writes step + 2's only after the warp has
     // passed the __syncwarp that follows the writes of step + 1's, that is after every lane's
     // reads of step's.
     float next_lse[2], next_delta[2];
     float* warp_statistics = statistics + (threadIdx.x / 32) * 2 * 2 * kRows;
-    const auto read_statistics = [&](int step) {
+    StepWalk loading = first_step;  // the step whose statistics read_statistics loads next
+    const auto read_statistics = [&] {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        load_row_statistics(p, batch, step_head(step), step_rows(step) + lane + 32 * half,
+        load_row_statistics(p, batch, loading.head, step_rows(loading) + lane + 32 * half,
                             next_lse[half], next_delta[half]);
       }
+      loading.advance(row_tiles);
     };
     const auto stage_statistics = [&](int step) {
       float* buffer = warp_statistics + (step % 2) * 2 * kRows;
@@ -247,16 +264,17 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         buffer[kRows + lane + 32 * half] = next_delta[half];
       }
       __syncwarp();
-      if (step + 1 < steps) read_statistics(step + 1);
+      if (step + 1 < steps) read_statistics();  // step + 1's
     };
-    read_statistics(0);
+    read_statistics();  // step 0's
     stage_statistics(0);
     mbarrier_wait(kv_full, 0);
 
-    for (int step = 0; step < steps; ++step) {
+    StepWalk at = first_step;
+    for (int step = 0; step < steps; ++step, at.advance(row_tiles)) {
       const int stage = step % kStages;
-      [[maybe_unused]] const int head = step_head(step);
-      const int row_first = step_rows(step);
+      [[maybe_unused]] const int head = at.head;
+      const int row_first = step_rows(at);
       const T* q_tile = q_tiles + stage * kRowElements;
       const T* do_tile = do_tiles + stage * kRowElements;
       const float* lse_log2 = warp_statistics + (step % 2) * 2 * kRows;
@@ -269,9 +287,9 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       // dS^T while dV += P^T dO runs.
       float s[kRowTiles][4], dp[kRowTiles][4];
       wgmma_fence();
-      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows>(s, k_rows, q_tile);
+      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows, T>(s, k_rows, k_major_descriptor(q_tile));
       wgmma_commit();
-      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows>(dp, v_rows, do_tile);
+      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows, T>(dp, v_rows, k_major_descriptor(do_tile));
       wgmma_commit();
       wgmma_wait<1>();
       pin_registers(s);
@@ -312,6 +330,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         // `dq_key`; dS^T's 16-key steps are 2048 bytes apart, and so are K's within a panel.
         constexpr bool kSplitColumns = kHeadDim == 128;
         constexpr int kKeySteps = kSplitColumns ? kKeys / 16 : 64 / 16;
+        static_assert(kSplitColumns || kHeadDim == 64, "dq_keys above assumes head_dim 64 or 128");
         const int dq_key = kSplitColumns ? 0 : wg_key;
         const int panel = kSplitColumns ? warp_group : 0;
         fence_proxy_async_shared();
@@ -326,16 +345,15 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           named_barrier_sync(kDsBarrier + warp_group, 128);
         }
         float dq[8][4];
+        // dS read M-major: its 64 rows are one panel, so the leading offset is unused.
+        const std::uint64_t a_ds0 =
+            wgmma_descriptor(ds_tile + dq_key * kRows, 16, kSwizzleAtomBytes);
         wgmma_fence();
 #pragma unroll
         for (int kstep = 0; kstep < kKeySteps; ++kstep) {
-          const int key = dq_key + kstep * 16;
-          // dS read M-major: its 64 rows are one panel, so the leading offset is unused.
-          const std::uint64_t a_ds_t =
-              wgmma_descriptor(ds_tile + key * kRows, 16, kSwizzleAtomBytes);
-          const std::uint64_t b_k =
-              mn_major_descriptor(k_tile + panel * kKeys * 64 + key * 64, kKeys);
-          wgmma_ss_mn<64, T>(dq, a_ds_t, b_k, kstep > 0 ? 1 : 0);
+          wgmma_ss_mn<64, T>(dq, descriptor_plus(a_ds0, kstep * 16 * kRows * sizeof(T)),
+                             descriptor_plus(dq_keys, kstep * 16 * 64 * sizeof(T)),
+                             kstep > 0 ? 1 : 0);
         }
         wgmma_commit();
         // dK += dS^T Q after dQ, so that dQ leaves this warpgroup while dK runs.

@@ -131,8 +131,9 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
                           row0 + warp_group * 64 + warp * 16 + group_row + 8};
 
   if (key_tiles > 0) {
-    // This warpgroup's 64 rows of Q: the panels start kRows * 128 bytes apart.
-    const T* q_rows = q_tile + warp_group * 64 * 64;
+    // The descriptor of this warpgroup's 64 rows of Q (the panels start kRows * 128 bytes apart),
+    // made uniform once.
+    const std::uint64_t q_rows = uniform_descriptor(k_major_descriptor(q_tile + warp_group * 64 * 64));
     float s[kKeyTiles][4];
     std::uint32_t probabilities[kKeys / 16][4];
     float correction[2];
@@ -151,19 +152,19 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     // S = Q K^T.
     const auto issue_scores = [&](int stage) {
       wgmma_fence();
-      wgmma_rows_times_rows<kKeys, kHeadDim, kRows, kKeys>(s, q_rows,
-                                                           k_tiles + stage * kTileElements);
+      wgmma_rows_times_rows<kKeys, kHeadDim, kRows, kKeys, T>(
+          s, q_rows, k_major_descriptor(k_tiles + stage * kTileElements));
       wgmma_commit();
     };
     // O += P V: k-step `kstep` covers keys [16 kstep, 16 kstep + 16), 2048 bytes into the panels;
     // V's 64-column panels are kKeys * 128 bytes apart.
     const auto issue_values = [&](int stage) {
-      const T* v_tile = v_tiles + stage * kTileElements;
+      const std::uint64_t b0 = mn_major_descriptor(v_tiles + stage * kTileElements, kKeys);
       wgmma_fence();
 #pragma unroll
       for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-        const std::uint64_t b = mn_major_descriptor(v_tile + kstep * 16 * 64, kKeys);
-        wgmma_rs_mn<kHeadDim, T>(acc, probabilities[kstep], b, 1);
+        wgmma_rs_mn<kHeadDim, T>(acc, probabilities[kstep],
+                                 descriptor_plus(b0, kstep * 16 * 64 * sizeof(T)), 1);
       }
       wgmma_commit();
     };

@@ -55,6 +55,29 @@ __device__ __forceinline__ std::uint64_t mn_major_descriptor(const void* tile, i
   return wgmma_descriptor(tile, panel_rows * kPanelRowBytes, kSwizzleAtomBytes);
 }
 
+// The descriptor of the operand `bytes` (a multiple of 16) further into shared memory than
+// `descriptor`'s: its start-address field (bits 0-13, the address / 16) plus bytes / 16, the other
+// fields unchanged. Exact while the address stays within the field's 256 KiB, as every address
+// of a CTA's shared memory does. A loop of MMAs builds its descriptors once and steps them so,
+// with constant offsets, instead of encoding each address again.
+__device__ __forceinline__ std::uint64_t descriptor_plus(std::uint64_t descriptor,
+                                                         std::uint32_t bytes) {
+  // A 32-bit add of the low word: the field cannot carry into the high one.
+  const std::uint32_t low = static_cast<std::uint32_t>(descriptor) + (bytes >> 4);
+  return (descriptor & 0xFFFFFFFF00000000ull) | low;
+}
+
+// `descriptor` as a value the compiler knows to be the same across the warp (a broadcast from lane
+// 0; every lane must hold the same): wgmma takes its descriptors in uniform registers, and one
+// computed from the thread index (a warpgroup's own rows) would otherwise be moved there again
+// for every instruction.
+__device__ __forceinline__ std::uint64_t uniform_descriptor(std::uint64_t descriptor) {
+  const auto low = static_cast<std::uint32_t>(descriptor);
+  const auto high = static_cast<std::uint32_t>(descriptor >> 32);
+  return (static_cast<std::uint64_t>(__shfl_sync(0xffffffffu, high, 0)) << 32) |
+         __shfl_sync(0xffffffffu, low, 0);
+}
+
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -92,16 +115,23 @@ __device__ __forceinline__ void wgmma_ss_mn(float (&d)[kN / 8][4], std::uint64_t
 // whose panels hold kAPanelRows rows (starting at row `a_rows`), B the kN rows of one whose panels
 // hold kBPanelRows (starting at `b_rows`); both K-major. k-step `step` reads columns
 // [16 step, 16 step + 16), 32 bytes into its panel. The caller fences and commits.
+// The same from the descriptors of A's and B's first rows (k_major_descriptor).
 template <int kN, int kHeadDim, int kAPanelRows, int kBPanelRows, typename T>
-__device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], const T* a_rows,
-                                                      const T* b_rows) {
+__device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], std::uint64_t a0,
+                                                      std::uint64_t b0) {
 #pragma unroll
   for (int step = 0; step < kHeadDim / 16; ++step) {
     const int panel = step / 4, offset = (step % 4) * 16;
-    const std::uint64_t a = k_major_descriptor(a_rows + panel * kAPanelRows * 64 + offset);
-    const std::uint64_t b = k_major_descriptor(b_rows + panel * kBPanelRows * 64 + offset);
+    const std::uint64_t a = descriptor_plus(a0, (panel * kAPanelRows * 64 + offset) * sizeof(T));
+    const std::uint64_t b = descriptor_plus(b0, (panel * kBPanelRows * 64 + offset) * sizeof(T));
     wgmma_ss<kN, T>(d, a, b, step > 0 ? 1 : 0);
   }
+}
+template <int kN, int kHeadDim, int kAPanelRows, int kBPanelRows, typename T>
+__device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], const T* a_rows,
+                                                      const T* b_rows) {
+  wgmma_rows_times_rows<kN, kHeadDim, kAPanelRows, kBPanelRows, T>(d, k_major_descriptor(a_rows),
+                                                                   k_major_descriptor(b_rows));
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
