@@ -169,6 +169,26 @@ void* PeerExchange::map(const cudaIpcMemHandle_t& handle, bool kept) {
   return base;
 }
 
+void PeerExchange::close_mappings(bool kept, cudaStream_t comm_stream) {
+  std::vector<Mapping> open;
+  for (const Mapping& m : mappings_) {
+    if (m.kept != kept) open.push_back(m);
+  }
+  if (open.size() == mappings_.size()) return;
+  // The copies through the mappings are the last work on comm_stream that uses them.
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+  for (const Mapping& m : mappings_) {
+    if (m.kept == kept) RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
+  }
+  mappings_ = std::move(open);
+}
+
+void PeerExchange::tell_next(const std::uint64_t& count, int tag) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  RINGATTN_MPI_CHECK(MPI_Isend(&count, 1, MPI_UINT64_T, next_, tag, comm_, &request));
+  requests_.push_back(request);
+}
+
 void PeerExchange::keep(const void* data, std::size_t bytes) {
   for (const auto& [start, length] : kept_ranges_) {
     if (start == data && length == bytes) return;
@@ -187,20 +207,8 @@ void PeerExchange::release_kept(cudaStream_t comm_stream, double timeout_s) {
   constexpr const char* kWhere = "NcclCommunicator::release_kept_memory";
   ++releases_;
   if (holds_kept_) {
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));  // the copies through the mappings
-    std::vector<Mapping> open;
-    for (const Mapping& m : mappings_) {
-      if (m.kept) {
-        RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
-      } else {
-        open.push_back(m);
-      }
-    }
-    mappings_ = std::move(open);
-    MPI_Request request = MPI_REQUEST_NULL;
-    RINGATTN_MPI_CHECK(MPI_Isend(&releases_, 1, MPI_UINT64_T, next_, kTagKeptReleased, comm_,
-                                 &request));
-    requests_.push_back(request);
+    close_mappings(true, comm_stream);
+    tell_next(releases_, kTagKeptReleased);
   }
   if (lent_kept_) {
     std::uint64_t released = 0;
@@ -363,22 +371,8 @@ void PeerExchange::finish(cudaStream_t comm_stream) {
   }
   finished_ = sequence_;
   if (owes_release_) {
-    std::vector<Mapping> kept;
-    for (const Mapping& m : mappings_) {
-      if (m.kept) kept.push_back(m);
-    }
-    if (kept.size() < mappings_.size()) {
-      // The copies through the mappings are the last work on comm_stream that uses them.
-      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(comm_stream));
-      for (const Mapping& m : mappings_) {
-        if (!m.kept) RINGATTN_CUDA_CHECK(cudaIpcCloseMemHandle(m.base));
-      }
-      mappings_ = std::move(kept);
-    }
-    MPI_Request request = MPI_REQUEST_NULL;
-    RINGATTN_MPI_CHECK(MPI_Isend(&finished_, 1, MPI_UINT64_T, next_, kTagReleased, comm_,
-                                 &request));
-    requests_.push_back(request);
+    close_mappings(false, comm_stream);
+    tell_next(finished_, kTagReleased);
   }
   if (awaits_release_) {
     std::uint64_t released = 0;

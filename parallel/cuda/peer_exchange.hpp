@@ -110,6 +110,10 @@ class PeerExchange {
   };
   PeerExchange(MPI_Comm comm, int rank, int size, std::size_t copy_min_bytes);
   void* map(const cudaIpcMemHandle_t& handle, bool kept);  // opened once a call, or kept
+  // Closes the mappings that are kept (or those that are not) once comm_stream's copies are done.
+  void close_mappings(bool kept, cudaStream_t comm_stream);
+  // Sends `count` (a member: it stays until the request completes) to the next rank, eagerly.
+  void tell_next(const std::uint64_t& count, int tag);
   // This rank's allocation `base` (unique id `id`) as an IPC handle; false where CUDA cannot
   // export it. Handles are kept per allocation, since getting one costs a driver call.
   bool export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -114,15 +115,42 @@ std::size_t free_device_bytes(Communicator& comm) {
   return free;
 }
 
-TEST(RingMemory, FreedRingBuffersGoBackToTheGpu) {
-  RINGATTN_REQUIRE_GPUS(world_size());
-  std::shared_ptr<Communicator> comm =
-      world_size() == 1 ? nccl_communicator_over(MPI_COMM_SELF) : nccl_world_communicator();
-  SCOPED_TRACE("rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) +
-               ", exchanges by " + comm->transport());
-  Problem p(comm->rank());
-  const Outputs first = run_ring(comm, p, false);  // loads kernels and libraries
-  const std::size_t before = free_device_bytes(*comm);
+// NCCL over every rank, or over this one alone; and how a failure names it.
+std::shared_ptr<Communicator> test_communicator() {
+  return world_size() == 1 ? nccl_communicator_over(MPI_COMM_SELF) : nccl_world_communicator();
+}
+std::string describe(const Communicator& comm) {
+  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
+         ", exchanges by " + comm.transport();
+}
+
+// Each test starts from the communicator, this rank's problem, a first ring's outputs (that ring
+// also loads kernels and libraries) and the free device memory after it.
+class RingMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RINGATTN_REQUIRE_GPUS(world_size());
+    comm = test_communicator();
+    problem.emplace(comm->rank());
+    first = run_ring(comm, *problem, false);
+    before = free_device_bytes(*comm);
+  }
+
+  std::shared_ptr<Communicator> comm;
+  std::optional<Problem> problem;
+  Outputs first;
+  std::size_t before = 0;
+};
+
+void expect_memory_back(std::size_t before, std::size_t after, const char* what) {
+  EXPECT_GE(after + kSlackBytes, before)
+      << "free device memory went from " << (before >> 20) << " MiB before " << what << " to "
+      << (after >> 20) << " MiB after";
+}
+
+TEST_F(RingMemory, FreedRingBuffersGoBackToTheGpu) {
+  SCOPED_TRACE(describe(*comm));
+  Problem& p = *problem;
 
   for (int round = 0; round < 4; ++round) {
     SCOPED_TRACE("ring " + std::to_string(round + 2) + (round % 2 ? ", scratch" : ", own buffers"));
@@ -131,24 +159,15 @@ TEST(RingMemory, FreedRingBuffersGoBackToTheGpu) {
                 again.dv == first.dv)
         << "the outputs differ from the first ring's";
   }
-  const std::size_t after = free_device_bytes(*comm);
-  EXPECT_GE(after + kSlackBytes, before)
-      << "free device memory went from " << (before >> 20) << " MiB before the rings to "
-      << (after >> 20) << " MiB after them";
+  expect_memory_back(before, free_device_bytes(*comm), "the rings");
 }
 
 // Persistent scratch: one ring and one scratch buffer over three calls (the previous rank keeps
 // its mapping of the buffer between them, where the copy engines carry the exchanges), outputs
 // bitwise the first ring's; after release_scratch, freeing the scratch gives its memory back.
-TEST(RingMemory, PersistentScratchGoesBackAfterRelease) {
-  RINGATTN_REQUIRE_GPUS(world_size());
-  std::shared_ptr<Communicator> comm =
-      world_size() == 1 ? nccl_communicator_over(MPI_COMM_SELF) : nccl_world_communicator();
-  SCOPED_TRACE("rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) +
-               ", exchanges by " + comm->transport());
-  Problem p(comm->rank());
-  const Outputs first = run_ring(comm, p, false);  // loads kernels and libraries
-  const std::size_t before = free_device_bytes(*comm);
+TEST_F(RingMemory, PersistentScratchGoesBackAfterRelease) {
+  SCOPED_TRACE(describe(*comm));
+  Problem& p = *problem;
   {
     RingAttention ring(comm, SequenceLayoutKind::zigzag);
     DeviceBuffer scratch(std::size_t{320} << 20);
@@ -171,15 +190,16 @@ TEST(RingMemory, PersistentScratchGoesBackAfterRelease) {
     }
     ring.release_scratch();
   }
-  const std::size_t after = free_device_bytes(*comm);
-  EXPECT_GE(after + kSlackBytes, before)
-      << "free device memory went from " << (before >> 20) << " MiB before the ring to "
-      << (after >> 20) << " MiB after its persistent scratch was released and freed";
+  expect_memory_back(before, free_device_bytes(*comm),
+                     "the ring (its persistent scratch released and freed)");
 }
 
 #else
 
 TEST(RingMemory, FreedRingBuffersGoBackToTheGpu) {
+  RINGATTN_REQUIRE_GPUS(world_size());
+}
+TEST(RingMemory, PersistentScratchGoesBackAfterRelease) {
   RINGATTN_REQUIRE_GPUS(world_size());
 }
 
