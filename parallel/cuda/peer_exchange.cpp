@@ -183,6 +183,15 @@ void PeerExchange::close_mappings(bool kept, cudaStream_t comm_stream) {
   mappings_ = std::move(open);
 }
 
+void PeerExchange::complete_sends() {
+  if (!requests_.empty()) {
+    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
+                                   MPI_STATUSES_IGNORE));
+  }
+  requests_.clear();
+  outgoing_.clear();
+}
+
 void PeerExchange::tell_next(const std::uint64_t& count, int tag) {
   MPI_Request request = MPI_REQUEST_NULL;
   RINGATTN_MPI_CHECK(MPI_Isend(&count, 1, MPI_UINT64_T, next_, tag, comm_, &request));
@@ -239,12 +248,7 @@ void PeerExchange::release_kept(cudaStream_t comm_stream, double timeout_s) {
   holds_kept_ = lent_kept_ = false;
   kept_ids_.clear();
   kept_ranges_.clear();
-  if (!requests_.empty()) {
-    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
-                                   MPI_STATUSES_IGNORE));
-  }
-  requests_.clear();
-  outgoing_.clear();
+  complete_sends();
 }
 
 bool PeerExchange::export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle) {
@@ -356,12 +360,7 @@ void PeerExchange::wait(cudaStream_t compute) {
   }
   pending_.clear();
   // The messages are a few dozen bytes: sent eagerly, so this returns at once.
-  if (!requests_.empty()) {
-    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
-                                   MPI_STATUSES_IGNORE));
-  }
-  requests_.clear();
-  outgoing_.clear();
+  complete_sends();
 }
 
 void PeerExchange::finish(cudaStream_t comm_stream) {
@@ -385,12 +384,7 @@ void PeerExchange::finish(cudaStream_t comm_stream) {
     }
   }
   owes_release_ = awaits_release_ = false;
-  if (!requests_.empty()) {
-    RINGATTN_MPI_CHECK(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(),
-                                   MPI_STATUSES_IGNORE));
-  }
-  requests_.clear();
-  outgoing_.clear();
+  complete_sends();
 }
 
 }  // namespace ringattn

@@ -114,6 +114,8 @@ class PeerExchange {
   void close_mappings(bool kept, cudaStream_t comm_stream);
   // Sends `count` (a member: it stays until the request completes) to the next rank, eagerly.
   void tell_next(const std::uint64_t& count, int tag);
+  // Waits for this rank's small messages (sent eagerly, so at once) and lets go of them.
+  void complete_sends();
   // This rank's allocation `base` (unique id `id`) as an IPC handle; false where CUDA cannot
   // export it. Handles are kept per allocation, since getting one costs a driver call.
   bool export_handle(void* base, unsigned long long id, cudaIpcMemHandle_t& handle);

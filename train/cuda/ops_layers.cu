@@ -867,6 +867,19 @@ unsigned row_blocks(std::int64_t rows) {
   return blocks_for(rows, kWarpsPerBlock);
 }
 
+// The register-row kernels' sizes: for dim = 256 K (K = 1 to 4) calls
+// launch(std::integral_constant<int, K>{}) and returns true; false for any other dim.
+template <typename Launch>
+bool with_row_chunks(std::int64_t dim, Launch&& launch) {
+  switch (dim) {
+    case 256: launch(std::integral_constant<int, 1>{}); return true;
+    case 512: launch(std::integral_constant<int, 2>{}); return true;
+    case 768: launch(std::integral_constant<int, 3>{}); return true;
+    case 1024: launch(std::integral_constant<int, 4>{}); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 void rmsnorm_forward(bf16* y, float* inv_rms, const bf16* x, const float* g,
@@ -883,23 +896,18 @@ void rmsnorm_forward(bf16* y, float* inv_rms, const bf16* x, const float* g,
   const float eps_f = static_cast<float>(eps);
   const bool vectors = s.dim % 8 == 0 && aligned(y, 16) && aligned(x, 16);
   const bool rows = vectors && aligned(g, 16);
-  const auto rows_kernel = [&](auto kernel) {
-    kernel<<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, eps_f);
+  const auto rows_kernel = [&](auto chunks) {
+    rmsnorm_forward_rows_kernel<decltype(chunks)::value>
+        <<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, eps_f);
   };
-  if (rows && s.dim == 256) {
-    rows_kernel(rmsnorm_forward_rows_kernel<1>);
-  } else if (rows && s.dim == 512) {
-    rows_kernel(rmsnorm_forward_rows_kernel<2>);
-  } else if (rows && s.dim == 768) {
-    rows_kernel(rmsnorm_forward_rows_kernel<3>);
-  } else if (rows && s.dim == 1024) {
-    rows_kernel(rmsnorm_forward_rows_kernel<4>);
-  } else if (vectors) {
-    rmsnorm_forward_kernel<8>
-        <<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, s.dim, eps_f);
-  } else {
-    rmsnorm_forward_kernel<1>
-        <<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, s.dim, eps_f);
+  if (!(rows && with_row_chunks(s.dim, rows_kernel))) {
+    if (vectors) {
+      rmsnorm_forward_kernel<8>
+          <<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, s.dim, eps_f);
+    } else {
+      rmsnorm_forward_kernel<1>
+          <<<row_blocks(s.rows), kThreads, 0, stream>>>(y, inv_rms, x, g, s.rows, s.dim, eps_f);
+    }
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
@@ -941,20 +949,13 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
 
   const bool add = dx_write == Write::add;
   const bool vectors = s.dim % 8 == 0 && aligned(dx, 16) && aligned(dy, 16) && aligned(x, 16);
-  const auto rows_kernel = [&](auto kernel) {
-    kernel<<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
-        dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, ranges == 1);
+  const auto rows_kernel = [&](auto chunks) {
+    rmsnorm_backward_rows_kernel<decltype(chunks)::value>
+        <<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
+            dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, ranges == 1);
   };
   const bool rows = vectors && aligned(g, 16);
-  if (rows && s.dim == 256) {
-    rows_kernel(rmsnorm_backward_rows_kernel<1>);
-  } else if (rows && s.dim == 512) {
-    rows_kernel(rmsnorm_backward_rows_kernel<2>);
-  } else if (rows && s.dim == 768) {
-    rows_kernel(rmsnorm_backward_rows_kernel<3>);
-  } else if (rows && s.dim == 1024) {
-    rows_kernel(rmsnorm_backward_rows_kernel<4>);
-  } else {
+  if (!(rows && with_row_chunks(s.dim, rows_kernel))) {
     if (vectors) {
       rmsnorm_backward_dx_kernel<8>
           <<<row_blocks(s.rows), kThreads, 0, stream>>>(dx, dy, x, g, inv_rms, s.rows, s.dim, add);
