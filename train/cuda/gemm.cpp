@@ -29,8 +29,9 @@
 //
 // The leading dimensions are in_features and out_features only, so those two must be multiples
 // of 8: every column then starts on a 16-byte boundary, which the tensor-core kernels need. rows
-// is never a leading dimension and may be any positive count. C is D (beta = 0 for
-// Write::overwrite, when C is not read; beta = 1 for Write::add).
+// is never a leading dimension and may be any positive count. C has D's layout: D itself, or the
+// forward's residual R (beta = 0 for Write::overwrite, when C is not read; beta = 1 for
+// Write::add).
 //
 // The heuristic's choice depends on the pointers' alignment (by default it assumes 256 bytes), so
 // the cache key holds the alignment the call's pointers actually have, from 16 to 256 bytes.
@@ -78,7 +79,6 @@ struct Key {
   Product product;
   std::int64_t rows, in_features, out_features;
   Write write;
-  bool fp32_out;  // a bf16 product computed into fp32 (see Gemm::Impl::run)
   std::uintptr_t alignment;
   auto operator<=>(const Key&) const = default;
 };
@@ -95,10 +95,9 @@ struct Problem {
   Stored a, b, d;
 };
 
-// fp32_out: D in fp32 whatever the product.
-Problem problem_of(Product product, const cpu::MatmulShape& s, bool fp32_out) {
+Problem problem_of(Product product, const cpu::MatmulShape& s) {
   const std::int64_t rows = s.rows, in = s.in_features, out = s.out_features;
-  const cudaDataType_t activation_out = fp32_out ? CUDA_R_32F : CUDA_R_16BF;
+  constexpr cudaDataType_t activation_out = CUDA_R_16BF;
   switch (product) {
     case Product::forward:
       return {CUBLAS_OP_T,
@@ -138,11 +137,11 @@ class Plan {
   Plan& operator=(const Plan&) = delete;
   ~Plan() { release(); }
 
-  // D = alpha op(A) op(B) + beta D.
-  void run(cublasLtHandle_t handle, const void* a, const void* b, void* d, float beta,
-           void* workspace, cudaStream_t stream, const char* where) const {
+  // D = alpha op(A) op(B) + beta C, C in D's layout.
+  void run(cublasLtHandle_t handle, const void* a, const void* b, const void* c, void* d,
+           float beta, void* workspace, cudaStream_t stream, const char* where) const {
     const float alpha = 1.0f;
-    check(cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, d, d_, d, d_, &algo_,
+    check(cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, d_, d, d_, &algo_,
                          workspace, kWorkspaceBytes, stream),
           "cublasLtMatmul", where);
   }
@@ -281,10 +280,10 @@ void check_arguments(const char* where, const Operand (&operands)[3],
 }
 
 // The largest power of two from 16 to 256 that divides every address.
-std::uintptr_t common_alignment(const void* a, const void* b, const void* d) {
-  const std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(a) |
-                              reinterpret_cast<std::uintptr_t>(b) |
-                              reinterpret_cast<std::uintptr_t>(d) | kMaxAlignment;
+std::uintptr_t common_alignment(const void* a, const void* b, const void* d, const void* c) {
+  const std::uintptr_t bits =
+      reinterpret_cast<std::uintptr_t>(a) | reinterpret_cast<std::uintptr_t>(b) |
+      reinterpret_cast<std::uintptr_t>(d) | reinterpret_cast<std::uintptr_t>(c) | kMaxAlignment;
   return std::max(kMinAlignment, bits & (~bits + 1));
 }
 
@@ -293,46 +292,25 @@ std::uintptr_t common_alignment(const void* a, const void* b, const void* d) {
 struct Gemm::Impl {
   explicit Impl(cudaStream_t s) : stream(s), workspace(kWorkspaceBytes) {}
 
-  // D (+)= the product: A and B as in problem_of, D the output. Write::add into fp32 D is
-  // cuBLASLt's C = D with beta = 1. Into a bf16 D the product goes to fp32 (`sum`) and
-  // add_to_bf16 rounds D + product once: cuBLASLt's bf16 epilogue rounds the product to bf16
-  // before adding C, which loses up to a few bf16 roundings where the sum cancels.
+  // D (+)= the product: A and B as in problem_of, D the output; Write::add is cuBLASLt's
+  // beta = 1 with C = the residual where one is given, else C = D.
   void run(const char* where, Product product, void* d, const void* a, const void* b,
            const cpu::MatmulShape& shape, Write write, const void* residual = nullptr) {
-    const bool via_fp32 = write == Write::add && product != Product::backward_weight;
-    const std::int64_t outputs =
-        shape.rows * (product == Product::backward_input ? shape.in_features : shape.out_features);
-    void* target = d;
-    if (via_fp32) {
-      const std::size_t bytes = static_cast<std::size_t>(outputs) * sizeof(float);
-      if (sum.bytes() < bytes) sum = DeviceBuffer(bytes);
-      target = sum.data();
-    }
-    const Key key{product,
-                  shape.rows,
-                  shape.in_features,
-                  shape.out_features,
-                  via_fp32 ? Write::overwrite : write,
-                  via_fp32,
-                  common_alignment(a, b, target)};
+    const void* c = residual != nullptr ? residual : d;
+    const Key key{product,          shape.rows, shape.in_features, shape.out_features, write,
+                  common_alignment(a, b, d, c)};
     auto it = plans.find(key);
     if (it == plans.end()) {
-      auto plan =
-          std::make_unique<Plan>(handle.get(), key, problem_of(product, shape, via_fp32), where);
+      auto plan = std::make_unique<Plan>(handle.get(), key, problem_of(product, shape), where);
       it = plans.emplace(key, std::move(plan)).first;
     }
-    it->second->run(handle.get(), a, b, target, key.write == Write::add ? 1.0f : 0.0f,
+    it->second->run(handle.get(), a, b, c, d, write == Write::add ? 1.0f : 0.0f,
                     workspace.data(), stream, where);
-    if (via_fp32) {
-      add_to_bf16(static_cast<__nv_bfloat16*>(d), sum.as<float>(), outputs, stream,
-                  static_cast<const __nv_bfloat16*>(residual));
-    }
   }
 
   cudaStream_t stream;
   Handle handle;
   DeviceBuffer workspace;
-  DeviceBuffer sum;  // fp32 products added into bf16 outputs, grown to the largest
   std::map<Key, std::unique_ptr<Plan>> plans;
 };
 
@@ -353,6 +331,7 @@ void Gemm::forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16
     ringattn::detail::fail(kWhere, "residual is given with Write::overwrite; expected Write::add ",
                            "(y = residual + x W^T)");
   }
+  if (residual != nullptr) check_pointer(kWhere, "residual", residual);
   impl_->run(kWhere, Product::forward, y, w, x, shape, write, residual);
 }
 

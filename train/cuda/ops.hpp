@@ -38,10 +38,6 @@ void to_bf16(bf16* out, const float* in, std::int64_t count, cudaStream_t stream
 void to_float(float* out, const bf16* in, std::int64_t count, cudaStream_t stream);
 // y += x elementwise (fp32 sum, rounded once to bf16).
 void residual_add(bf16* y, const bf16* x, std::int64_t count, cudaStream_t stream);
-// y += x elementwise for an fp32 x (a GEMM's product added into a bf16 output), rounded once;
-// with an addend, y = addend + x (addend and y the same memory or not overlapping).
-void add_to_bf16(bf16* y, const float* x, std::int64_t count, cudaStream_t stream,
-                 const bf16* addend = nullptr);
 
 // ---- embedding ----------------------------------------------------------------------------
 

@@ -220,24 +220,6 @@ __global__ void residual_add_kernel(bf16* y, const bf16* x, std::int64_t count) 
   }
 }
 
-// y = addend + x for an fp32 x (addend == y: y += x): one fp32 sum, rounded once.
-template <int V>
-__global__ void add_to_bf16_kernel(bf16* y, const bf16* addend, const float* x,
-                                   std::int64_t count) {
-  const std::int64_t groups = count / V;
-  for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
-    float a[V], b[V];
-    load_bf16<V>(addend + g * V, a);
-    load_f32<V>(x + g * V, b);
-#pragma unroll
-    for (int k = 0; k < V; ++k) a[k] += b[k];
-    store_bf16<V>(y + g * V, a);
-  }
-  for (std::int64_t i = groups * V + global_thread(); i < count; i += grid_threads()) {
-    y[i] = __float2bfloat16_rn(__bfloat162float(addend[i]) + x[i]);
-  }
-}
-
 // ---- embedding -------------------------------------------------------------------------------
 
 // out[t, c..c+V) = table[tokens[t], c..c+V); dim % V == 0.
@@ -784,21 +766,6 @@ void residual_add(bf16* y, const bf16* x, std::int64_t count, cudaStream_t strea
     residual_add_kernel<8><<<blocks_for(count / 8 + 1), kThreads, 0, stream>>>(y, x, count);
   } else {
     residual_add_kernel<1><<<blocks_for(count), kThreads, 0, stream>>>(y, x, count);
-  }
-  RINGATTN_CUDA_CHECK_LAUNCH();
-}
-
-void add_to_bf16(bf16* y, const float* x, std::int64_t count, cudaStream_t stream,
-                 const bf16* addend) {
-  constexpr const char* kWhere = "train::cuda::add_to_bf16";
-  detail::check_positive(kWhere, "count", count);
-  check_pointer(kWhere, "y", y);
-  check_pointer(kWhere, "x", x);
-  if (addend == nullptr) addend = y;
-  if (aligned(y, 8) && aligned(addend, 8) && aligned(x, 16)) {
-    add_to_bf16_kernel<4><<<blocks_for(count / 4 + 1), kThreads, 0, stream>>>(y, addend, x, count);
-  } else {
-    add_to_bf16_kernel<1><<<blocks_for(count), kThreads, 0, stream>>>(y, addend, x, count);
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
