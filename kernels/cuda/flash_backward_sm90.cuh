@@ -154,17 +154,22 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
-  const int key0 = blockIdx.x * kKeys;
-  const int kv_head = blockIdx.y, batch = kRowSplits ? blockIdx.z / p.row_splits : blockIdx.z;
+  // Causal: the first key blocks see the most rows; they start first (causal_grid_place).
+  const GridPlace place = kCausal ? causal_grid_place(p.schedule_group)
+                                  : GridPlace{static_cast<int>(blockIdx.x),
+                                              static_cast<int>(blockIdx.y),
+                                              static_cast<int>(blockIdx.z)};
+  const int key0 = place.order * kKeys;
+  const int kv_head = place.y, batch = kRowSplits ? place.z / p.row_splits : place.z;
 
   // Row tiles that see some key of this CTA: causal hides rows before key0 - shift; kRowSplits
-  // takes part blockIdx.z % row_splits of them.
+  // takes part place.z % row_splits of them.
   int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
   if constexpr (kCausal) {
     first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
     row_tiles -= first_tile;
   } else if constexpr (kRowSplits) {
-    const int all_tiles = row_tiles, split = blockIdx.z % p.row_splits;
+    const int all_tiles = row_tiles, split = place.z % p.row_splits;
     first_tile = all_tiles * split / p.row_splits;
     row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
   }

@@ -4,7 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <string_view>
 #include <type_traits>
@@ -54,6 +56,40 @@ void with_flags(bool first, bool second, LaunchOne&& launch_one) {
   }
 }
 
+// The current device's multiprocessors, asked of the runtime once a device.
+inline int multiprocessor_count() {
+  static std::atomic<int> known[64];
+  int device = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const bool cached = device >= 0 && device < 64;
+  int count = cached ? known[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (cached) known[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// The pairs that a causal grid's group takes (causal_grid_place): the least power of two from
+// which the group's work, spread over the multiprocessors, is at least half the longest block's
+// (the group's last CTAs are then short ones), at most `pairs`. work(i): the work of a pair's
+// i-th block in launch order (longest first), i < blocks.
+template <typename Work>
+int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
+  std::int64_t total = 0, longest = 0;
+  for (int i = 0; i < blocks; ++i) {
+    const std::int64_t w = work(i);
+    total += w;
+    longest = std::max(longest, w);
+  }
+  if (total == 0) return 1;
+  const double wanted = 0.5 * static_cast<double>(longest) * multiprocessor_count() /
+                        static_cast<double>(total);
+  std::int64_t group = 1;
+  while (group < wanted && group < pairs) group *= 2;
+  return static_cast<int>(std::min(group, pairs));
+}
+
 template <DType kDtype, int kHeadDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
@@ -68,10 +104,22 @@ void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_
                         HopperTiles::kKeys) &&
       make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys)) {
-    const dim3 grid((p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows, p.q_heads, p.batch);
+    const int row_blocks = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
+    const dim3 grid(row_blocks, p.q_heads, p.batch);
+    FlashParams hp = p;
+    if (p.causal) {
+      // Block i of a pair is row block row_blocks - 1 - i: its key tiles, and one for its rows.
+      hp.schedule_group = causal_schedule_group(
+          row_blocks, static_cast<std::int64_t>(p.q_heads) * p.batch, [&](int i) {
+            const std::int64_t last_row =
+                std::min<std::int64_t>((row_blocks - i) * HopperTiles::kRows, p.q_len) - 1;
+            const std::int64_t keys = std::clamp<std::int64_t>(last_row + p.shift + 1, 0, p.k_len);
+            return (keys + HopperTiles::kKeys - 1) / HopperTiles::kKeys + 1;
+          });
+    }
     with_flags(p.causal, combine, [&](auto causal, auto merge) {
       launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
-             HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, q_map, k_map, v_map);
+             HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, hp, q_map, k_map, v_map);
     });
   } else {
     using Tiles = ForwardTiles<kHeadDim>;
@@ -120,20 +168,6 @@ inline bool dq_atomics_forced() {
   return value != nullptr && std::string_view(value) == "1";
 }
 
-// The current device's multiprocessors, asked of the runtime once a device.
-inline int multiprocessor_count() {
-  static std::atomic<int> known[64];
-  int device = 0;
-  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-  const bool cached = device >= 0 && device < 64;
-  int count = cached ? known[device].load(std::memory_order_relaxed) : 0;
-  if (count == 0) {
-    RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    if (cached) known[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
-}
-
 template <DType kDtype, int kHeadDim>
 void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
                      cudaStream_t stream) {
@@ -161,6 +195,17 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
     if (tma) {
       const int key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
       const dim3 grid(key_blocks, p.kv_heads, p.batch);
+      if (causal.value) {
+        // Block i of a pair is key block i: the steps of its visible row tiles, and one for its
+        // keys.
+        const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
+        p.schedule_group = causal_schedule_group(
+            key_blocks, static_cast<std::int64_t>(p.kv_heads) * p.batch, [&](int i) {
+              const std::int64_t first_row = std::clamp<std::int64_t>(
+                  std::int64_t{i} * HopperTiles::kKeys - p.shift, 0, p.q_len);
+              return (row_tiles - first_row / HopperTiles::kRows) * std::int64_t{p.group} + 1;
+            });
+      }
       if constexpr (atomic_dq.value) {
         if (!causal.value && tma_dq) {
           const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;

@@ -45,6 +45,9 @@ struct FlashParams {
   // Hopper backward without a mask: each key block's query rows are split over this many CTAs
   // (blockIdx.z = batch * row_splits + split), which then add into dk and dv with atomics.
   int row_splits = 1;
+  // Causal Hopper grids: the (batch, head) pairs taken this many at a time, the blocks of a group
+  // launched longest first and interleaved over its pairs (causal_grid_place).
+  int schedule_group = 1;
   // dK and dV are written, not added into (every CTA writes its keys, zeros where it saw no row).
   bool overwrite_key_gradients = false;
 };
