@@ -546,6 +546,8 @@ std::vector<RopeCase> rope_cases() {
        0,
        70000},
       {"d64, stride 258 (pairs of 2)", 37, 37, 64, 4 * 64 + 2, {{0, 4}}, 123'456, 1000},
+      {"d128, 48 heads (a token's groups loop over the block)", 9, 9, 128, 48 * 128, {{0, 48}},
+       77, 5000},
       {"d6, odd stride, table of 5 rows", 37, 5, 6, 19, {{1, 3}}, 999'990, 20},
       {"d2, one token", 1, 1, 2, 2, {{0, 1}}, 1'000'000, 1},
   };

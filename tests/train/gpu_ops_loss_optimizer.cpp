@@ -1,9 +1,11 @@
 // The trainer's loss and optimizer ops on the GPU (train/cuda/ops_loss_optimizer.cu) against their
 // CPU twins (train/op_cross_entropy, train/op_adamw) on the same values:
 //
-//   cross-entropy  vocabularies of 256 to 131072 entries (1003: rows start at every alignment),
-//                  weights with zeros, ties for the argmax: the losses, the predictions, the sums,
-//                  the gradient out of place (vector and scalar paths) and in place; an
+//   cross-entropy  vocabularies of 256 to 131072 entries (1003: rows start at every alignment;
+//                  256 to 65536: rows held in registers, 1 to 16 vectors a thread, 12296 with
+//                  threads that hold fewer; 131072: read twice), weights with zeros, ties for
+//                  the argmax: the losses, the predictions, the sums, the gradient out of place
+//                  (vector and scalar paths) and in place; an
 //                  out-of-range target;
 //   sum_of_squares against a long-double sum, and bitwise the same twice;
 //   adamw_step     five steps with and without decay, grad_scale != 1, against the twin fed the
@@ -256,7 +258,8 @@ TEST_P(CudaCrossEntropy, MatchesCpuTwin) {
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, CudaCrossEntropy,
                          ::testing::Values(CrossEntropyCase{64, 256}, CrossEntropyCase{50, 1000},
-                                           CrossEntropyCase{33, 1003}, CrossEntropyCase{24, 32768},
+                                           CrossEntropyCase{33, 1003}, CrossEntropyCase{16, 12296},
+                                           CrossEntropyCase{24, 32768}, CrossEntropyCase{8, 65536},
                                            CrossEntropyCase{3, 131072}),
                          [](const ::testing::TestParamInfo<CrossEntropyCase>& info) {
                            return "tokens" + std::to_string(info.param.tokens) + "_vocab" +

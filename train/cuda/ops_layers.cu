@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -584,33 +585,35 @@ __device__ __forceinline__ void load_values(const float* p, float (&v)[V]) {
   load_f32<V>(p, v);
 }
 
-// One thread per V consecutive pairs (i, i + half) of one (token, head); half % V == 0. Backward
-// (inverse = true) rotates by -angle. The pairs are read from src and written to x (src == x: in
-// place). Then the `tail` elements that follow the heads in each token row are written to x as
-// src holds them, in groups of V (tail % V == 0; 0 when in place).
+// One block per token (blockIdx.x), its threads over the token's groups of V consecutive pairs
+// (i, i + half) of a head; half % V == 0. Backward (inverse = true) rotates by -angle. The pairs
+// are read from src and written to x (src == x: in place). Then the `tail` elements that follow
+// the heads in the token's row are written to x as src holds them, in groups of V (tail % V == 0;
+// 0 when in place). Within a token the indices are 32-bit: one division a group, where a grid
+// over every group of every token divided 64-bit numbers three times a group.
 template <int V, bool inverse, typename Src>
 __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, const float* sin_table,
-                            std::int64_t table_rows, std::int64_t n_tokens, std::int64_t heads,
-                            std::int64_t head_dim, std::int64_t token_stride, std::int64_t tail) {
-  const std::int64_t half = head_dim / 2;
-  const std::int64_t groups_per_head = half / V;
-  const std::int64_t groups_per_token = heads * groups_per_head;
-  const std::int64_t groups = n_tokens * groups_per_token;
-  for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
-    const std::int64_t t = g / groups_per_token;
-    const std::int64_t rest = g - t * groups_per_token;
-    const std::int64_t h = rest / groups_per_head;
-    const std::int64_t i = (rest - h * groups_per_head) * V;
-    const std::int64_t lo = t * token_stride + h * head_dim + i;
+                            std::int64_t table_rows, int heads, int head_dim,
+                            std::int64_t token_stride, int tail) {
+  const std::int64_t t = blockIdx.x;
+  const int half = head_dim / 2;
+  const int groups_per_head = half / V;
+  const int groups = heads * groups_per_head;
+  const std::int64_t row = t * token_stride;
+  const float* cos_row = cos_table + (t % table_rows) * half;
+  const float* sin_row = sin_table + (t % table_rows) * half;
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    const int h = g / groups_per_head;
+    const int i = (g - h * groups_per_head) * V;
+    const std::int64_t lo = row + h * head_dim + i;
     const std::int64_t hi = lo + half;
-    const std::int64_t table_offset = (t % table_rows) * half + i;
     float a[V], b[V];
     load_values<V>(src + lo, a);
     load_values<V>(src + hi, b);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float c = cos_table[table_offset + k];
-      const float s = inverse ? -sin_table[table_offset + k] : sin_table[table_offset + k];
+      const float c = cos_row[i + k];
+      const float s = inverse ? -sin_row[i + k] : sin_row[i + k];
       const float a_k = a[k];
       a[k] = a_k * c - b[k] * s;
       b[k] = a_k * s + b[k] * c;
@@ -618,15 +621,11 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
     store_bf16<V>(x + lo, a);
     store_bf16<V>(x + hi, b);
   }
-  const std::int64_t rotated = heads * head_dim;
-  const std::int64_t tail_groups_per_token = tail / V;
-  const std::int64_t tail_groups = n_tokens * tail_groups_per_token;
-  for (std::int64_t g = global_thread(); g < tail_groups; g += grid_threads()) {
-    const std::int64_t t = g / tail_groups_per_token;
-    const std::int64_t at = t * token_stride + rotated + (g - t * tail_groups_per_token) * V;
+  const std::int64_t rest = row + static_cast<std::int64_t>(heads) * head_dim;
+  for (int j = threadIdx.x * V; j < tail; j += blockDim.x * V) {
     float v[V];
-    load_values<V>(src + at, v);
-    store_bf16<V>(x + at, v);
+    load_values<V>(src + rest + j, v);
+    store_bf16<V>(x + rest + j, v);
   }
 }
 
@@ -665,12 +664,19 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
            aligned(x, sizeof(bf16) * static_cast<std::size_t>(v)) &&
            aligned(src, sizeof(Src) * static_cast<std::size_t>(v));
   };
-  const std::int64_t pairs = s.tokens * s.heads * half;
+  // A token's groups (its pairs and its tail, V elements a group) over up to kThreads threads.
+  if (s.tokens > std::numeric_limits<int>::max() || s.token_stride > std::numeric_limits<int>::max()) {
+    ringattn::detail::fail(where, "shape.tokens is ", s.tokens, " and shape.token_stride ",
+                           s.token_stride, "; expected each at most ",
+                           std::numeric_limits<int>::max());
+  }
   auto launch = [&](auto width) {
     constexpr int V = decltype(width)::value;
-    rope_kernel<V, inverse, Src>
-        <<<blocks_for((pairs + s.tokens * tail) / V), kThreads, 0, stream>>>(
-            x, src, cos, sin, table_rows, s.tokens, s.heads, s.head_dim, s.token_stride, tail);
+    const std::int64_t groups = std::max(s.heads * half, tail) / V;
+    const int threads = static_cast<int>(std::min<std::int64_t>(kThreads, (groups + 31) / 32 * 32));
+    rope_kernel<V, inverse, Src><<<static_cast<unsigned>(s.tokens), threads, 0, stream>>>(
+        x, src, cos, sin, table_rows, static_cast<int>(s.heads), static_cast<int>(s.head_dim),
+        s.token_stride, static_cast<int>(tail));
   };
   if (fits(4)) {
     launch(std::integral_constant<int, 4>{});
