@@ -846,6 +846,16 @@ TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
       {"train::cuda::rope_forward", "table_rows is 0"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
+        cuda::rope_forward(b, f, f, 1, {std::int64_t{1} << 31, 1, 8, 8}, stream);
+      },
+      {"train::cuda::rope_forward", "shape.tokens is 2147483648; expected at most 2147483647"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_forward(b, f, f, 1, {1, 1, 8, std::int64_t{1} << 32}, stream);
+      },
+      {"train::cuda::rope_forward", "shape.token_stride is 4294967296; expected at most"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
         cuda::rope_backward(b, nullptr, f, 1, {1, 1, 8, 8}, stream);
       },
       {"train::cuda::rope_backward", "cos is null"}));

@@ -665,10 +665,14 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
            aligned(src, sizeof(Src) * static_cast<std::size_t>(v));
   };
   // A token's groups (its pairs and its tail, V elements a group) over up to kThreads threads.
-  if (s.tokens > std::numeric_limits<int>::max() || s.token_stride > std::numeric_limits<int>::max()) {
-    ringattn::detail::fail(where, "shape.tokens is ", s.tokens, " and shape.token_stride ",
-                           s.token_stride, "; expected each at most ",
-                           std::numeric_limits<int>::max());
+  constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+  if (s.tokens > kMaxInt) {
+    ringattn::detail::fail(where, "shape.tokens is ", s.tokens, "; expected at most ", kMaxInt,
+                           " (one block a token)");
+  }
+  if (s.token_stride > kMaxInt) {
+    ringattn::detail::fail(where, "shape.token_stride is ", s.token_stride, "; expected at most ",
+                           kMaxInt);
   }
   auto launch = [&](auto width) {
     constexpr int V = decltype(width)::value;
