@@ -325,6 +325,9 @@ TEST(Gemm, ArgumentErrorsNameTheArgument) {
                                  "Write::overwrite; expected Write::add"}));
   EXPECT_TRUE(throws_error_with([&] { gemm.forward(b, b + 1, b, s); },
                                 {"train::cuda::Gemm::forward", "x (address", "16-byte aligned"}));
+  EXPECT_TRUE(throws_error_with([&] { gemm.forward(b, b, b, s, Write::add, b + 4); },
+                                {"train::cuda::Gemm::forward", "residual (address",
+                                 "16-byte aligned"}));
   EXPECT_TRUE(throws_error_with([&] { gemm.backward_input(b + 4, b, b, s); },
                                 {"train::cuda::Gemm::backward_input", "dx (address"}));
   EXPECT_TRUE(throws_error_with([&] { gemm.backward_weight(f + 2, b, b, s); },
