@@ -194,11 +194,11 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
   auto main_kernel = [&](auto causal, auto atomic_dq) {
     if (tma) {
       const int key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
+      const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
       const dim3 grid(key_blocks, p.kv_heads, p.batch);
       if (causal.value) {
         // Block i of a pair is key block i: the steps of its visible row tiles, and one for its
         // keys.
-        const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
         p.schedule_group = causal_schedule_group(
             key_blocks, static_cast<std::int64_t>(p.kv_heads) * p.batch, [&](int i) {
               const std::int64_t first_row = std::clamp<std::int64_t>(
@@ -208,7 +208,6 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
       }
       if constexpr (atomic_dq.value) {
         if (!causal.value && tma_dq) {
-          const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
           p.row_splits = backward_row_splits(
               static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
               static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),

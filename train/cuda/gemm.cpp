@@ -97,20 +97,19 @@ struct Problem {
 
 Problem problem_of(Product product, const cpu::MatmulShape& s) {
   const std::int64_t rows = s.rows, in = s.in_features, out = s.out_features;
-  constexpr cudaDataType_t activation_out = CUDA_R_16BF;
   switch (product) {
     case Product::forward:
       return {CUBLAS_OP_T,
               CUBLAS_OP_N,
               {CUDA_R_16BF, in, out, in},      // W
               {CUDA_R_16BF, in, rows, in},     // X
-              {activation_out, out, rows, out}};  // Y
+              {CUDA_R_16BF, out, rows, out}};  // Y
     case Product::backward_input:
       return {CUBLAS_OP_N,
               CUBLAS_OP_N,
               {CUDA_R_16BF, in, out, in},     // W
               {CUDA_R_16BF, out, rows, out},  // dY
-              {activation_out, in, rows, in}};   // dX
+              {CUDA_R_16BF, in, rows, in}};   // dX
     case Product::backward_weight:
       return {CUBLAS_OP_N,
               CUBLAS_OP_T,
