@@ -9,8 +9,9 @@
 // mbarriers per stage hand each buffer over, so the consumers never wait for a load they did not
 // need. Each consumer warp stages the rows' LSE and delta itself: loaded two steps ahead into
 // registers as stored (nothing waits for the loads until the next step), converted and written
-// to its own shared-memory copy at the end of the step before, and read from there into
-// registers before the MMAs whose results they meet. Per step, each consumer warpgroup:
+// to its own shared-memory copy while the step before waits for its dQ product (off the step's
+// critical path: 1.5-2% on an H200 against the step's end), and read from there into registers
+// before the MMAs whose results they meet. Per step, each consumer warpgroup:
 //
 //   S^T = K Q^T, dP^T = V dO^T      A = its K / V rows, B = Q / dO (both K-major in shared memory)
 //   P^T, dS^T in registers          recomputed from LSE, masked, dS^T = P^T (dP^T - delta)
@@ -361,8 +362,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
                              kstep > 0 ? 1 : 0);
         }
         wgmma_commit();
-        // dK += dS^T Q after dQ, so that dQ leaves this warpgroup while dK runs.
+        // dK += dS^T Q after dQ, so that dQ leaves this warpgroup while dK runs; the next step's
+        // statistics are staged while dQ runs.
         add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
+        if (step + 1 < steps) stage_statistics(step + 1);
         wgmma_wait<1>();  // dQ (dK's group may still run)
         pin_registers(dq);
         if constexpr (kTmaDq) {
@@ -382,12 +385,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         }
       } else {
         add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
+        if (step + 1 < steps) stage_statistics(step + 1);
       }
       wgmma_wait<0>();  // dK: the stage's Q is free after it
       pin_registers(dk);
       pin_registers(dv);
       if (lane == 0) mbarrier_arrive(rows_empty + stage);
-      if (step + 1 < steps) stage_statistics(step + 1);
     }
   }
 
