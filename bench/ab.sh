@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Side-by-side timing of the local block's builds on one GPU: each REV (a git revision, or "tree"
+# for the working tree as it stands, uncommitted changes included) is built in a directory of its
+# own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that the
+# builds share the machine's state; each row's mean TFLOP/s is compared with the first REV's.
+#
+#   bench/ab.sh OUTDIR REV [REV...]
+#
+#   AB_ROUNDS     rounds (default 3)
+#   AB_SEQLENS    ringattn-bench's --seqlens (default 8192,32768)
+#   AB_HEAD_DIMS  ringattn-bench's --head-dims (default 128)
+#   AB_TESTS      a ctest regex run afterwards on the build of each REV after the first (its tests
+#                 are built too), e.g. '^kernels\.flash$'
+#
+# Writes OUTDIR/ab-<i>-<round>.json (ringattn-bench's rows, REV number i from 0) and
+# OUTDIR/ab.json (the revisions, each row's TFLOP/s per round, means and ratios to REV 0), and
+# prints the ratios. The exit status is non-zero when a build, a timing run or a test fails.
+set -uo pipefail
+out="${1:?usage: bench/ab.sh OUTDIR REV [REV...]}"
+shift
+[[ $# -ge 1 ]] || { echo "bench/ab.sh: name at least one REV (a git revision or \"tree\")" >&2; exit 2; }
+revs=("$@")
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+mkdir -p "$out"
+rounds="${AB_ROUNDS:-3}"
+work="$(mktemp -d "${TMPDIR:-/tmp}/ringattn-ab.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+jobs=$(( $(nproc) / ${#revs[@]} ))
+[[ $jobs -ge 1 ]] || jobs=1
+
+for rev in "${revs[@]}"; do
+  if [[ $rev != tree ]] && ! git rev-parse --verify --quiet "$rev^{commit}" >/dev/null; then
+    echo "bench/ab.sh: REV \"$rev\" is neither \"tree\" nor a git revision" >&2
+    exit 2
+  fi
+done
+
+build() {  # build REV-number REV
+  local i="$1" rev="$2" dir="$work/$1" targets=(ringattn-bench)
+  mkdir -p "$dir"
+  if [[ $rev == tree ]]; then
+    tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$dir"
+  else
+    git archive "$rev" | tar -xf - -C "$dir"
+  fi
+  [[ $i -gt 0 && -n "${AB_TESTS:-}" ]] && targets=(all)
+  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=${RINGATTN_GPU_ARCH:-90a}" >"$out/ab-build-$i.log" 2>&1 &&
+    cmake --build "$dir/build" -j "$jobs" --target "${targets[@]}" >>"$out/ab-build-$i.log" 2>&1
+}
+
+start=$SECONDS
+pids=()
+for i in "${!revs[@]}"; do
+  build "$i" "${revs[$i]}" &
+  pids+=($!)
+done
+failed=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "bench/ab.sh: the build of ${revs[$i]} failed; see $out/ab-build-$i.log" >&2
+    failed=1
+  fi
+done
+[[ $failed == 0 ]] || exit 1
+echo "ab: ${#revs[@]} builds in $((SECONDS - start)) s"
+
+for round in $(seq 1 "$rounds"); do
+  for i in "${!revs[@]}"; do
+    if ! "$work/$i/build/ringattn-bench" attention --seqlens "${AB_SEQLENS:-8192,32768}" \
+        --head-dims "${AB_HEAD_DIMS:-128}" --json "$out/ab-$i-$round.json" \
+        >"$out/ab-run-$i-$round.log" 2>&1; then
+      echo "bench/ab.sh: ringattn-bench failed for ${revs[$i]}, round $round; see $out/ab-run-$i-$round.log" >&2
+      exit 1
+    fi
+  done
+done
+
+if ! python3 - "$out" "$rounds" "${revs[@]}" <<'PY'
+import json, sys
+out, rounds, revs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def key(row):
+    return (row["head_dim"], row["causal"], row["seq"], row["batch"], row["heads"])
+runs = [[json.load(open(f"{out}/ab-{i}-{r}.json"))["rows"] for r in range(1, rounds + 1)]
+        for i in range(len(revs))]
+rows = []
+for row in runs[0][0]:
+    k = key(row)
+    entry = {"head_dim": k[0], "causal": k[1], "seq": k[2], "batch": k[3], "heads": k[4]}
+    for phase in ("forward", "backward"):
+        per_rev = []
+        for i in range(len(revs)):
+            values = [next(x for x in runs[i][r] if key(x) == k)[f"{phase}_tflops"]
+                      for r in range(rounds)]
+            per_rev.append({"rev": revs[i], "tflops": values, "mean": sum(values) / rounds})
+        for item in per_rev:
+            item["ratio"] = item["mean"] / per_rev[0]["mean"]
+        entry[phase] = per_rev
+    rows.append(entry)
+json.dump({"benchmark": "ringattn-bench attention, builds side by side", "revisions": revs,
+           "rounds": rounds, "rows": rows}, open(f"{out}/ab.json", "w"), indent=1)
+print(f"{'d':>4} {'mask':>6} {'seq':>7}  " +
+      "  ".join(f"{'bwd ' + r[:10]:>16}" for r in revs) + "   " +
+      "  ".join(f"{'fwd ' + r[:10]:>16}" for r in revs))
+for e in rows:
+    cells = []
+    for phase in ("backward", "forward"):
+        cells.append("  ".join(f"{x['mean']:7.1f} ({x['ratio']:.3f})" for x in e[phase]))
+    print(f"{e['head_dim']:>4} {'causal' if e['causal'] else 'none':>6} {e['seq']:>7}  " +
+          "   ".join(cells))
+PY
+then
+  exit 1
+fi
+
+if [[ -n "${AB_TESTS:-}" ]]; then
+  for i in "${!revs[@]}"; do
+    [[ $i -gt 0 ]] || continue
+    if ! ctest --test-dir "$work/$i/build" -R "$AB_TESTS" --output-on-failure \
+        >"$out/ab-tests-$i.log" 2>&1; then
+      echo "bench/ab.sh: tests '$AB_TESTS' failed for ${revs[$i]}; see $out/ab-tests-$i.log" >&2
+      failed=1
+    fi
+    grep -E 'tests passed|tests failed' "$out/ab-tests-$i.log" | sed "s|^|ab: ${revs[$i]}: |"
+  done
+fi
+exit $failed
