@@ -77,8 +77,13 @@ for round in $(seq 1 "$rounds"); do
 done
 
 if ! python3 - "$out" "$rounds" "${revs[@]}" <<'PY'
-import json, sys
+import json, subprocess, sys
 out, rounds, revs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def commit(rev):
+    if rev == "tree":
+        return "working tree"
+    return subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True,
+                          text=True).stdout.strip()
 def key(row):
     return (row["head_dim"], row["causal"], row["seq"], row["batch"], row["heads"])
 runs = [[json.load(open(f"{out}/ab-{i}-{r}.json"))["rows"] for r in range(1, rounds + 1)]
@@ -98,7 +103,8 @@ for row in runs[0][0]:
         entry[phase] = per_rev
     rows.append(entry)
 json.dump({"benchmark": "ringattn-bench attention, builds side by side", "revisions": revs,
-           "rounds": rounds, "rows": rows}, open(f"{out}/ab.json", "w"), indent=1)
+           "commits": [commit(r) for r in revs], "rounds": rounds, "rows": rows},
+          open(f"{out}/ab.json", "w"), indent=1)
 print(f"{'d':>4} {'mask':>6} {'seq':>7}  " +
       "  ".join(f"{'bwd ' + r[:10]:>16}" for r in revs) + "   " +
       "  ".join(f"{'fwd ' + r[:10]:>16}" for r in revs))
