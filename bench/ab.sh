@@ -39,7 +39,9 @@ build() {  # build REV-number REV
   local i="$1" rev="$2" dir="$work/$1" targets=(ringattn-bench)
   mkdir -p "$dir"
   if [[ $rev == tree ]]; then
-    tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$dir"
+    # Tracked and untracked files that git does not ignore (no build or run directories).
+    git ls-files -z -co --exclude-standard |
+      tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$dir"
   else
     git archive "$rev" | tar -xf - -C "$dir"
   fi
