@@ -2,10 +2,9 @@
 // CPU twins (train/op_cross_entropy, train/op_adamw) on the same values:
 //
 //   cross-entropy  vocabularies of 256 to 131072 entries (1003: rows start at every alignment;
-//                  256 to 65536: rows held in registers, 1 to 16 vectors a thread, 12296 with
-//                  threads that hold fewer; 131072: read twice), weights with zeros, ties for
-//                  the argmax: the losses, the predictions, the sums, the gradient out of place
-//                  (vector and scalar paths) and in place; an
+//                  12296: a row that ends mid-way through the threads' last vectors), weights
+//                  with zeros, ties for the argmax: the losses, the predictions, the sums, the
+//                  gradient out of place (vector and scalar paths) and in place; an
 //                  out-of-range target;
 //   sum_of_squares against a long-double sum, and bitwise the same twice;
 //   adamw_step     five steps with and without decay, grad_scale != 1, against the twin fed the

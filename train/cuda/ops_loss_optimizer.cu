@@ -4,8 +4,7 @@
 //
 // Cross-entropy runs one block per token row and reads the row twice: once for its statistics
 // (an online max / sum of exponentials in fp32, with the argmax), then, after a barrier, once
-// more to write the gradient (from registers where the row is whole 16-byte vectors of at most
-// 16 a thread, loaded all at once). Every element of the second pass is read and written by the same
+// more to write the gradient. Every element of the second pass is read and written by the same
 // thread, so the gradient can overwrite the logits in place. Rows are read in 16-byte vectors
 // between a scalar head (up to the row's first 16-byte boundary) and a scalar tail: vocab need
 // not be a multiple of anything. The losses come back to the host, where the sums are formed in
@@ -29,7 +28,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "ringattn/error.hpp"
@@ -177,11 +175,8 @@ __device__ __forceinline__ RowSplit split_row(const bf16* row, int vocab, bool v
 }
 
 // One block per row t. vectorize: dlogits (when written) has the same alignment modulo 16 bytes
-// as logits, so both rows split at the same indices. kCached > 0: every row is whole 16-byte
-// vectors (no scalar head or tail), at most kCached a thread; each thread loads its vectors into
-// registers at once and both passes use them (the arithmetic, and so the result, is the uncached
-// kernel's: the same vectors in the same order).
-template <bool kBackward, int kCached>
+// as logits, so both rows split at the same indices.
+template <bool kBackward>
 __global__ void __launch_bounds__(kRowThreads)
     cross_entropy_kernel(bf16* dlogits, float* losses, std::int32_t* predictions,
                          const bf16* logits, const std::int32_t* targets, const float* weights,
@@ -195,42 +190,17 @@ __global__ void __launch_bounds__(kRowThreads)
   float target_logit = 0.0f;
   if (threadIdx.x == 0 && valid_target) target_logit = __bfloat162float(row[target]);
 
-  const RowSplit split =
-      kCached > 0 ? RowSplit{0, vocab / kVector, vocab} : split_row(row, vocab, vectorize);
-  const uint4* vectors = reinterpret_cast<const uint4*>(row + split.head);
-  uint4 cached[kCached > 0 ? kCached : 1];
-  if constexpr (kCached > 0) {
-#pragma unroll
-    for (int r = 0; r < kCached; ++r) {
-      const int i = threadIdx.x + r * kRowThreads;
-      if (i < split.vectors) cached[r] = vectors[i];
-    }
-  }
-  // f(vector i's 8 logits, i) over this thread's vectors, in order.
-  auto for_each_vector = [&](auto&& f) {
-    float x[kVector];
-    if constexpr (kCached > 0) {
-#pragma unroll
-      for (int r = 0; r < kCached; ++r) {
-        const int i = threadIdx.x + r * kRowThreads;
-        if (i < split.vectors) {
-          unpack(cached[r], x);
-          f(x, i);
-        }
-      }
-    } else {
-      for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
-        unpack(vectors[i], x);
-        f(x, i);
-      }
-    }
-  };
-
+  const RowSplit split = split_row(row, vocab, vectorize);
   RowStats s = empty_stats();
   for (int j = threadIdx.x; j < split.head; j += kRowThreads) {
     add_logit(s, __bfloat162float(row[j]), j);
   }
-  for_each_vector([&](float(&x)[kVector], int i) { add_logits(s, x, split.head + i * kVector); });
+  const uint4* vectors = reinterpret_cast<const uint4*>(row + split.head);
+  for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
+    float x[kVector];
+    unpack(vectors[i], x);
+    add_logits(s, x, split.head + i * kVector);
+  }
   for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
     add_logit(s, __bfloat162float(row[j]), j);
   }
@@ -255,12 +225,14 @@ __global__ void __launch_bounds__(kRowThreads)
       out[j] = __float2bfloat16_rn(gradient(__bfloat162float(row[j]), j));
     }
     uint4* out_vectors = reinterpret_cast<uint4*>(out + split.head);
-    for_each_vector([&](float(&x)[kVector], int i) {
+    for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
+      float x[kVector];
+      unpack(vectors[i], x);
       const int j0 = split.head + i * kVector;
 #pragma unroll
       for (int k = 0; k < kVector; ++k) x[k] = gradient(x[k], j0 + k);
       out_vectors[i] = pack(x);
-    });
+    }
     for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
       out[j] = __float2bfloat16_rn(gradient(__bfloat162float(row[j]), j));
     }
@@ -277,35 +249,19 @@ constexpr std::int64_t kSumMaxBlocks = 1024;
 constexpr std::int64_t kSumMinBlockElements = 16384;
 
 // Block b sums [b * chunk, min(count, (b + 1) * chunk)): each thread in double over a fixed
-// stride of elements into kSumLanes sums (element k of the thread's walk into sum k % kSumLanes,
-// so that as many loads are in flight), added in a fixed order, then a fixed tree over the
-// threads. The squares of floats are exact in double.
-constexpr int kSumLanes = 4;
-
+// stride of elements, then a fixed tree over the threads. The squares of floats are exact in
+// double.
 __global__ void __launch_bounds__(kSumThreads)
     sum_of_squares_kernel(double* partials, const float* grads, std::int64_t count,
                           std::int64_t chunk) {
   __shared__ double shared[kSumWarps];
   const std::int64_t begin = blockIdx.x * chunk;
   const std::int64_t end = min(begin + chunk, count);
-  double sums[kSumLanes] = {};
-  std::int64_t i = begin + threadIdx.x;
-  for (; i + (kSumLanes - 1) * kSumThreads < end; i += kSumLanes * kSumThreads) {
-    float g[kSumLanes];
-#pragma unroll
-    for (int k = 0; k < kSumLanes; ++k) g[k] = grads[i + k * kSumThreads];
-#pragma unroll
-    for (int k = 0; k < kSumLanes; ++k) sums[k] += double(g[k]) * double(g[k]);
+  double sum = 0.0;
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += kSumThreads) {
+    const double g = grads[i];
+    sum += g * g;
   }
-#pragma unroll
-  for (int k = 0; k < kSumLanes - 1; ++k, i += kSumThreads) {  // the last 0 to 3 elements
-    if (i < end) {
-      const double g = grads[i];
-      sums[k] += g * g;
-    }
-  }
-  static_assert(kSumLanes == 4, "the sums are added as two pairs");
-  double sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_down_sync(0xffffffffu, sum, offset);
   if (lane == 0) shared[warp] = sum;
@@ -395,38 +351,15 @@ cpu::CrossEntropySums run_cross_entropy(const char* where, bool backward, bf16* 
 
   const dim3 grid(static_cast<unsigned>(s.tokens));
   const int vocab = static_cast<int>(s.vocab);
-  // Vector accesses need both rows to split at the same indices.
-  const bool vectorize =
-      !backward || reinterpret_cast<std::uintptr_t>(logits) % 16 ==
-                       reinterpret_cast<std::uintptr_t>(dlogits) % 16;
-  // Rows of whole 16-byte vectors, every row starting on a 16-byte boundary: held in registers
-  // (vectors_per_thread of them a thread: 8 at a 32768-entry vocabulary), else read twice.
-  const std::int64_t vectors_per_thread =
-      (s.vocab / kVector + kRowThreads - 1) / kRowThreads;
-  const bool whole_vectors = vectorize && s.vocab % kVector == 0 &&
-                             reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
-  auto launch = [&](auto cached) {
-    constexpr int kCached = decltype(cached)::value;
-    if (backward) {
-      cross_entropy_kernel<true, kCached><<<grid, kRowThreads, 0, stream>>>(
-          dlogits, losses, predictions, logits, targets, weights, vocab, scale, vectorize);
-    } else {
-      cross_entropy_kernel<false, kCached><<<grid, kRowThreads, 0, stream>>>(
-          nullptr, losses, predictions, logits, targets, weights, vocab, 0.0, vectorize);
-    }
-  };
-  if (!whole_vectors || vectors_per_thread > 16) {
-    launch(std::integral_constant<int, 0>{});
-  } else if (vectors_per_thread <= 1) {
-    launch(std::integral_constant<int, 1>{});
-  } else if (vectors_per_thread <= 2) {
-    launch(std::integral_constant<int, 2>{});
-  } else if (vectors_per_thread <= 4) {
-    launch(std::integral_constant<int, 4>{});
-  } else if (vectors_per_thread <= 8) {
-    launch(std::integral_constant<int, 8>{});
+  if (backward) {
+    // Vector accesses need both rows to split at the same indices.
+    const bool vectorize = reinterpret_cast<std::uintptr_t>(logits) % 16 ==
+                           reinterpret_cast<std::uintptr_t>(dlogits) % 16;
+    cross_entropy_kernel<true><<<grid, kRowThreads, 0, stream>>>(
+        dlogits, losses, predictions, logits, targets, weights, vocab, scale, vectorize);
   } else {
-    launch(std::integral_constant<int, 16>{});
+    cross_entropy_kernel<false><<<grid, kRowThreads, 0, stream>>>(
+        nullptr, losses, predictions, logits, targets, weights, vocab, 0.0, true);
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
   RINGATTN_CUDA_CHECK(cudaMemcpyAsync(host_losses, losses,
