@@ -38,10 +38,16 @@ std::vector<T> download(const DeviceBuffer& buffer, std::size_t count) {
   return out;
 }
 
+// A copy from pageable host memory may return before its DMA has landed, and the operations run
+// on a non-blocking stream that does not wait for it: each upload waits for the device.
+void upload_bytes(void* device, const void* host, std::size_t bytes) {
+  RINGATTN_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 template <typename T>
 void upload(DeviceBuffer& buffer, const std::vector<T>& values) {
-  RINGATTN_CUDA_CHECK(
-      cudaMemcpy(buffer.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  upload_bytes(buffer.data(), values.data(), values.size() * sizeof(T));
 }
 
 TEST(DeviceElementwise, MatchesHost) {
@@ -130,10 +136,8 @@ TEST(DeviceElementwise, RowAndElementPathsMatchHost) {
                      TensorView::contiguous(poison16.data(), DType::bf16, {storage}), nullptr);
         void* host_src = from == DType::f32 ? static_cast<void*>(values.data()) : values16.data();
         void* host_dst = to == DType::f32 ? static_cast<void*>(poison.data()) : poison16.data();
-        RINGATTN_CUDA_CHECK(cudaMemcpy(src.data(), host_src, storage * dtype_size(from),
-                                       cudaMemcpyHostToDevice));
-        RINGATTN_CUDA_CHECK(cudaMemcpy(dst.data(), host_dst, storage * dtype_size(to),
-                                       cudaMemcpyHostToDevice));
+        upload_bytes(src.data(), host_src, storage * dtype_size(from));
+        upload_bytes(dst.data(), host_dst, storage * dtype_size(to));
         CudaStream stream;
         const std::size_t bytes = storage * dtype_size(to);
         std::vector<unsigned char> device_out(bytes);
