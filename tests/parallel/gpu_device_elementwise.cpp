@@ -12,6 +12,7 @@
 
 #include "parallel/local_block.hpp"
 #include "ringattn/config.h"
+#include "src/element_access.hpp"
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/gpu.hpp"
 #include "tests/common/random.hpp"
@@ -108,6 +109,25 @@ TensorView packed(void* data, DType dtype, const ViewCase& c, Memory memory) {
       .with_strides({7 * c.row, c.row, c.width, 1});
 }
 
+// "" when the two byte arrays of `count` elements of `dtype` agree, else the first element that
+// differs, with both values.
+std::string first_difference(const void* device, const void* host, std::int64_t count,
+                             DType dtype) {
+  const auto* a = static_cast<const unsigned char*>(device);
+  const auto* b = static_cast<const unsigned char*>(host);
+  const std::size_t size = dtype_size(dtype);
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (std::memcmp(a + i * size, b + i * size, size) != 0) {
+      const TensorView d = TensorView::contiguous(const_cast<unsigned char*>(a), dtype, {count});
+      const TensorView h = TensorView::contiguous(const_cast<unsigned char*>(b), dtype, {count});
+      return "element " + std::to_string(i) + " of " + std::to_string(count) + ": device " +
+             std::to_string(detail::load_element(d, i)) + ", host " +
+             std::to_string(detail::load_element(h, i));
+    }
+  }
+  return "";
+}
+
 TEST(DeviceElementwise, RowAndElementPathsMatchHost) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(test::seed_trace());
@@ -157,14 +177,14 @@ TEST(DeviceElementwise, RowAndElementPathsMatchHost) {
           detail::add(packed(host_src, from, c, Memory::host),
                       packed(host_dst, to, c, Memory::host), nullptr);
         }
-        EXPECT_EQ(std::memcmp(device_out.data(), host_dst, bytes), 0) << "copy / add";
+        EXPECT_EQ(first_difference(device_out.data(), host_dst, storage, to), "") << "copy / add";
 
         detail::fill(packed(dst.data(), to, c, Memory::device), -0.5, stream.get());
         stream.synchronize();
         RINGATTN_CUDA_CHECK(
             cudaMemcpy(device_out.data(), dst.data(), bytes, cudaMemcpyDeviceToHost));
         detail::fill(packed(host_dst, to, c, Memory::host), -0.5, nullptr);
-        EXPECT_EQ(std::memcmp(device_out.data(), host_dst, bytes), 0) << "fill";
+        EXPECT_EQ(first_difference(device_out.data(), host_dst, storage, to), "") << "fill";
       }
     }
   }
