@@ -11,6 +11,8 @@
 #   AB_HEAD_DIMS  ringattn-bench's --head-dims (default 128)
 #   AB_TESTS      a ctest regex run afterwards on the build of each REV after the first (its tests
 #                 are built too), e.g. '^kernels\.flash$'
+#   AB_KEEP       a directory (empty or absent) to build in and keep: REV i's build is then
+#                 AB_KEEP/i/build, e.g. for bench/trainer.sh's RINGATTN_BUILD after the A/B
 #
 # Writes OUTDIR/ab-<i>-<round>.json (ringattn-bench's rows, REV number i from 0) and
 # OUTDIR/ab.json (the revisions, each row's TFLOP/s per round, means and ratios to REV 0), and
@@ -23,8 +25,17 @@ revs=("$@")
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 mkdir -p "$out"
 rounds="${AB_ROUNDS:-3}"
-work="$(mktemp -d "${TMPDIR:-/tmp}/ringattn-ab.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
+if [[ -n "${AB_KEEP:-}" ]]; then
+  if [[ -e $AB_KEEP && -n "$(ls -A "$AB_KEEP" 2>/dev/null)" ]]; then
+    echo "bench/ab.sh: AB_KEEP \"$AB_KEEP\" is not empty; expected an empty or absent directory" >&2
+    exit 2
+  fi
+  mkdir -p "$AB_KEEP" || exit 2
+  work="$(cd "$AB_KEEP" && pwd)"
+else
+  work="$(mktemp -d "${TMPDIR:-/tmp}/ringattn-ab.XXXXXX")"
+  trap 'rm -rf "$work"' EXIT
+fi
 jobs=$(( $(nproc) / ${#revs[@]} ))
 [[ $jobs -ge 1 ]] || jobs=1
 
