@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Side-by-side throughput of ringattn-train builds on one GPU: bench/trainer.sh (without PyTorch)
+# runs each shape on each build in turn, AB_ROUNDS times, so that the builds share the machine's
+# state; each shape's median tokens/s per build is compared with the first build's.
+#
+#   bench/ab_trainer.sh OUTDIR BUILD [BUILD...]
+#
+#   BUILD          a configured build directory (e.g. bench/ab.sh's AB_KEEP/i/build); its
+#                  ringattn-train is built first if it is missing
+#   AB_ROUNDS      rounds (default 2)
+#   TRAINER_SHAPES the shapes, seq x batch (default 8192x4,32768x1; 131072 and longer recompute)
+#   TRAINER_STEPS  steps a run (default 10; bench/trainer.sh times the median after 3)
+#
+# Writes OUTDIR/ab_trainer.json (each build's tokens/s per round, medians and ratios to the first
+# build) and prints the ratios. The exit status is non-zero when a build or a run fails.
+set -uo pipefail
+out="${1:?usage: bench/ab_trainer.sh OUTDIR BUILD [BUILD...]}"
+shift
+[[ $# -ge 1 ]] || { echo "bench/ab_trainer.sh: name at least one BUILD directory" >&2; exit 2; }
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+builds=()
+for dir in "$@"; do
+  if [[ ! -f $dir/CMakeCache.txt ]]; then
+    echo "bench/ab_trainer.sh: \"$dir\" is not a configured build directory (no CMakeCache.txt)" >&2
+    exit 2
+  fi
+  builds+=("$(cd "$dir" && pwd)")
+done
+rounds="${AB_ROUNDS:-2}"
+export TRAINER_STEPS="${TRAINER_STEPS:-10}"
+IFS=, read -r -a shapes <<<"${TRAINER_SHAPES:-8192x4,32768x1}"
+
+for i in "${!builds[@]}"; do
+  if [[ ! -x ${builds[$i]}/ringattn-train ]] &&
+     ! cmake --build "${builds[$i]}" -j "$(nproc)" --target ringattn-train \
+       >"$out/ab_trainer-build-$i.log" 2>&1; then
+    echo "bench/ab_trainer.sh: building ringattn-train in ${builds[$i]} failed; see $out/ab_trainer-build-$i.log" >&2
+    exit 1
+  fi
+done
+
+mkdir -p "$out/ab_trainer-runs"
+for round in $(seq 1 "$rounds"); do
+  for shape in "${shapes[@]}"; do
+    for i in "${!builds[@]}"; do
+      dir="$out/ab_trainer-runs/$i-$shape-$round"
+      if ! RINGATTN_BUILD="${builds[$i]}" TRAINER_TORCH=0 TRAINER_SHAPES="$shape" \
+          bash "$here/trainer.sh" "$dir" >"$dir.log" 2>&1; then
+        echo "bench/ab_trainer.sh: the run of build $i at $shape, round $round, failed; see $dir.log" >&2
+        exit 1
+      fi
+    done
+  done
+done
+
+python3 - "$out" "$rounds" "${builds[@]}" <<'PY'
+import json, os, statistics, sys
+out, rounds, builds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+runs = os.path.join(out, "ab_trainer-runs")
+rows = {}
+for name in sorted(os.listdir(runs)):
+    path = os.path.join(runs, name, "trainer.json")
+    if not os.path.isfile(path):
+        continue
+    i, shape, _ = name.split("-")
+    for r in json.load(open(path))["results"]:
+        rows.setdefault(shape, [[] for _ in builds])[int(i)].append(r.get("tokens_per_s", 0.0))
+table = []
+for shape, per_build in rows.items():
+    medians = [statistics.median(v) if v else 0.0 for v in per_build]
+    table.append({"shape": shape, "builds": [
+        {"build": builds[i], "tokens_per_s": per_build[i], "median": medians[i],
+         "ratio": medians[i] / medians[0] if medians[0] else None} for i in range(len(builds))]})
+json.dump({"benchmark": "ringattn-train tokens/s, builds side by side (bench/trainer.sh)",
+           "rounds": rounds, "rows": table}, open(os.path.join(out, "ab_trainer.json"), "w"),
+          indent=1)
+for row in table:
+    print(f"{row['shape']:>10}  " + "  ".join(
+        f"{b['median']:10.0f} ({b['ratio']:.3f})" for b in row["builds"]))
+PY
