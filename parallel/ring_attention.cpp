@@ -298,7 +298,6 @@ struct RingAttention::Workspace {
   OwnedBuffer running_o;  // forward: the running output, accumulator dtype
   OwnedBuffer dkv[2];     // backward: travelling dK|dV accumulators
   OwnedBuffer dkv_step;   // backward: this step's contribution
-  OwnedBuffer dkv_out;    // backward: the own dK|dV in fp32 where dk and dv take the input dtype
   OwnedBuffer delta;      // backward: rowsum(dO * O)
 };
 
@@ -465,13 +464,12 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
 
   AttentionShape s;
   std::optional<SequenceLayout> layout;
-  Slice kv_slices[2], dkv_slices[2], step_slice, delta_slice, out_slice;
+  Slice kv_slices[2], dkv_slices[2], step_slice, delta_slice;
   validate_collectively(comm, kWhere, description, [&] {
     ForwardArgs forward{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
     s = check_forward_args(forward, comm.memory(), kWhere);
     BackwardArgs whole{args.q,  args.k,  args.v,  args.dout,  args.lse, args.lse,
                        args.dq, args.dk, args.dv, args.scale, Mask{},   args.deterministic};
-    whole.overwrite_key_gradients = true;  // dk and dv are written: also in the input dtype
     check_backward_args(whole, comm.memory(), kWhere);
     check_ring_inputs(s, args.q, comm.memory(), kWhere);
     for (const auto& [name, view] : NamedViews{{"q", &args.q},
@@ -496,7 +494,6 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       for (int i = 0; i < 2; ++i) dkv_slices[i] = place.take(w.dkv[i], paired_bytes(s, acc));
       if (ranks > 2) step_slice = place.take(w.dkv_step, paired_bytes(s, acc));
       for (int i = 0; i < 2; ++i) kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
-      if (args.dk.dtype != acc) out_slice = place.take(w.dkv_out, paired_bytes(s, acc));
     }
     delta_slice =
         place.take(w.delta, static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
@@ -506,17 +503,11 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   void* stream = args.stream;
   const DType acc = accumulator_dtype(args.q.dtype);
   const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});
-  // Several ranks add into this rank's dK and dV: in fp32, staged in dkv_out where dk and dv take
-  // the input dtype (rounded once at the end). One rank writes them directly.
-  const bool staged = ranks > 1 && args.dk.dtype != acc;
-  const PairedViews out = staged ? paired_views(out_slice, s, acc) : PairedViews{};
-  const TensorView& dk = staged ? out.k : args.dk;
-  const TensorView& dv = staged ? out.v : args.dv;
   if (compute) {
     flash_backward_prepare(args.o, args.dout, delta, stream, &args.dq);
     if (ranks > 1) {
-      detail::fill(dk, 0.0, stream);
-      detail::fill(dv, 0.0, stream);
+      detail::fill(args.dk, 0.0, stream);
+      detail::fill(args.dv, 0.0, stream);
     }
   }
   // One rank: one block call on local positions (as in the forward) adds into the zeroed dq and
@@ -580,7 +571,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   if (transfers) {
     comm.exchange_start(kv_slices[0].data, kv[0].bytes, kv_slices[1].data, kv[1].bytes, stream);
   }
-  run_pairs(own[0], args.k, args.v, dk, dv);
+  run_pairs(own[0], args.k, args.v, args.dk, args.dv);
   if (transfers) comm.exchange_wait(stream);
 
   // The kv buffer holding the visiting shard (without transfers, the compute runs on the local
@@ -608,15 +599,11 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       if (more) held = 1 - held;
     }
   }
-  run_pairs(own[1], args.k, args.v, dk, dv);
+  run_pairs(own[1], args.k, args.v, args.dk, args.dv);
   if (transfers) comm.exchange_wait(stream);
   if (compute) {
-    detail::add(dkv[arrived].k, dk, stream);
-    detail::add(dkv[arrived].v, dv, stream);
-    if (staged) {
-      detail::copy(dk, args.dk, stream);
-      detail::copy(dv, args.dv, stream);
-    }
+    detail::add(dkv[arrived].k, args.dk, stream);
+    detail::add(dkv[arrived].v, args.dv, stream);
   }
   if (transfers) comm.exchange_finish(stream);
 }

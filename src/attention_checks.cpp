@@ -135,18 +135,8 @@ AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, cons
     const TensorView& in = *inputs[i];
     check_shape(*grads[i], grad_names[i], {in.shape[0], in.shape[1], in.shape[2], in.shape[3]},
                 i == 0 ? "the shape of q" : "the shape of k", where);
-    // dK and dV that are written, not added into, may also take the inputs' dtype.
-    if (i > 0 && args.overwrite_key_gradients && grads[i]->dtype == args.q.dtype) continue;
     check_dtype(*grads[i], grad_names[i], acc,
-                i > 0 && args.overwrite_key_gradients
-                    ? "the accumulator dtype of the inputs, or with overwrite_key_gradients "
-                      "their own"
-                    : "gradients accumulate in the accumulator dtype of the inputs",
-                where);
-  }
-  if (args.dk.dtype != args.dv.dtype) {
-    detail::fail(where, "dk is ", dtype_name(args.dk.dtype), " and dv ", dtype_name(args.dv.dtype),
-                 "; expected one dtype for both");
+                "gradients accumulate in the accumulator dtype of the inputs", where);
   }
   return s;
 }

@@ -76,10 +76,10 @@ class CpuBackend {
     cpu::rmsnorm_forward<T>(span(y, n), span(inv, s.rows), span(x, n), span(g, s.dim), s, eps);
   }
   void rmsnorm_backward(T* dx, T* dg, const T* dy, const T* x, const T* g, const T* inv,
-                        const cpu::RmsNormShape& s, Write dx_write, Write dg_write) {
+                        const cpu::RmsNormShape& s, Write dx_write) {
     const std::int64_t n = s.rows * s.dim;
     cpu::rmsnorm_backward<T>(span(dx, n), span(dg, s.dim), span(dy, n), span(x, n),
-                             span(g, s.dim), span(inv, s.rows), s, dx_write, dg_write);
+                             span(g, s.dim), span(inv, s.rows), s, dx_write, Write::add);
   }
   // residual (Write::add): y = residual + x W^T.
   void matmul_forward(T* y, const T* x, const T* w, const cpu::MatmulShape& s, Write write,

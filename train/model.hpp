@@ -94,8 +94,6 @@ class TrainModel {
 
   // Normal(0, init_std) weights from the seed, the same on every rank and backend; gains 1.
   virtual void init(std::uint64_t seed) = 0;
-  // The gradients start over: the next forward_backward writes them where later ones add (until
-  // that call they hold their old values, not zeros).
   virtual void zero_grad() = 0;
   // The forward only: this rank's sums; predictions [batch * Sl] on the host if given.
   virtual cpu::CrossEntropySums forward(const ShardBatch& batch,
@@ -244,9 +242,6 @@ class Model final : public TrainModel {
   std::vector<ParameterInfo> infos_;
   std::vector<std::int64_t> offsets_;
   Buffer<Master> params_, grads_, adam_m_, adam_v_;
-  // Set by zero_grad: the next forward_backward's first write of each gradient overwrites it.
-  bool grads_stale_ = true;
-  Write grads_write() const { return grads_stale_ ? Write::overwrite : Write::add; }
   // The flat parameters whose moments this rank holds and updates, [shard_first_, shard_end_):
   // all of them unless ModelOptions::shard_optimizer splits them over grad_comm_'s ranks.
   std::int64_t shard_first_ = 0, shard_end_ = 0;
@@ -267,7 +262,7 @@ class Model final : public TrainModel {
   Buffer<Act> hf_, logits_;  // logits_: [loss chunk, vocab]
   // The backward's temporaries.
   Buffer<Act> dh_, dx_, dact_, dgu_, dqkv_, dout_;
-  Buffer<Acc> dqkv_acc_;  // dQ in the accumulator dtype where Acc != Act (packed rows: k, v unused)
+  Buffer<Acc> dqkv_acc_;  // the ring's gradients in the accumulator dtype where Acc != Act
   // The profile: whether a step is being profiled, the phase of each of its intervals so far (the
   // backend's interval i is interval_phase_[i]), and the totals.
   bool profiling_ = false;

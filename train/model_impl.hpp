@@ -204,7 +204,7 @@ void Model<B>::init(std::uint64_t seed) {
 
 template <class B>
 void Model<B>::zero_grad() {
-  grads_stale_ = true;
+  timed("grad.zero", [&] { backend_->fill_zero(grads_.data(), offsets_.back()); });
 }
 
 template <class B>
@@ -377,8 +377,7 @@ cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
     total.weight_sum += sums.weight_sum;
     if (with_grad) {
       timed("loss.head_matmul.backward", [&] {
-        be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v},
-                                  first == 0 ? grads_write() : Write::add);
+        be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v}, Write::add);
         be.matmul_backward_input(dh_.data() + first * d, logits_.data(), weight(head_),
                                  {rows, d, v}, Write::overwrite);
       });
@@ -404,12 +403,9 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                      hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
   const std::int64_t row = qkv_width();
   const cpu::CrossEntropySums sums = head_and_loss(true, grad_scale, predictions);
-  // Each parameter's gradient is written once below (the head's in its first loss chunk above);
-  // after zero_grad that write starts it over.
-  const Write gw = grads_write();
   timed("rmsnorm.backward", [&] {
     be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
-                        master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite, gw);
+                        master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
   });
   for (std::size_t l = lp_.size(); l-- > 0;) {
     Layer& L = layers_[options_.recompute ? 0 : l];
@@ -417,7 +413,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     const LayerParams& P = lp_[l];
     // out = x_mid + act W_down^T
     timed("matmul.down.backward", [&] {
-      be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, gw);
+      be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
       be.matmul_backward_input(dact_.data(), dx_.data(), weight(P.w_down), {n, f, d},
                                Write::overwrite);
     });
@@ -425,29 +421,28 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
       be.swiglu_backward(dgu_.data(), dact_.data(), L.gu.data(), {n, f});
     });
     timed("matmul.gate_up.backward", [&] {
-      be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f}, gw);
+      be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f},
+                                Write::add);
       be.matmul_backward_input(dh_.data(), dgu_.data(), weight(P.w_gate_up), {n, d, 2 * f},
                                Write::overwrite);
     });
     timed("rmsnorm.backward", [&] {
       be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
-                          master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add, gw);
+                          master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
     });
     // x_mid = x_in + o W_o^T
     timed("matmul.wo.backward", [&] {
       be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
-                                {n, hq * hd, d}, gw);
+                                {n, hq * hd, d}, Write::add);
       be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
                                Write::overwrite);
     });
     const RingForwardArgs fwd = ring_forward_args(l, L);
-    // dQ in the accumulator dtype (its rows of dqkv_acc_ where Act differs); dK and dV straight
-    // into dqkv_, rounded once by the ring.
-    Acc* dq_acc;
+    Acc* dqkv_acc;
     if constexpr (std::is_same_v<Act, Acc>) {
-      dq_acc = dqkv_.data();
+      dqkv_acc = dqkv_.data();
     } else {
-      dq_acc = dqkv_acc_.data();
+      dqkv_acc = dqkv_acc_.data();
     }
     RingBackwardArgs args;
     args.q = fwd.q;
@@ -456,9 +451,9 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.o = fwd.o;
     args.lse = fwd.lse;
     args.dout = view(dout_.data(), B::act_dtype, hq, hq * hd);
-    args.dq = view(dq_acc, B::acc_dtype, hq, row);
-    args.dk = view(dqkv_.data() + hq * hd, B::act_dtype, hkv, row);
-    args.dv = view(dqkv_.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
+    args.dq = view(dqkv_acc, B::acc_dtype, hq, row);
+    args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, row);
+    args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, row);
     args.scale = fwd.scale;
     args.causal = true;
     args.deterministic = options_.deterministic || B::memory == Memory::host;
@@ -468,33 +463,24 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     if constexpr (std::is_same_v<Act, Acc>) {
       timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), {n, hq + hkv, hd, row}); });
     } else {
-      // q's heads rotated from fp32 into dqkv_, k's rotated there in place (rounded to Act before
-      // the rotation and after it, as a bf16 autograd would: within 2^-8 (|a| + |b|) for a pair
-      // (a, b) where one rounding after it is within 2^-8 |R^T (a, b)|); v's are final.
+      // One rotation over q's and k's hq + hkv heads, with v's converted to Act in the same pass.
       timed("rope.backward", [&] {
-        be.rope_backward(dqkv_.data(), dq_acc, {n, hq, hd, row});
-        be.rope_backward(dqkv_.data() + hq * hd, {n, hkv, hd, row});
+        be.rope_backward(dqkv_.data(), dqkv_acc, {n, hq + hkv, hd, row});
       });
     }
     timed("matmul.qkv.backward", [&] {
-      be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, gw);
+      be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, Write::add);
       be.matmul_backward_input(dh_.data(), dqkv_.data(), weight(P.wqkv), {n, d, row},
                                Write::overwrite);
     });
     timed("rmsnorm.backward", [&] {
       be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), x_in_[l].data(),
-                          master(P.attn_norm), L.inv1.data(), {n, d}, Write::add, gw);
+                          master(P.attn_norm), L.inv1.data(), {n, d}, Write::add);
     });
-  }
-  // The embedding's rows are scattered into: with tied embeddings onto the head's gradient,
-  // written above; else onto zeros.
-  if (grads_stale_ && emb_ != head_) {
-    timed("grad.zero", [&] { backend_->fill_zero(grad(emb_), infos_[emb_].elements); });
   }
   timed("embedding.backward", [&] {
     be.embedding_backward(grad(emb_), dx_.data(), {n, v, d}, options_.deterministic);
   });
-  grads_stale_ = false;
   return sums;
 }
 

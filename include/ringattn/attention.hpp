@@ -47,8 +47,8 @@ struct ForwardArgs {
 // ring: after all blocks); delta = rowsum(dO * O) comes from backward_prepare. dQ, dK and dV are
 // accumulator-dtype buffers that the block adds into, so blocks over other keys (or other query
 // heads of a GQA group) sum without rounding. With overwrite_key_gradients, dK and dV receive this
-// block's gradients instead (their old contents are never read: no zeroing needed beforehand),
-// and may also be in the dtype of the inputs (each element rounded once); dQ is still added into.
+// block's gradients instead (their old contents are never read: no zeroing needed beforehand);
+// dQ is still added into.
 struct BackwardArgs {
   TensorView q, k, v;
   TensorView dout;

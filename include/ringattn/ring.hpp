@@ -93,9 +93,8 @@ struct RingForwardArgs {
 
 // The local shards of one backward call: q, k, v, scale and causal as in the forward, o and lse
 // its outputs, dout the gradient of o (input dtype). dq [batch, Sl, q_heads, head_dim] and dk, dv
-// [batch, Sl, kv_heads, head_dim] are overwritten with the gradients of this rank's q, k and v
-// over the whole sequence: dq in the accumulator dtype, dk and dv in it or (both) in the input
-// dtype, summed in the accumulator dtype and rounded once.
+// [batch, Sl, kv_heads, head_dim] are in the accumulator dtype and overwritten with the gradients
+// of this rank's q, k and v over the whole sequence.
 struct RingBackwardArgs {
   TensorView q{}, k{}, v{};
   TensorView o{}, lse{};

@@ -76,8 +76,7 @@ typedef struct ringattn_backward_params {
   int64_t q_start;
   int64_t k_start;
   /* Since 0.2: nonzero writes dk and dv instead of adding into them (never reading them); dq is
-   * still added into. A struct_size that ends before this field (an older caller) means 0. With
-   * it, dk and dv may also be in the dtype of q (each element rounded once). */
+   * still added into. A struct_size that ends before this field (an older caller) means 0. */
   int32_t overwrite_key_gradients;
 } ringattn_backward_params_t;
 
@@ -122,9 +121,7 @@ typedef struct ringattn_ring_forward_params {
 typedef struct ringattn_ring_backward_params {
   size_t struct_size; /* sizeof(ringattn_ring_backward_params_t) */
   ringattn_tensor_t q, k, v, o, lse, dout;
-  /* overwritten: dq in the accumulator dtype; dk and dv in it or both in the dtype of q (summed
-   * in the accumulator dtype, rounded once) */
-  ringattn_tensor_t dq, dk, dv;
+  ringattn_tensor_t dq, dk, dv; /* accumulator dtype, overwritten */
   double scale;
   int32_t causal;
   int32_t deterministic;

@@ -218,8 +218,8 @@ __device__ __forceinline__ void add_dq_atomic(const FlashParams& p, int batch, i
 }
 
 // dK and dV of a thread's two keys belong to its CTA alone: added into the fp32 buffers without
-// atomics (dK scaled by the softmax scale), or written (into fp32, or rounded to T).
-template <int kHeadDim, typename T>
+// atomics (dK scaled by the softmax scale).
+template <int kHeadDim>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
                                                   const float (&dk)[kHeadDim / 8][4],
@@ -229,24 +229,8 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
   for (int half = 0; half < 2; ++half) {
     const int key = keys[half];
     if (key >= p.k_len) continue;
-    const std::int64_t at_k =
-        batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
-    const std::int64_t at_v =
-        batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
-    if (p.key_gradients_rounded) {  // overwriting (the launcher keeps the keys unshared)
-      T* rounded_k = reinterpret_cast<T*>(p.dk) + at_k;
-      T* rounded_v = reinterpret_cast<T*>(p.dv) + at_v;
-#pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        *reinterpret_cast<std::uint32_t*>(rounded_k + dt * 8 + quad_col) =
-            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
-        *reinterpret_cast<std::uint32_t*>(rounded_v + dt * 8 + quad_col) =
-            pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
-      }
-      continue;
-    }
-    float* out_k = p.dk + at_k;
-    float* out_v = p.dv + at_v;
+    float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
+    float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
     if (p.overwrite_key_gradients && !shared_keys) {
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {
@@ -450,7 +434,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     }
   }
 
-  add_key_gradients<kHeadDim, T>(p, batch, kv_head, my_keys, quad_col, dk, dv);
+  add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
 }
 
 // Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.

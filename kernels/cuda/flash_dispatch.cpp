@@ -230,7 +230,6 @@ void flash_backward(const BackwardArgs& args, void* stream) {
   copy_strides(args.dk, p.dk_strides);
   copy_strides(args.dv, p.dv_strides);
   p.overwrite_key_gradients = args.overwrite_key_gradients;
-  p.key_gradients_rounded = args.dk.dtype != accumulator_dtype(args.q.dtype);
   kernels.backward(p, args.deterministic, use_hopper_family(), static_cast<cudaStream_t>(stream));
 }
 

@@ -208,13 +208,10 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
       }
       if constexpr (atomic_dq.value) {
         if (!causal.value && tma_dq) {
-          // Split rows add into dK and dV in fp32: rounded key gradients take whole rows.
-          p.row_splits = p.key_gradients_rounded
-                             ? 1
-                             : backward_row_splits(
-                                   static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
-                                   static_cast<std::int64_t>(row_tiles) * p.group,
-                                   multiprocessor_count(), 65535 / p.batch);
+          p.row_splits = backward_row_splits(
+              static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
+              static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
+              65535 / p.batch);
           // The row-split instantiation also takes long rows unsplit: at 2048-4096 row tiles it
           // ran 8-9% faster than the plain one on an H200 (45.6 against 49.6 ms per 32k x 32k
           // at 16 heads), at 512 row tiles 1.4%.

@@ -50,8 +50,6 @@ struct FlashParams {
   int schedule_group = 1;
   // dK and dV are written, not added into (every CTA writes its keys, zeros where it saw no row).
   bool overwrite_key_gradients = false;
-  // With overwrite_key_gradients: dk and dv hold the inputs' dtype, not fp32.
-  bool key_gradients_rounded = false;
 };
 
 }  // namespace ringattn::cuda_detail

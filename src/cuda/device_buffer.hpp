@@ -48,29 +48,6 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-// Stream-ordered device memory (cudaMallocAsync from the device's default pool), released on the
-// same stream when the owner goes (also on a throw): scratch for the work queued on that stream
-// in between.
-class StreamBuffer {
- public:
-  StreamBuffer(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
-    RINGATTN_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
-  }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  ~StreamBuffer() {
-    if (data_ != nullptr) RINGATTN_CUDA_LOG(cudaFreeAsync(data_, stream_));
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 class CudaStream {
  public:
   CudaStream() { RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }

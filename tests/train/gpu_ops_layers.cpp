@@ -417,13 +417,13 @@ RmsNormBackwardInputs rmsnorm_backward_inputs(const RmsNormInputs& in, const cpu
   return b;
 }
 
-// rmsnorm_backward on the GPU into d_dx, dg into (or over) a fresh copy of dg0. Returns dg.
+// rmsnorm_backward on the GPU into d_dx, adding dg into a fresh copy of dg0. Returns dg.
 std::vector<float> gpu_rmsnorm_backward(const RmsNormBackwardInputs& b, const DeviceBuffer& d_dx,
                                         const std::vector<float>& dg0, const cpu::RmsNormShape& s,
-                                        Write dx_write, Write dg_write, cudaStream_t stream) {
+                                        Write dx_write, cudaStream_t stream) {
   const DeviceBuffer d_dg = to_device(dg0, stream);
   cuda::rmsnorm_backward(as_bf16(d_dx), d_dg.as<float>(), as_bf16(b.dy), as_bf16(b.x),
-                         b.g.as<float>(), b.inv_rms.as<float>(), s, dx_write, dg_write, stream);
+                         b.g.as<float>(), b.inv_rms.as<float>(), s, dx_write, stream);
   return download<float>(d_dg.data(), s.dim, stream);
 }
 
@@ -433,29 +433,24 @@ TEST(CudaLayerOps, RmsNormBackwardMatchesTwin) {
   std::mt19937_64 rng = test::make_rng(8);
   CudaStream stream;
   for (const cpu::RmsNormShape& s : kRmsNormShapes) {
-    for (const auto& [dx_write, dg_write] : {std::pair{Write::overwrite, Write::add},
-                                             std::pair{Write::add, Write::add},
-                                             std::pair{Write::add, Write::overwrite}}) {
-      SCOPED_TRACE(describe(s) + (dx_write == Write::add ? ", dx added" : ", dx overwritten") +
-                   (dg_write == Write::add ? ", dg added" : ", dg overwritten"));
+    for (const Write dx_write : {Write::overwrite, Write::add}) {
+      SCOPED_TRACE(describe(s) + (dx_write == Write::add ? ", dx added" : ", dx overwritten"));
       const RmsNormInputs in = rmsnorm_inputs(s, rng);
       const RmsNormBackwardInputs b = rmsnorm_backward_inputs(in, s, stream.get());
       const DeviceBuffer d_dx = to_device(in.dx0, stream.get());
       const std::vector<float> dg =
-          gpu_rmsnorm_backward(b, d_dx, in.dg0, s, dx_write, dg_write, stream.get());
+          gpu_rmsnorm_backward(b, d_dx, in.dg0, s, dx_write, stream.get());
       const std::vector<float> dx = download_bf16(d_dx.data(), s.rows * s.dim, stream.get());
 
       const std::vector<float> x = widen(in.x), dy = widen(in.dy);
       const std::vector<float>& inv = b.inv;
       std::vector<float> ref_dx = widen(in.dx0), ref_dg = in.dg0;
-      cpu::rmsnorm_backward<float>(ref_dx, ref_dg, dy, x, in.g, inv, s, dx_write, dg_write);
+      cpu::rmsnorm_backward<float>(ref_dx, ref_dg, dy, x, in.g, inv, s, dx_write, Write::add);
       EXPECT_TRUE(WithinBf16Rounding("dx", dx, ref_dx));
       // dg: fp32 sums over the rows (chains of at most a few hundred terms) against the twin's
       // double sums; 2^-14 of the terms' magnitudes is above their worst case.
       std::vector<double> magnitude(s.dim);
-      for (std::int64_t c = 0; c < s.dim; ++c) {
-        magnitude[c] = dg_write == Write::add ? std::fabs(in.dg0[c]) : 0.0;
-      }
+      for (std::int64_t c = 0; c < s.dim; ++c) magnitude[c] = std::fabs(in.dg0[c]);
       for (std::int64_t r = 0; r < s.rows; ++r) {
         for (std::int64_t c = 0; c < s.dim; ++c) {
           magnitude[c] += std::fabs(double(dy[r * s.dim + c]) * x[r * s.dim + c] * inv[r]);
@@ -479,9 +474,9 @@ TEST(CudaLayerOps, RmsNormBackwardDgIsReproducible) {
     const RmsNormBackwardInputs b = rmsnorm_backward_inputs(in, s, stream.get());
     const DeviceBuffer d_dx(s.rows * s.dim * sizeof(bf16));
     const std::vector<float> first =
-        gpu_rmsnorm_backward(b, d_dx, in.dg0, s, Write::overwrite, Write::add, stream.get());
+        gpu_rmsnorm_backward(b, d_dx, in.dg0, s, Write::overwrite, stream.get());
     const std::vector<float> second =
-        gpu_rmsnorm_backward(b, d_dx, in.dg0, s, Write::overwrite, Write::add, stream.get());
+        gpu_rmsnorm_backward(b, d_dx, in.dg0, s, Write::overwrite, stream.get());
     EXPECT_TRUE(BitwiseEqual("dg, second run", second, first));
   }
 }
@@ -642,8 +637,7 @@ TEST(CudaLayerOps, RopeBackwardMatchesTwin) {
 }
 
 // rope_backward from fp32 gradients: packed QKV rows [tokens, (q_heads + 2 kv_heads) head_dim],
-// q's and k's heads rotated as one view of q_heads + kv_heads heads, v's converted (rest); or q's
-// heads alone, the rest of each row left as it was.
+// q's and k's heads rotated as one view of q_heads + kv_heads heads, v's converted.
 struct RopeFromAccCase {
   std::string name;
   std::int64_t tokens, table_rows, q_heads, kv_heads, head_dim;
@@ -662,16 +656,14 @@ std::vector<RopeFromAccCase> rope_from_acc_cases() {
   };
 }
 
-// The GPU writes bf16(R^T dx_acc) over a NaN-filled dx (with rest every element must be
-// written); the twin rotates an fp32 copy of dx_acc in place. Rotated elements (q, k) within the
-// rounding of a bf16 output of the fp32 twin, |out - ref| <= 2^-8 |ref| + 2^-16 max|ref| (one
-// rounding, after the rotation: rounding dx_acc to bf16 before it would add up to 2^-8 (|a| + |b|)
-// for a pair (a, b), far more than 2^-8 |ref| where a and b cancel); the rest bitwise bf16(dx_acc)
-// with rest, else still the NaN it was.
-void check_rope_from_acc(const RopeFromAccCase& rc, bool rest, std::mt19937_64& rng,
-                         cudaStream_t stream) {
-  SCOPED_TRACE(rc.name + (rest ? ", rest converted" : ", q's heads alone"));
-  const std::int64_t heads = rest ? rc.q_heads + rc.kv_heads : rc.q_heads;
+// The GPU writes bf16(R^T dx_acc) over a NaN-filled dx (every element must be written); the twin
+// rotates an fp32 copy of dx_acc in place. Rotated elements (q, k) within the rounding of a bf16
+// output of the fp32 twin, |out - ref| <= 2^-8 |ref| + 2^-16 max|ref| (one rounding, after the
+// rotation: rounding dx_acc to bf16 before it would add up to 2^-8 (|a| + |b|) for a pair (a, b),
+// far more than 2^-8 |ref| where a and b cancel); v bitwise bf16(dx_acc).
+void check_rope_from_acc(const RopeFromAccCase& rc, std::mt19937_64& rng, cudaStream_t stream) {
+  SCOPED_TRACE(rc.name);
+  const std::int64_t heads = rc.q_heads + rc.kv_heads;
   const std::int64_t token_stride = (rc.q_heads + 2 * rc.kv_heads) * rc.head_dim;
   const std::int64_t count = rc.tokens * token_stride;
   const std::vector<std::int64_t> positions =
@@ -686,7 +678,7 @@ void check_rope_from_acc(const RopeFromAccCase& rc, bool rest, std::mt19937_64& 
   const DeviceBuffer d_sin = to_device(table.sin, stream);
   const cpu::RopeShape shape{rc.tokens, heads, rc.head_dim, token_stride};
   cuda::rope_backward(as_bf16(d_dx, rc.dx_offset), d_acc.as<float>() + rc.acc_offset,
-                      d_cos.as<float>(), d_sin.as<float>(), rc.table_rows, shape, rest, stream);
+                      d_cos.as<float>(), d_sin.as<float>(), rc.table_rows, shape, stream);
   const Bits out = download<std::uint16_t>(as_bf16(d_dx, rc.dx_offset), count, stream);
 
   std::vector<float> ref(dx_acc.begin() + static_cast<std::ptrdiff_t>(rc.acc_offset), dx_acc.end());
@@ -703,12 +695,8 @@ void check_rope_from_acc(const RopeFromAccCase& rc, bool rest, std::mt19937_64& 
       ref_kept.push_back(ref[i]);  // the twin leaves v as it is: dx_acc's value
     }
   }
-  EXPECT_TRUE(WithinBf16Rounding("rotated elements", out_rotated, ref_rotated));
-  if (rest) {
-    EXPECT_TRUE(BitwiseEqual("converted elements (v)", out_kept, narrow(ref_kept)));
-  } else {
-    EXPECT_TRUE(BitwiseEqual("elements left alone", out_kept, Bits(out_kept.size(), poison[0])));
-  }
+  EXPECT_TRUE(WithinBf16Rounding("rotated elements (q, k)", out_rotated, ref_rotated));
+  EXPECT_TRUE(BitwiseEqual("converted elements (v)", out_kept, narrow(ref_kept)));
 }
 
 TEST(CudaLayerOps, RopeBackwardFromFp32MatchesTwinRoundedOnce) {
@@ -717,7 +705,7 @@ TEST(CudaLayerOps, RopeBackwardFromFp32MatchesTwinRoundedOnce) {
   std::mt19937_64 rng = test::make_rng(14);
   CudaStream stream;
   for (const RopeFromAccCase& rc : rope_from_acc_cases()) {
-    for (const bool rest : {true, false}) check_rope_from_acc(rc, rest, rng, stream.get());
+    check_rope_from_acc(rc, rng, stream.get());
   }
 }
 
@@ -830,16 +818,14 @@ TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
       },
       {"train::cuda::rmsnorm_forward", "shape.rows is -1"}));
   EXPECT_TRUE(throws_error_with(
-      [&] { cuda::rmsnorm_backward(b, f, b + 8, b, f, f, norm, Write::add, Write::add, stream); },
+      [&] { cuda::rmsnorm_backward(b, f, b + 8, b, f, f, norm, Write::add, stream); },
       {"train::cuda::rmsnorm_backward", "dx overlaps dy"}));
   EXPECT_TRUE(throws_error_with(
-      [&] {
-        cuda::rmsnorm_backward(b, f, b + 16, b, f, nullptr, norm, Write::add, Write::add, stream);
-      },
+      [&] { cuda::rmsnorm_backward(b, f, b + 16, b, f, nullptr, norm, Write::add, stream); },
       {"train::cuda::rmsnorm_backward", "inv_rms is null"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
-        cuda::rmsnorm_backward(b, f, b + 16, b, f, f, {2, 0}, Write::add, Write::add, stream);
+        cuda::rmsnorm_backward(b, f, b + 16, b, f, f, {2, 0}, Write::add, stream);
       },
       {"train::cuda::rmsnorm_backward", "shape.dim is 0"}));
 
@@ -880,17 +866,17 @@ TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
       {"train::cuda::rope_backward", "dx is null"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
-        cuda::rope_backward(b, nullptr, f, f, 1, {1, 1, 8, 24}, true, stream);
+        cuda::rope_backward(b, nullptr, f, f, 1, {1, 1, 8, 24}, stream);
       },
       {"train::cuda::rope_backward", "dx_acc is null"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
-        cuda::rope_backward(nullptr, f, f, f, 1, {1, 1, 8, 24}, true, stream);
+        cuda::rope_backward(nullptr, f, f, f, 1, {1, 1, 8, 24}, stream);
       },
       {"train::cuda::rope_backward", "dx is null"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
-        cuda::rope_backward(b, f, f, f, 1, {2, 3, 8, 16}, true, stream);
+        cuda::rope_backward(b, f, f, f, 1, {2, 3, 8, 16}, stream);
       },
       {"train::cuda::rope_backward", "shape.token_stride is 16", "24"}));
 

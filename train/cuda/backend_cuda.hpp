@@ -76,8 +76,7 @@ class CudaBackend {
   void rmsnorm_forward(Act* y, float* inv, const Act* x, const float* g,
                        const cpu::RmsNormShape& s, double eps);
   void rmsnorm_backward(Act* dx, float* dg, const Act* dy, const Act* x, const float* g,
-                        const float* inv, const cpu::RmsNormShape& s, Write dx_write,
-                        Write dg_write);
+                        const float* inv, const cpu::RmsNormShape& s, Write dx_write);
   void matmul_forward(Act* y, const Act* x, const Act* w, const cpu::MatmulShape& s, Write write,
                       const Act* residual = nullptr);
   void matmul_backward_input(Act* dx, const Act* dy, const Act* w, const cpu::MatmulShape& s,
@@ -87,7 +86,7 @@ class CudaBackend {
   void set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim, double theta);
   void rope_forward(Act* x, const cpu::RopeShape& s);
   void rope_backward(Act* dx, const cpu::RopeShape& s);
-  // dx = bf16(R^T dx_acc) over the heads of s; the rest of each token row is left alone.
+  // dx = bf16(R^T dx_acc) over the heads of s, the rest of each token row converted as it is.
   void rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s);
   void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);
   void swiglu_backward(Act* dgu, const Act* dout, const Act* gu, const cpu::SwigluShape& s);

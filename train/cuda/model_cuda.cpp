@@ -108,9 +108,8 @@ void CudaBackend::rmsnorm_forward(Act* y, float* inv, const Act* x, const float*
 }
 
 void CudaBackend::rmsnorm_backward(Act* dx, float* dg, const Act* dy, const Act* x, const float* g,
-                                   const float* inv, const cpu::RmsNormShape& s, Write dx_write,
-                                   Write dg_write) {
-  cuda::rmsnorm_backward(dx, dg, dy, x, g, inv, s, dx_write, dg_write, stream_.get());
+                                   const float* inv, const cpu::RmsNormShape& s, Write dx_write) {
+  cuda::rmsnorm_backward(dx, dg, dy, x, g, inv, s, dx_write, stream_.get());
 }
 
 void CudaBackend::matmul_forward(Act* y, const Act* x, const Act* w, const cpu::MatmulShape& s,
@@ -147,8 +146,7 @@ void CudaBackend::rope_backward(Act* dx, const cpu::RopeShape& s) {
 }
 
 void CudaBackend::rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s) {
-  cuda::rope_backward(dx, dx_acc, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, false,
-                      stream_.get());
+  cuda::rope_backward(dx, dx_acc, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
 }
 
 void CudaBackend::swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s) {

@@ -56,11 +56,11 @@ void embedding_backward(float* dtable, const std::int32_t* tokens, const bf16* d
 // y = x * inv_rms * g; inv_rms [rows] fp32 saved for the backward; g [dim] fp32.
 void rmsnorm_forward(bf16* y, float* inv_rms, const bf16* x, const float* g,
                      const cpu::RmsNormShape& shape, double eps, cudaStream_t stream);
-// dx (+)= the gradient of x (dx_write), dg (+)= the gradient of g (dg_write; fp32, summed over
+// dx (+)= the gradient of x (dx_write), dg += the gradient of g (fp32, always adds; summed over
 // rows in a fixed order: bitwise reproducible). dx may not alias dy.
 void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const float* g,
                       const float* inv_rms, const cpu::RmsNormShape& shape, Write dx_write,
-                      Write dg_write, cudaStream_t stream);
+                      cudaStream_t stream);
 
 // ---- RoPE ----------------------------------------------------------------------------------
 
@@ -82,14 +82,13 @@ void rope_forward(bf16* x, const float* cos, const float* sin, std::int64_t tabl
 void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t table_rows,
                    const cpu::RopeShape& shape, cudaStream_t stream);
 // dx = bf16(R^T dx_acc) from fp32 gradients dx_acc [tokens, token_stride], which may not overlap
-// dx: dx[t * token_stride + j] for j < heads * head_dim is written once, rounded once, rotated as
-// above (the same pairs, table row t % table_rows); with `rest`, the rest of each row too (for j
-// < token_stride: v inside a packed QKV row), dx_acc's value as it is. With heads = q_heads +
-// kv_heads and rest, this is the conversion of a packed QKV row's gradient to bf16 and the
-// backward of q's and k's rotations in one pass; with heads = q_heads and no rest, q's alone.
+// dx: every element of dx's token rows, dx[t * token_stride + j] for j < token_stride, is written
+// once, rounded once: j < heads * head_dim rotated as above (the same pairs, table row
+// t % table_rows), the rest of the row (v inside a packed QKV row) dx_acc's value as it is. With
+// heads = q_heads + kv_heads this is the conversion of a packed QKV row's gradient to bf16 and the
+// backward of q's and k's rotations in one pass.
 void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
-                   std::int64_t table_rows, const cpu::RopeShape& shape, bool rest,
-                   cudaStream_t stream);
+                   std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream);
 
 // ---- SwiGLU --------------------------------------------------------------------------------
 

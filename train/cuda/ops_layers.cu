@@ -36,16 +36,9 @@
 
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
-#include "src/cuda/device_buffer.hpp"
-#include "train/cuda/vectors.cuh"
 
 namespace ringattn::train::cuda {
 namespace {
-
-using vectors::load_bf16;
-using vectors::load_f32;
-using vectors::store_bf16;
-using vectors::store_f32;
 
 // 256 threads a block (8 warps): full occupancy for kernels of a few dozen registers. Grids of
 // the grid-stride kernels are capped; the loops stride over the rest.
@@ -76,6 +69,96 @@ __device__ __forceinline__ std::int64_t global_thread() {
 
 __device__ __forceinline__ std::int64_t grid_threads() {
   return std::int64_t{gridDim.x} * blockDim.x;
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(unsigned bits16) {
+  return __uint_as_float(bits16 << 16);
+}
+
+__device__ __forceinline__ unsigned float_to_bf16_bits(float value) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
+}
+
+// V consecutive bf16 as fp32 (exact), in one access of 2V bytes; p is 2V-byte aligned.
+template <int V>
+__device__ __forceinline__ void load_bf16(const bf16* p, float (&v)[V]) {
+  static_assert(V == 1 || V == 2 || V == 4 || V == 8, "V is 1, 2, 4 or 8");
+  if constexpr (V == 1) {
+    v[0] = __bfloat162float(*p);
+  } else {
+    unsigned words[V / 2];
+    if constexpr (V == 2) {
+      words[0] = *reinterpret_cast<const unsigned*>(p);
+    } else if constexpr (V == 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(p);
+      words[0] = raw.x;
+      words[1] = raw.y;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(p);
+      words[0] = raw.x;
+      words[1] = raw.y;
+      words[2] = raw.z;
+      words[3] = raw.w;
+    }
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      v[2 * k] = bf16_bits_to_float(words[k] & 0xffffu);
+      v[2 * k + 1] = bf16_bits_to_float(words[k] >> 16);
+    }
+  }
+}
+
+// V fp32 values rounded to bf16 (nearest even), stored in one access of 2V bytes.
+template <int V>
+__device__ __forceinline__ void store_bf16(bf16* p, const float (&v)[V]) {
+  static_assert(V == 1 || V == 2 || V == 4 || V == 8, "V is 1, 2, 4 or 8");
+  if constexpr (V == 1) {
+    *p = __float2bfloat16_rn(v[0]);
+  } else {
+    unsigned words[V / 2];
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      words[k] = float_to_bf16_bits(v[2 * k]) | (float_to_bf16_bits(v[2 * k + 1]) << 16);
+    }
+    if constexpr (V == 2) {
+      *reinterpret_cast<unsigned*>(p) = words[0];
+    } else if constexpr (V == 4) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(words[0], words[1]);
+    } else {
+      *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
+  }
+}
+
+// V consecutive floats; V a multiple of 4 loads float4s (p 16-byte aligned), else scalars.
+template <int V>
+__device__ __forceinline__ void load_f32(const float* p, float (&v)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < V; k += 4) {
+      const float4 raw = *reinterpret_cast<const float4*>(p + k);
+      v[k] = raw.x;
+      v[k + 1] = raw.y;
+      v[k + 2] = raw.z;
+      v[k + 3] = raw.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = p[k];
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < V; k += 4) {
+      *reinterpret_cast<float4*>(p + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p[k] = v[k];
+  }
 }
 
 // Sum over the 32 lanes of a warp; every lane gets the result. All lanes must call it.
@@ -329,28 +412,16 @@ __global__ void rmsnorm_backward_dx_kernel(bf16* dx, const bf16* dy, const bf16*
 
 // dg, first pass: block (x, y) owns the 64 columns from 64 x and the rows_per_range rows from
 // rows_per_range y. Lane l of warp w sums its columns l and l + 32 over the rows w, w + 8, ... of
-// the range; thread j < 64 then adds the 8 warps' sums of its column in warp order, and
-// put_dg_sum places that sum. Every assignment depends only on the shape: reproducible sums.
+// the range; thread j < 64 then adds the 8 warps' sums of its column in warp order. With
+// `accumulate` (one range only) that sum is added to out = dg; otherwise it is written to
+// out = partial [ranges, dim]. Every assignment depends only on the shape: reproducible sums.
 constexpr int kDgTile = 64;
 constexpr std::int64_t kDgMinRowsPerRange = 64;
 constexpr std::int64_t kDgMaxRanges = 256;
 
-// Where a block's sum of column c of range `range` goes: row `range` of out = partial [ranges,
-// dim] (more than one range), or out = dg itself (one range), added to it or written.
-enum class DgOut { partial, add, overwrite };
-
-__device__ __forceinline__ void put_dg_sum(float* out, DgOut to, std::int64_t range,
-                                           std::int64_t dim, std::int64_t c, float sum) {
-  if (to == DgOut::partial) {
-    out[range * dim + c] = sum;
-  } else {
-    out[c] = to == DgOut::add ? out[c] + sum : sum;
-  }
-}
-
 __global__ void rmsnorm_dg_partial_kernel(float* out, const bf16* dy, const bf16* x,
                                           const float* inv_rms, std::int64_t rows, std::int64_t dim,
-                                          std::int64_t rows_per_range, DgOut to) {
+                                          std::int64_t rows_per_range, bool accumulate) {
   __shared__ float sums[kWarpsPerBlock][kDgTile];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -374,17 +445,21 @@ __global__ void rmsnorm_dg_partial_kernel(float* out, const bf16* dy, const bf16
       float s = sums[0][threadIdx.x];
 #pragma unroll
       for (int w = 1; w < kWarpsPerBlock; ++w) s += sums[w][threadIdx.x];
-      put_dg_sum(out, to, blockIdx.y, dim, c, s);
+      if (accumulate) {
+        out[c] += s;
+      } else {
+        out[std::int64_t{blockIdx.y} * dim + c] = s;
+      }
     }
   }
 }
 
-// dg[c] (+)= the sum of partial[0 .. ranges - 1, c] (`add`): a block takes 32 columns at a time (from 32 b,
+// dg[c] += the sum of partial[0 .. ranges - 1, c]: a block takes 32 columns at a time (from 32 b,
 // striding over the grid); lane l of warp w sums its column over the ranges w, w + 8, ... in order,
 // then lane l of warp 0 adds the 8 warps' sums in warp order. The order depends only on the shape:
 // reproducible sums.
 __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::int64_t ranges,
-                                         std::int64_t dim, bool add) {
+                                         std::int64_t dim) {
   __shared__ float sums[kWarpsPerBlock][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (std::int64_t c0 = std::int64_t{blockIdx.x} * 32; c0 < dim; c0 += std::int64_t{gridDim.x} * 32) {
@@ -400,7 +475,7 @@ __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::i
       float total = sums[0][lane];
 #pragma unroll
       for (int w = 1; w < kWarpsPerBlock; ++w) total += sums[w][lane];
-      dg[c] = add ? dg[c] + total : total;
+      dg[c] += total;
     }
     __syncthreads();
   }
@@ -411,14 +486,14 @@ __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::i
 // rmsnorm_backward_dx_kernel computes it, and dg's partial sums with rmsnorm_dg_partial_kernel's
 // row ranges and order. Block y owns range y; its warp w takes the range's rows w, w + 8, ...;
 // lane l sums its columns 8 l + 256 j + {0..7} over them in its warp's row of shared memory, and
-// the block adds its warps' sums in warp order and put_dg_sum places them. The same sums, bitwise,
-// as the two-kernel path.
+// the block adds its warps' sums in warp order into out = dg (`accumulate`, one range) or
+// out = partial[y]. The same sums, bitwise, as the two-kernel path.
 // Two blocks an SM (128 registers): g is read again from L1 for dx rather than held.
 template <int kChunks>
 __global__ void __launch_bounds__(kThreads, 2)
     rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
                                  const float* g, const float* inv_rms, std::int64_t rows,
-                                 std::int64_t rows_per_range, bool add, DgOut to) {
+                                 std::int64_t rows_per_range, bool add, bool accumulate) {
   constexpr int V = 8;
   constexpr int kDim = 32 * V * kChunks;
   __shared__ __align__(16) float sums[kWarpsPerBlock][kDim];
@@ -471,9 +546,31 @@ __global__ void __launch_bounds__(kThreads, 2)
     float s = sums[0][c];
 #pragma unroll
     for (int w = 1; w < kWarpsPerBlock; ++w) s += sums[w][c];
-    put_dg_sum(out, to, blockIdx.x, kDim, c, s);
+    if (accumulate) {
+      out[c] += s;
+    } else {
+      out[std::int64_t{blockIdx.x} * kDim + c] = s;
+    }
   }
 }
+
+// Stream-ordered scratch memory, released on the stream when the scope ends (also on a throw).
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    RINGATTN_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  ~StreamScratch() {
+    if (data_ != nullptr) RINGATTN_CUDA_LOG(cudaFreeAsync(data_, stream_));
+  }
+  float* floats() const { return static_cast<float*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
 
 // ---- RoPE ------------------------------------------------------------------------------------
 
@@ -534,12 +631,12 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
 
 // The rotation of x's heads by the tables, read from src (named src_name in errors). src == x
 // rotates in place and leaves the rest of each token row alone; another src (fp32, not
-// overlapping x) with `rest` also writes that rest, src's values as they are: every element of
-// x's token rows is then written once, rounded once.
+// overlapping x) also writes that rest, src's values as they are: every element of x's token rows
+// is then written once, rounded once.
 template <bool inverse, typename Src>
 void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_view src_name,
           const Src* src, const float* cos, const float* sin, std::int64_t table_rows,
-          const cpu::RopeShape& s, cudaStream_t stream, bool rest = true) {
+          const cpu::RopeShape& s, cudaStream_t stream) {
   detail::check_positive(where, "shape.tokens", s.tokens);
   detail::check_positive(where, "shape.heads", s.heads);
   detail::check_positive(where, "shape.head_dim", s.head_dim);
@@ -558,7 +655,7 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
 
   const std::int64_t half = s.head_dim / 2;
   const bool in_place = static_cast<const void*>(src) == static_cast<const void*>(x);
-  const std::int64_t tail = in_place || !rest ? 0 : s.token_stride - s.heads * s.head_dim;
+  const std::int64_t tail = in_place ? 0 : s.token_stride - s.heads * s.head_dim;
   // The widest access every pair group allows: its offset t * token_stride + h * head_dim + i
   // (and + half) is a multiple of V when token_stride, head_dim and half are; so are the tail's
   // groups, from t * token_stride + heads * head_dim.
@@ -794,7 +891,7 @@ void rmsnorm_forward(bf16* y, float* inv_rms, const bf16* x, const float* g,
 
 void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const float* g,
                       const float* inv_rms, const cpu::RmsNormShape& s, Write dx_write,
-                      Write dg_write, cudaStream_t stream) {
+                      cudaStream_t stream) {
   constexpr const char* kWhere = "train::cuda::rmsnorm_backward";
   check_rmsnorm(kWhere, s);
   check_pointer(kWhere, "dx", dx);
@@ -823,18 +920,16 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
                            "; expected <= ", std::int64_t{0x7fffffff} * kDgTile);
   }
   // With one range dg takes the sums directly; otherwise they go through per-range partials.
-  std::optional<StreamBuffer> partial;
+  std::optional<StreamScratch> partial;
   if (ranges > 1) partial.emplace(static_cast<std::size_t>(ranges * s.dim) * sizeof(float), stream);
-  float* const sums = ranges > 1 ? partial->as<float>() : dg;
+  float* const sums = ranges > 1 ? partial->floats() : dg;
 
   const bool add = dx_write == Write::add;
-  DgOut to = DgOut::partial;
-  if (ranges == 1) to = dg_write == Write::add ? DgOut::add : DgOut::overwrite;
   const bool vectors = s.dim % 8 == 0 && aligned(dx, 16) && aligned(dy, 16) && aligned(x, 16);
   const auto rows_kernel = [&](auto chunks) {
     rmsnorm_backward_rows_kernel<decltype(chunks)::value>
         <<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
-            dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, to);
+            dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, ranges == 1);
   };
   const bool rows = vectors && aligned(g, 16);
   if (!(rows && with_row_chunks(s.dim, rows_kernel))) {
@@ -848,12 +943,12 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
     RINGATTN_CUDA_CHECK_LAUNCH();
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ranges));
     rmsnorm_dg_partial_kernel<<<grid, kThreads, 0, stream>>>(sums, dy, x, inv_rms, s.rows, s.dim,
-                                                             rows_per_range, to);
+                                                             rows_per_range, ranges == 1);
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
   if (ranges > 1) {
-    rmsnorm_dg_reduce_kernel<<<blocks_for(s.dim, 32), kThreads, 0, stream>>>(
-        dg, sums, ranges, s.dim, dg_write == Write::add);
+    rmsnorm_dg_reduce_kernel<<<blocks_for(s.dim, 32), kThreads, 0, stream>>>(dg, sums, ranges,
+                                                                             s.dim);
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -903,10 +998,9 @@ void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t ta
 }
 
 void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
-                   std::int64_t table_rows, const cpu::RopeShape& shape, bool rest,
-                   cudaStream_t stream) {
+                   std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream) {
   rope<true>("train::cuda::rope_backward", "dx", dx, "dx_acc", dx_acc, cos, sin, table_rows, shape,
-             stream, rest);
+             stream);
 }
 
 // ---- SwiGLU ----------------------------------------------------------------------------------

@@ -32,8 +32,6 @@
 
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
-#include "src/cuda/device_buffer.hpp"
-#include "train/cuda/vectors.cuh"
 
 namespace ringattn::train::cuda {
 namespace {
@@ -283,30 +281,13 @@ constexpr int kStepThreads = 256;
 constexpr std::int64_t kStepMaxBlocks = 65535;  // the grid-stride loop covers the rest
 
 // cpu::adamw_update, element by element (the same scalars, the same rounding: the result is the
-// CPU twin's to the bit), V elements a thread in one access per array (the arrays 4V-byte
-// aligned, the bf16 copy 2V-byte), then the count % V left one a thread. Four a thread keep four
-// times the bytes of one in flight: the step is a stream over five arrays.
-template <int V>
+// CPU twin's to the bit).
 __global__ void __launch_bounds__(kStepThreads)
     adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
                  std::int64_t count, cpu::AdamWScalars s) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kStepThreads;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kStepThreads + threadIdx.x;
-  const std::int64_t groups = count / V;
-  for (std::int64_t i = first; i < groups; i += stride) {
-    float p[V], g[V], mi[V], vi[V];
-    vectors::load_f32<V>(params + i * V, p);
-    vectors::load_f32<V>(grads + i * V, g);
-    vectors::load_f32<V>(m + i * V, mi);
-    vectors::load_f32<V>(v + i * V, vi);
-#pragma unroll
-    for (int k = 0; k < V; ++k) cpu::adamw_update(p, g, mi, vi, k, s);
-    vectors::store_f32<V>(params + i * V, p);
-    vectors::store_f32<V>(m + i * V, mi);
-    vectors::store_f32<V>(v + i * V, vi);
-    if (params_bf16 != nullptr) vectors::store_bf16<V>(params_bf16 + i * V, p);
-  }
-  for (std::int64_t i = groups * V + first; i < count; i += stride) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStepThreads + threadIdx.x;
+       i < count; i += stride) {
     const float p = cpu::adamw_update(params, grads, m, v, i, s);
     if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
   }
@@ -395,6 +376,26 @@ cpu::CrossEntropySums run_cross_entropy(const char* where, bool backward, bf16* 
   return sums;
 }
 
+// Device memory from the stream-ordered allocator for the span of one call, returned on the
+// stream when the owner goes out of scope.
+class StreamAllocation {
+ public:
+  StreamAllocation(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+    RINGATTN_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+  }
+  StreamAllocation(const StreamAllocation&) = delete;
+  StreamAllocation& operator=(const StreamAllocation&) = delete;
+  ~StreamAllocation() { RINGATTN_CUDA_LOG(cudaFreeAsync(data_, stream_)); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
 std::int64_t sum_of_squares_blocks(std::int64_t count) {
   const std::int64_t blocks = (count + kSumMinBlockElements - 1) / kSumMinBlockElements;
   return std::clamp<std::int64_t>(blocks, 1, kSumMaxBlocks);
@@ -431,7 +432,7 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
   const auto bytes = static_cast<std::size_t>(blocks) * sizeof(double);
   std::vector<double> partials(static_cast<std::size_t>(blocks));
   {
-    const StreamBuffer device_partials(bytes, stream);
+    const StreamAllocation device_partials(bytes, stream);
     sum_of_squares_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
         device_partials.as<double>(), grads, count, chunk);
     RINGATTN_CUDA_CHECK_LAUNCH();
@@ -455,20 +456,9 @@ void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, 
   train::detail::check_positive(kWhere, "count", count);
   // The scalars exactly as cpu::adamw_step forms them (the same function), checks included.
   const cpu::AdamWScalars s = cpu::adamw_scalars(kWhere, h, step, decay, grad_scale);
-  const auto at = [](const void* pointer, std::size_t bytes) {
-    return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
-  };
-  const bool vectors = at(params, 16) && at(grads, 16) && at(m, 16) && at(v, 16) &&
-                       at(params_bf16, 8);
-  const std::int64_t per_thread = vectors ? 4 : 1;
-  const std::int64_t threads = (count + per_thread - 1) / per_thread;
-  const auto blocks = static_cast<unsigned>(
-      std::min((threads + kStepThreads - 1) / kStepThreads, kStepMaxBlocks));
-  if (vectors) {
-    adamw_kernel<4><<<blocks, kStepThreads, 0, stream>>>(params, params_bf16, grads, m, v, count, s);
-  } else {
-    adamw_kernel<1><<<blocks, kStepThreads, 0, stream>>>(params, params_bf16, grads, m, v, count, s);
-  }
+  const std::int64_t blocks = std::min((count + kStepThreads - 1) / kStepThreads, kStepMaxBlocks);
+  adamw_kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, stream>>>(params, params_bf16,
+                                                                           grads, m, v, count, s);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
