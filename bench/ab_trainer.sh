@@ -66,13 +66,13 @@ for name in sorted(os.listdir(runs)):
         continue
     i, shape, _ = name.split("-")
     for r in json.load(open(path))["results"]:
-        rows.setdefault(shape, [[] for _ in builds])[int(i)].append(r.get("tokens_per_s", 0.0))
+        rows.setdefault(shape, [[] for _ in builds])[int(i)].append(r["tokens_per_s"])
 table = []
 for shape, per_build in rows.items():
-    medians = [statistics.median(v) if v else 0.0 for v in per_build]
+    medians = [statistics.median(v) for v in per_build]
     table.append({"shape": shape, "builds": [
         {"build": builds[i], "tokens_per_s": per_build[i], "median": medians[i],
-         "ratio": medians[i] / medians[0] if medians[0] else None} for i in range(len(builds))]})
+         "ratio": medians[i] / medians[0]} for i in range(len(builds))]})
 json.dump({"benchmark": "ringattn-train tokens/s, builds side by side (bench/trainer.sh)",
            "rounds": rounds, "rows": table}, open(os.path.join(out, "ab_trainer.json"), "w"),
           indent=1)

@@ -11,7 +11,8 @@
 #   revision in the JSON (default: git's HEAD, with -dirty when tracked files differ)
 #
 # Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
-# for the same shape and the ratio.
+# for the same shape and the ratio. The exit status is non-zero when a ringattn-train run failed
+# (the others still run and are written).
 set -uo pipefail
 out="${1:?usage: bench/trainer.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,9 +40,15 @@ run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
     --set train.warmup_steps=2 --set train.log_every=1 --set train.eval_every=0 \
     --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
     2>&1 | tee "$runs/$name.log" | grep -v '^step [0-9]*/' | tail -5
+  local status=${PIPESTATUS[0]}
   grep '^step' "$runs/$name.log" | tail -2
   rm -f "$runs/$name"/ckpt-*.h5  # the run's final checkpoint (GiBs) is not part of the results
+  if [[ $status -ne 0 ]]; then
+    echo "bench/trainer.sh: ringattn-train $name exited with status $status; see $runs/$name.log" >&2
+    failed=1
+  fi
 }
+failed=0
 
 IFS=, read -r -a one_gpu <<<"$shapes"
 for shape in "${one_gpu[@]}"; do
@@ -60,7 +67,7 @@ if [[ "${TRAINER_TORCH:-1}" == 1 ]]; then
     --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch.json" 2>&1 | tail -15
 fi
 
-python3 - "$runs" "$out/trainer_torch.json" "$out/trainer.json" "${gpus:-0}" <<'EOF'
+python3 - "$runs" "$out/trainer_torch.json" "$out/trainer.json" "${gpus:-0}" <<'EOF' || failed=1
 import json, os, statistics, subprocess, sys, datetime
 runs, torch_path, out_path, visible = sys.argv[1:5]
 torch = {}
@@ -101,3 +108,4 @@ json.dump({"gpu": gpu[0] if gpu else "", "gpus": int(visible), "date": datetime.
            "revision": rev, "config": "configs/small-32k.yaml on synthetic tokens",
            "results": results}, open(out_path, "w"), indent=1)
 EOF
+exit $failed
