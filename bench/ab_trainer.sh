@@ -6,7 +6,9 @@
 #   bench/ab_trainer.sh OUTDIR BUILD [BUILD...]
 #
 #   BUILD          a configured build directory (e.g. bench/ab.sh's AB_KEEP/i/build); its
-#                  ringattn-train is built first if it is missing
+#                  ringattn-train is built first if it is missing. DIR+key=value[+key=value...]
+#                  runs that build with those config overrides (one build, two settings:
+#                  build-gpu build-gpu+train.overlap_weight_grads=false)
 #   AB_ROUNDS      rounds (default 2)
 #   TRAINER_SHAPES the shapes, seq x batch (default 8192x4,32768x1; 131072 and longer recompute)
 #   TRAINER_STEPS  steps a run (default 10; bench/trainer.sh times the median after 3)
@@ -20,13 +22,16 @@ shift
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-builds=()
-for dir in "$@"; do
+builds=() sets=()
+for arg in "$@"; do
+  dir="${arg%%+*}" set=""
+  [[ $arg == *+* ]] && set="${arg#*+}"
   if [[ ! -f $dir/CMakeCache.txt ]]; then
     echo "bench/ab_trainer.sh: \"$dir\" is not a configured build directory (no CMakeCache.txt)" >&2
     exit 2
   fi
   builds+=("$(cd "$dir" && pwd)")
+  sets+=("${set//+/ }")
 done
 rounds="${AB_ROUNDS:-2}"
 export TRAINER_STEPS="${TRAINER_STEPS:-10}"
@@ -46,7 +51,7 @@ for round in $(seq 1 "$rounds"); do
   for shape in "${shapes[@]}"; do
     for i in "${!builds[@]}"; do
       dir="$out/ab_trainer-runs/$i-$shape-$round"
-      if ! RINGATTN_BUILD="${builds[$i]}" TRAINER_TORCH=0 TRAINER_SHAPES="$shape" \
+      if ! RINGATTN_BUILD="${builds[$i]}" TRAINER_SET="${sets[$i]}" TRAINER_TORCH=0 TRAINER_SHAPES="$shape" \
           bash "$here/trainer.sh" "$dir" >"$dir.log" 2>&1; then
         echo "bench/ab_trainer.sh: the run of build $i at $shape, round $round, failed; see $dir.log" >&2
         exit 1
@@ -55,7 +60,7 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-python3 - "$out" "$rounds" "${builds[@]}" <<'PY'
+python3 - "$out" "$rounds" "$@" <<'PY'
 import json, os, statistics, sys
 out, rounds, builds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 runs = os.path.join(out, "ab_trainer-runs")

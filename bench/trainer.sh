@@ -7,6 +7,7 @@
 #   also 32768x1 and 131072x1 (recompute) at cp = 2
 #   TRAINER_STEPS (default 12) steps each; the first 3 are warm-up, the median of the others counts
 #   TRAINER_SHAPES overrides the one-GPU list, TRAINER_TORCH=0 skips PyTorch
+#   TRAINER_SET    more `--set key=value` for every ringattn-train run, space-separated
 #   CUDA_VISIBLE_DEVICES limits the GPUs (the cp = 2 runs need two); RINGATTN_REVISION names the
 #   revision in the JSON (default: git's HEAD, with -dirty when tracked files differ)
 #
@@ -20,6 +21,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 build="${RINGATTN_BUILD:-build-gpu}"
 steps="${TRAINER_STEPS:-12}"
+extra=()
+for kv in ${TRAINER_SET:-}; do extra+=(--set "$kv"); done
 shapes="${TRAINER_SHAPES:-8192x4,32768x1,131072x1}"
 # The GPUs the runs may use: CUDA_VISIBLE_DEVICES's list when it is set, else every GPU.
 if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
@@ -39,7 +42,7 @@ run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
     --set train.recompute="$recompute" --set parallel.cp="$ranks" --set train.steps="$steps" \
     --set train.warmup_steps=2 --set train.log_every=1 --set train.eval_every=0 \
     --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
-    2>&1 | tee "$runs/$name.log" | grep -v '^step [0-9]*/' | tail -5
+    "${extra[@]}" 2>&1 | tee "$runs/$name.log" | grep -v '^step [0-9]*/' | tail -5
   local status=${PIPESTATUS[0]}
   grep '^step' "$runs/$name.log" | tail -2
   rm -f "$runs/$name"/ckpt-*.h5  # the run's final checkpoint (GiBs) is not part of the results
