@@ -8,7 +8,7 @@
 #   BUILD          a configured build directory (e.g. bench/ab.sh's AB_KEEP/i/build); its
 #                  ringattn-train is built first if it is missing. DIR+key=value[+key=value...]
 #                  runs that build with those config overrides (one build, two settings:
-#                  build-gpu build-gpu+train.overlap_weight_grads=false)
+#                  build-gpu build-gpu+train.recompute=true)
 #   AB_ROUNDS      rounds (default 2)
 #   TRAINER_SHAPES the shapes, seq x batch (default 8192x4,32768x1; 131072 and longer recompute)
 #   TRAINER_STEPS  steps a run (default 10; bench/trainer.sh times the median after 3)
@@ -46,6 +46,8 @@ for i in "${!builds[@]}"; do
   fi
 done
 
+# Runs of an earlier call into the same OUTDIR would join the medians.
+rm -rf "${out:?}/ab_trainer-runs"
 mkdir -p "$out/ab_trainer-runs"
 for round in $(seq 1 "$rounds"); do
   for shape in "${shapes[@]}"; do

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -101,29 +100,6 @@ class CpuBackend {
                                    span(dy, s.rows * s.out_features),
                                    span(x, s.rows * s.in_features), s, write);
   }
-  // ---- beside the main stream (train/model_impl.hpp) ----
-  // The latest schedule the contract allows: a product queued beside runs only when the model
-  // waits for its mark (or joins), so a wait the model leaves out lets the main stream's later
-  // writes reach the product's inputs first, and the gradients come out wrong.
-  void matmul_backward_weight_beside(std::size_t mark, T* dw, const T* dy, const T* x,
-                                     const cpu::MatmulShape& s, Write write) {
-    beside_.push_back(
-        {mark, [this, dw, dy, x, s, write] { matmul_backward_weight(dw, dy, x, s, write); }});
-  }
-  void wait_beside(std::size_t mark) {
-    std::size_t last = beside_.size();
-    for (std::size_t i = 0; i < beside_.size(); ++i) {
-      if (beside_[i].mark == mark) last = i;
-    }
-    if (last == beside_.size()) return;
-    for (std::size_t i = 0; i <= last; ++i) beside_[i].run();
-    beside_.erase(beside_.begin(), beside_.begin() + static_cast<std::ptrdiff_t>(last + 1));
-  }
-  void join_beside() {
-    for (auto& product : beside_) product.run();
-    beside_.clear();
-  }
-
   // The positions of one sequence's local tokens; a batch repeats them.
   void set_rope(const std::vector<std::int64_t>& positions, std::int64_t /*head_dim*/,
                 double theta) {
@@ -235,11 +211,6 @@ class CpuBackend {
   double theta_ = 10000.0;
   std::vector<std::chrono::steady_clock::time_point> interval_begin_;
   std::vector<double> interval_ms_;
-  struct Beside {  // a product queued beside, and its mark
-    std::size_t mark;
-    std::function<void()> run;
-  };
-  std::vector<Beside> beside_;  // in the order queued
 };
 
 }  // namespace ringattn::train

@@ -233,7 +233,6 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.deterministic),
       RINGATTN_CONFIG_KEY(train.profile),
       RINGATTN_CONFIG_KEY(train.shard_optimizer),
-      RINGATTN_CONFIG_KEY(train.overlap_weight_grads),
       RINGATTN_CONFIG_KEY(train.log_every),
       RINGATTN_CONFIG_KEY(train.eval_every),
       RINGATTN_CONFIG_KEY(train.eval_batches),

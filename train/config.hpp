@@ -9,8 +9,7 @@
 //             rope_theta norm_eps init_std
 //   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
 //             adam_eps grad_clip seed recompute recompute_attention deterministic profile
-//             shard_optimizer overlap_weight_grads log_every eval_every eval_batches
-//             checkpoint_every keep_checkpoints
+//             shard_optimizer log_every eval_every eval_batches checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
 //   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
 //   run:      dir backend resume
@@ -78,9 +77,6 @@ struct TrainingConfig {
   // memory a GPU (the moments are 8 bytes a parameter), one more all-reduce of the weights a step;
   // the same results bitwise.
   bool shard_optimizer = false;
-  // The weight-gradient products run beside the rest of the backward (a second CUDA stream),
-  // outside profiled steps; the same results bitwise either way.
-  bool overlap_weight_grads = true;
   int log_every = 10;          // steps between log lines
   int eval_every = 50;         // steps between evaluations; 0: never
   int eval_batches = 8;        // batches per evaluation

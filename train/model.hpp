@@ -46,7 +46,6 @@
 #include "train/model_shapes.hpp"
 #include "train/op_adamw.hpp"
 #include "train/op_cross_entropy.hpp"
-#include "train/op_matmul.hpp"
 
 namespace ringattn::train {
 
@@ -80,20 +79,6 @@ struct ModelOptions {
   std::int64_t loss_chunk_tokens = 8192;
   // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
   bool shard_optimizer = false;
-  // The weight-gradient products queued beside the main work (train.overlap_weight_grads; on the
-  // GPU a second stream, outside profiled steps); the same results bitwise either way.
-  bool overlap_weight_gradients = true;
-};
-
-// The marks of the weight-gradient products queued beside the main work (Model's
-// weight_gradient): each names the buffers its product reads, which the main work may not
-// overwrite before it has waited for that mark.
-enum class BesideMark : std::size_t {
-  head,     // the output head's: logits_ (dlogits), hf_
-  down,     // W_down's: dx_, L.act
-  gate_up,  // W_gate_up's: dgu_, L.h2
-  wo,       // W_o's: dx_, attn_o_
-  qkv,      // W_qkv's: dqkv_, L.h1
 };
 
 // What the trainer needs of a model, whatever its backend. Parameters, gradients and moments
@@ -246,12 +231,6 @@ class Model final : public TrainModel {
   // Runs op(); within a profiled step, as one interval of `phase` on the backend's clock.
   template <class Op>
   void timed(const char* phase, Op&& op);
-  // dW += dY^T X, queued beside the main work under `mark` where overlap is on and the
-  // step is not profiled, else in order; wait_beside(mark) orders the later work after it.
-  void weight_gradient(BesideMark mark, Master* dw, const Act* dy, const Act* x,
-                       const cpu::MatmulShape& s);
-  void wait_beside(BesideMark mark);
-  bool beside() const { return options_.overlap_weight_gradients && !profiling_; }
 
   ModelShape shape_;
   ModelConfig config_;

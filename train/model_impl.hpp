@@ -13,17 +13,6 @@
 //   profile    begin_interval(i), end_interval(i) around interval i (0, 1, ...) of a step, and
 //              intervals_ms(count, ms): waits for the end of interval count - 1 and gives the
 //              durations of intervals 0 .. count - 1
-//   beside     matmul_backward_weight_beside(mark, ...): a weight-gradient product that may run
-//              beside the work queued after it, any time after the work queued before it;
-//              wait_beside(mark): the later work runs after the last product queued with that
-//              mark and every product queued before it; join_beside(): after all of them
-//
-// The weight-gradient products of the backward go beside (ModelOptions::overlap_weight_gradients):
-// on the GPU they fill the multiprocessors the main stream's kernels leave idle. Each is queued
-// under the mark of the buffers it reads, and the main work waits for that mark before the first
-// write to one of them (the forward_backward comments name each wait); forward_backward joins
-// them all before it returns, so the gradients are complete for the optimizer and the next
-// micro-step.
 #pragma once
 
 #include <algorithm>
@@ -259,22 +248,6 @@ RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
 }
 
 template <class B>
-void Model<B>::weight_gradient(BesideMark mark, Master* dw, const Act* dy, const Act* x,
-                               const cpu::MatmulShape& s) {
-  if (beside()) {
-    backend_->matmul_backward_weight_beside(static_cast<std::size_t>(mark), dw, dy, x, s,
-                                            Write::add);
-  } else {
-    backend_->matmul_backward_weight(dw, dy, x, s, Write::add);
-  }
-}
-
-template <class B>
-void Model<B>::wait_beside(BesideMark mark) {
-  if (beside()) backend_->wait_beside(static_cast<std::size_t>(mark));
-}
-
-template <class B>
 template <class Op>
 void Model<B>::timed(const char* phase, Op&& op) {
   if (!profiling_) {
@@ -390,7 +363,6 @@ cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
   for (std::int64_t first = 0; first < n; first += chunk) {
     const std::int64_t rows = std::min(chunk, n - first);
     const Act* h = hf_.data() + first * d;
-    wait_beside(BesideMark::head);  // the previous chunk's head gradient reads logits_
     timed("loss.head_matmul", [&] {
       be.matmul_forward(logits_.data(), h, weight(head_), {rows, d, v}, Write::overwrite);
     });
@@ -405,7 +377,7 @@ cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
     total.weight_sum += sums.weight_sum;
     if (with_grad) {
       timed("loss.head_matmul.backward", [&] {
-        weight_gradient(BesideMark::head, grad(head_), logits_.data(), h, {rows, d, v});
+        be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v}, Write::add);
         be.matmul_backward_input(dh_.data() + first * d, logits_.data(), weight(head_),
                                  {rows, d, v}, Write::overwrite);
       });
@@ -437,14 +409,11 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   });
   for (std::size_t l = lp_.size(); l-- > 0;) {
     Layer& L = layers_[options_.recompute ? 0 : l];
-    if (options_.recompute) {
-      wait_beside(BesideMark::qkv);  // the shared L: the block above's W_qkv gradient reads L.h1
-      layer_forward(l, L, true);
-    }
+    if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];
     // out = x_mid + act W_down^T
     timed("matmul.down.backward", [&] {
-      weight_gradient(BesideMark::down, grad(P.w_down), dx_.data(), L.act.data(), {n, f, d});
+      be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
       be.matmul_backward_input(dact_.data(), dx_.data(), weight(P.w_down), {n, f, d},
                                Write::overwrite);
     });
@@ -452,20 +421,19 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
       be.swiglu_backward(dgu_.data(), dact_.data(), L.gu.data(), {n, f});
     });
     timed("matmul.gate_up.backward", [&] {
-      weight_gradient(BesideMark::gate_up, grad(P.w_gate_up), dgu_.data(), L.h2.data(),
-                      {n, d, 2 * f});
+      be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f},
+                                Write::add);
       be.matmul_backward_input(dh_.data(), dgu_.data(), weight(P.w_gate_up), {n, d, 2 * f},
                                Write::overwrite);
     });
-    wait_beside(BesideMark::down);  // dx_ is added to next
     timed("rmsnorm.backward", [&] {
       be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
                           master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
     });
     // x_mid = x_in + o W_o^T
     timed("matmul.wo.backward", [&] {
-      weight_gradient(BesideMark::wo, grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
-                      {n, hq * hd, d});
+      be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
+                                {n, hq * hd, d}, Write::add);
       be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
                                Write::overwrite);
     });
@@ -491,10 +459,6 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.deterministic = options_.deterministic || B::memory == Memory::host;
     args.stream = fwd.stream;
     args.scratch = fwd.scratch;
-    // The ring writes its scratch (dgu_, L.h2 among the lent buffers) and dqkv_acc (dqkv_ itself
-    // where Act is Acc): W_gate_up's gradient, and everything queued before it (the block
-    // above's W_qkv gradient), must be done.
-    wait_beside(BesideMark::gate_up);
     timed("attention.backward", [&] { ring_.backward(args); });
     if constexpr (std::is_same_v<Act, Acc>) {
       timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), {n, hq + hkv, hd, row}); });
@@ -505,18 +469,15 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
       });
     }
     timed("matmul.qkv.backward", [&] {
-      weight_gradient(BesideMark::qkv, grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row});
+      be.matmul_backward_weight(grad(P.wqkv), dqkv_.data(), L.h1.data(), {n, d, row}, Write::add);
       be.matmul_backward_input(dh_.data(), dqkv_.data(), weight(P.wqkv), {n, d, row},
                                Write::overwrite);
     });
-    wait_beside(BesideMark::wo);  // dx_ is added to next
     timed("rmsnorm.backward", [&] {
       be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), x_in_[l].data(),
                           master(P.attn_norm), L.inv1.data(), {n, d}, Write::add);
     });
   }
-  // The embedding's gradient may be the head's (tied); the caller reads every gradient next.
-  be.join_beside();
   timed("embedding.backward", [&] {
     be.embedding_backward(grad(emb_), dx_.data(), {n, v, d}, options_.deterministic);
   });

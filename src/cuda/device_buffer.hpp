@@ -57,12 +57,10 @@ class CudaStream {
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority));
   }
   // The highest priority of the current device.
-  static int highest_priority() { return priority_range().second; }
-  // One step above the current device's lowest priority (that of a stream made without one),
-  // where the range has more than one.
-  static int above_lowest_priority() {
-    const auto [least, greatest] = priority_range();
-    return least > greatest ? least - 1 : least;
+  static int highest_priority() {
+    int least = 0, greatest = 0;
+    RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    return greatest;
   }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
@@ -71,11 +69,6 @@ class CudaStream {
   void synchronize() const { RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
  private:
-  static std::pair<int, int> priority_range() {  // (least, greatest)
-    int least = 0, greatest = 0;
-    RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    return {least, greatest};
-  }
   cudaStream_t stream_ = nullptr;
 };
 

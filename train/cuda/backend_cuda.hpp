@@ -1,10 +1,8 @@
 // The CUDA backend of the model (train/model.hpp): bf16 activations in device memory, fp32
 // statistics, attention gradients, master weights, gradients and AdamW moments; GEMMs through
 // cuBLASLt (train/cuda/gemm.hpp), the other ops in train/cuda/ops.hpp, the ring over NCCL. All
-// work is queued on the backend's stream, except the weight-gradient products the model queues
-// beside it on a second stream (matmul_backward_weight_beside), ordered by events; the host waits
-// only where a number comes back (the loss sums, the gradient norm) and, in a profiled step, once
-// at its end.
+// work is queued on the backend's stream; the host waits only where a number comes back (the
+// loss sums, the gradient norm) and, in a profiled step, once at its end.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -85,14 +83,6 @@ class CudaBackend {
                              Write write);
   void matmul_backward_weight(float* dw, const Act* dy, const Act* x, const cpu::MatmulShape& s,
                               Write write);
-  // On the side stream, after everything queued on the main stream so far; `mark` names it for
-  // wait_beside (train/model_impl.hpp).
-  void matmul_backward_weight_beside(std::size_t mark, float* dw, const Act* dy, const Act* x,
-                                     const cpu::MatmulShape& s, Write write);
-  // The main stream's later work waits for the last product queued with `mark` (and so for every
-  // product queued before it: the side stream runs them in order); join_beside for all of them.
-  void wait_beside(std::size_t mark);
-  void join_beside();
   void set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim, double theta);
   void rope_forward(Act* x, const cpu::RopeShape& s);
   void rope_backward(Act* dx, const cpu::RopeShape& s);
@@ -123,15 +113,8 @@ class CudaBackend {
   void intervals_ms(std::size_t count, std::vector<double>& ms);
 
  private:
-  // The main stream one step above the side stream's priority (the lowest), so that the block
-  // scheduler gives the weight-gradient products only the multiprocessors the main stream's
-  // kernels leave free; the ring's NCCL stream is above both (the device's highest).
   CudaStream stream_;
   cuda::Gemm gemm_;
-  CudaStream side_stream_;
-  cuda::Gemm side_gemm_;
-  CudaEvent fork_, join_;  // main -> side before each product; side -> main for join_beside
-  std::vector<CudaEvent> marks_;  // mark i: recorded on the side stream after its last product
   DeviceArray<std::int32_t> tokens_, targets_, predictions_;
   DeviceArray<float> weights_, losses_, rope_cos_, rope_sin_, scratch_;
   std::vector<float> host_weights_, host_losses_;

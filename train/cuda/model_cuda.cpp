@@ -22,11 +22,7 @@ void ensure(DeviceArray<E>& array, std::int64_t count) {
 
 }  // namespace
 
-CudaBackend::CudaBackend()
-    : stream_(CudaStream::above_lowest_priority()),
-      gemm_(stream_.get()),
-      side_stream_(),
-      side_gemm_(side_stream_.get()) {}
+CudaBackend::CudaBackend() : gemm_(stream_.get()) {}
 
 CudaBackend::~CudaBackend() = default;
 
@@ -129,28 +125,6 @@ void CudaBackend::matmul_backward_input(Act* dx, const Act* dy, const Act* w,
 void CudaBackend::matmul_backward_weight(float* dw, const Act* dy, const Act* x,
                                          const cpu::MatmulShape& s, Write write) {
   gemm_.backward_weight(dw, dy, x, s, write);
-}
-
-void CudaBackend::matmul_backward_weight_beside(std::size_t mark, float* dw, const Act* dy,
-                                                const Act* x, const cpu::MatmulShape& s,
-                                                Write write) {
-  fork_.record(stream_.get());
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(side_stream_.get(), fork_.get(), 0));
-  side_gemm_.backward_weight(dw, dy, x, s, write);
-  while (marks_.size() <= mark) marks_.emplace_back();
-  marks_[mark].record(side_stream_.get());
-}
-
-void CudaBackend::wait_beside(std::size_t mark) {
-  // A mark never recorded has nothing to wait for (an event never recorded counts as complete).
-  if (mark < marks_.size()) {
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), marks_[mark].get(), 0));
-  }
-}
-
-void CudaBackend::join_beside() {
-  join_.record(side_stream_.get());
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), join_.get(), 0));
 }
 
 void CudaBackend::set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
