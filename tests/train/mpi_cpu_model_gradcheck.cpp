@@ -4,7 +4,8 @@
 // on 1 K/V head of 8, seq 8, batch 2) with a loss mask that leaves tokens out. With N ranks the
 // sequence is sharded over a ring of N (zigzag), each rank's gradients are summed over the ring
 // and the loss is the global weighted mean: the check covers the cp path too, with the ring's
-// workspace in the model's buffers that are dead during attention (it holds none of its own).
+// workspace in the model's buffers that are dead during attention (it holds none of its own),
+// and, with recomputation, each block's forward run again before its backward.
 // For a random direction u (over all parameters, and restricted to each parameter tensor in turn):
 //   | g . u - (L(p + eps u) - L(p - eps u)) / (2 eps) | <= 1e-6 * max(|g . u|, 1e-3)
 #include <mpi.h>
