@@ -156,16 +156,24 @@ class CpuBackend {
     }
   }
   void adamw(T* params, T* /*no low-precision copy*/, const T* grads, T* m, T* v,
-             std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
-             cpu::WeightDecay decay, float grad_scale) {
+             std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
+             std::int64_t step, float grad_scale) {
     if constexpr (std::is_same_v<T, float>) {
-      std::span<const float> g = span(grads, count);
-      if (grad_scale != 1.0f) {
-        scaled_.assign(g.begin(), g.end());
-        for (float& x : scaled_) x *= grad_scale;
-        g = scaled_;
+      for (const cpu::AdamWSegment& segment : segments) {
+        const std::int64_t count = segment.count;
+        std::span<const float> g = span(grads, count);
+        if (grad_scale != 1.0f) {
+          scaled_.assign(g.begin(), g.end());
+          for (float& x : scaled_) x *= grad_scale;
+          g = scaled_;
+        }
+        cpu::adamw_step(span(params, count), g, span(m, count), span(v, count), hyper, step,
+                        segment.decay);
+        params += count;
+        grads += count;
+        m += count;
+        v += count;
       }
-      cpu::adamw_step(span(params, count), g, span(m, count), span(v, count), hyper, step, decay);
     } else {
       ringattn::detail::fail("CpuBackend<double>::adamw",
                              "the fp64 model is for gradient checks; it has no optimizer");

@@ -9,7 +9,7 @@
 //   ops        embedding, rmsnorm, matmul, rope (set_rope once; where Acc and Act differ, also
 //              rope_backward(Act*, const Acc*, shape): the rotation from Acc, rounded once, with
 //              the rest of each token row converted), swiglu, cross_entropy, sum_of_squares,
-//              adamw, memory_mib
+//              adamw (one call over consecutive tensors, a cpu::AdamWSegment each), memory_mib
 //   profile    begin_interval(i), end_interval(i) around interval i (0, 1, ...) of a step, and
 //              intervals_ms(count, ms): waits for the end of interval count - 1 and gives the
 //              durations of intervals 0 .. count - 1
@@ -576,20 +576,24 @@ std::pair<std::int64_t, std::int64_t> Model<B>::share_of(int rank) const {
 
 template <class B>
 void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
+  // This rank's share as consecutive parts of the parameters, stepped in one call.
+  std::vector<cpu::AdamWSegment> segments;
+  std::int64_t start = -1;
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const std::int64_t first = std::max(offsets_[i], shard_first_);
+    const std::int64_t end = std::min(offsets_[i + 1], shard_end_);
+    if (first >= end) continue;
+    if (start < 0) start = first;
+    segments.push_back({end - first, infos_[i].weight_decay ? cpu::WeightDecay::apply
+                                                            : cpu::WeightDecay::skip});
+  }
   timed("adamw", [&] {
-    for (std::size_t i = 0; i < infos_.size(); ++i) {
-      // The part of parameter i in this rank's share.
-      const std::int64_t first = std::max(offsets_[i], shard_first_);
-      const std::int64_t end = std::min(offsets_[i + 1], shard_end_);
-      if (first >= end) continue;
-      Act* copy = nullptr;
-      if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + first;
-      backend_->adamw(params_.data() + first, copy, grads_.data() + first,
-                      adam_m_.data() + (first - shard_first_),
-                      adam_v_.data() + (first - shard_first_), end - first, hyper, step,
-                      infos_[i].weight_decay ? cpu::WeightDecay::apply : cpu::WeightDecay::skip,
-                      grad_scale);
-    }
+    if (segments.empty()) return;
+    Act* copy = nullptr;
+    if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + start;
+    backend_->adamw(params_.data() + start, copy, grads_.data() + start,
+                    adam_m_.data() + (start - shard_first_), adam_v_.data() + (start - shard_first_),
+                    segments, hyper, step, grad_scale);
   });
   if (!sharded()) return;
   // Each rank zeroes the weights outside its share; their sum over the ranks is then every

@@ -33,6 +33,12 @@ struct AdamWHyper {
 // Whether a tensor takes weight decay (matrices do; norms' gains and, by choice, embeddings not).
 enum class WeightDecay { skip, apply };
 
+// One of the consecutive tensors of a step over several: its element count and its decay.
+struct AdamWSegment {
+  std::int64_t count = 0;
+  WeightDecay decay = WeightDecay::apply;
+};
+
 // The scalars of one step, formed once in double and rounded once to float: the CPU op and its
 // CUDA twin (train/cuda/ops.hpp) update with the same values.
 struct AdamWScalars {

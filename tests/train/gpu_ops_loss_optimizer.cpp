@@ -8,7 +8,8 @@
 //                  out-of-range target;
 //   sum_of_squares against a long-double sum, and bitwise the same twice;
 //   adamw_step     five steps with and without decay, grad_scale != 1, against the twin fed the
-//                  scaled gradient; the bf16 copy;
+//                  scaled gradient; the bf16 copy; one call over 70 consecutive tensors against
+//                  the twin tensor by tensor;
 //   the argument checks (on the host: no GPU needed).
 //
 // Tolerances:
@@ -32,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -412,6 +414,62 @@ TEST(CudaAdamW, StepsMatchCpuTwinWithoutDecay) {
   check_adamw_steps(cpu::WeightDecay::skip);
 }
 
+// One call over 70 consecutive tensors (two launches: 64 segments each at most) of uneven sizes,
+// from 1 element to a few blocks' worth, decayed or not at random: each tensor as the twin steps
+// it alone, and the bf16 copy of every element.
+TEST(CudaAdamW, SegmentsMatchCpuTwinTensorByTensor) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(9);
+  std::vector<cpu::AdamWSegment> segments(70);
+  std::int64_t n = 0;
+  for (cpu::AdamWSegment& segment : segments) {
+    segment.count = 1 + static_cast<std::int64_t>(rng() % 5000);
+    segment.decay = rng() % 2 == 0 ? cpu::WeightDecay::apply : cpu::WeightDecay::skip;
+    n += segment.count;
+  }
+  const auto size = static_cast<std::size_t>(n);
+  const cpu::AdamWHyper h{
+      .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const float grad_scale = 0.61f;
+  const std::int64_t step = 3;
+  std::vector<float> p = test::normal_vector<float>(size, rng);
+  std::vector<float> m = test::normal_vector<float>(size, rng, 0.01);
+  std::vector<float> v = test::normal_vector<float>(size, rng, 0.001);
+  for (float& x : v) x = x * x;
+  const std::vector<float> g = test::normal_vector<float>(size, rng, 0.1);
+  CudaStream stream;
+  const cudaStream_t st = stream.get();
+  DeviceBuffer d_params(size * sizeof(float)), d_grads(size * sizeof(float));
+  DeviceBuffer d_m(size * sizeof(float)), d_v(size * sizeof(float));
+  DeviceBuffer d_bf16(size * sizeof(bf16));
+  upload(d_params.data(), p, st);
+  upload(d_grads.data(), g, st);
+  upload(d_m.data(), m, st);
+  upload(d_v.data(), v, st);
+  poison(d_bf16.data(), size * sizeof(bf16), st);
+  cuda::adamw_step(d_params.as<float>(), d_bf16.as<bf16>(), d_grads.as<float>(), d_m.as<float>(),
+                   d_v.as<float>(), segments, h, step, grad_scale, st);
+  std::size_t offset = 0;
+  for (const cpu::AdamWSegment& segment : segments) {
+    const auto count = static_cast<std::size_t>(segment.count);
+    std::vector<float> scaled(g.begin() + offset, g.begin() + offset + count);
+    for (float& x : scaled) x *= grad_scale;
+    cpu::adamw_step(std::span(p).subspan(offset, count), scaled,
+                    std::span(m).subspan(offset, count), std::span(v).subspan(offset, count), h,
+                    step, segment.decay);
+    offset += count;
+  }
+  const std::vector<float> params = download<float>(d_params.data(), size, st);
+  EXPECT_TRUE(WithinUlps("params", params, p, 4));
+  EXPECT_TRUE(WithinUlps("m", download<float>(d_m.data(), size, st), m, 4));
+  EXPECT_TRUE(WithinUlps("v", download<float>(d_v.data(), size, st), v, 4));
+  const Bits copied = download<std::uint16_t>(d_bf16.data(), size, st);
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < size; ++i) mismatches += copied[i] != float_to_bf16(params[i]);
+  EXPECT_EQ(mismatches, 0u);
+}
+
 // ---- argument checks ------------------------------------------------------------------------
 
 // The checks run on the host before anything is launched, so they need no GPU: the pointers
@@ -507,6 +565,15 @@ TEST(CudaLossOptimizerOps, ArgumentErrorsNameTheArgument) {
   EXPECT_TRUE(
       throws_error_with([&] { cuda::adamw_step(f, b, f, f, f, -2, h, 1, apply, 1.0f, stream); },
                         {kAdamW, "count is -2"}));
+  const cpu::AdamWSegment segments[] = {{3, apply}, {0, apply}};
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::adamw_step(f, b, f, f, f, segments, h, 1, 1.0f, stream); },
+      {kAdamW, "segments[1].count is 0; expected > 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::adamw_step(f, b, f, f, f, std::span<const cpu::AdamWSegment>{}, h, 1, 1.0f, stream);
+      },
+      {kAdamW, "segments is empty"}));
   EXPECT_TRUE(
       throws_error_with([&] { cuda::adamw_step(f, b, f, f, f, 4, h, 0, apply, 1.0f, stream); },
                         {kAdamW, "step is 0"}));

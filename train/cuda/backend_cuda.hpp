@@ -101,9 +101,10 @@ class CudaBackend {
 
   // ---- optimizer ----
   double sum_of_squares(const float* grads, std::int64_t count);
+  // One step over consecutive tensors (cpu::AdamWSegment each), from the pointers on.
   void adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
-             std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
-             cpu::WeightDecay decay, float grad_scale);
+             std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
+             std::int64_t step, float grad_scale);
 
   // ---- profile ----
   // A pair of timing events per interval, recorded on the stream: the pool grows to the most

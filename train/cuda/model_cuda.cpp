@@ -197,9 +197,9 @@ double CudaBackend::sum_of_squares(const float* grads, std::int64_t count) {
 }
 
 void CudaBackend::adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
-                        std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
-                        cpu::WeightDecay decay, float grad_scale) {
-  cuda::adamw_step(params, params_bf16, grads, m, v, count, hyper, step, decay, grad_scale,
+                        std::span<const cpu::AdamWSegment> segments,
+                        const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
+  cuda::adamw_step(params, params_bf16, grads, m, v, segments, hyper, step, grad_scale,
                    stream_.get());
 }
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "train/op_adamw.hpp"
@@ -136,5 +137,11 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
 void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
                 std::int64_t count, const cpu::AdamWHyper& hyper, std::int64_t step,
                 cpu::WeightDecay decay, float grad_scale, cudaStream_t stream);
+// The same step over consecutive tensors: segment j is the next segments[j].count elements from
+// the pointers on, stepped with segments[j].decay. One launch covers up to 64 segments (a whole
+// model of up to 64 tensors), not one a tensor.
+void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
+                std::int64_t step, float grad_scale, cudaStream_t stream);
 
 }  // namespace ringattn::train::cuda

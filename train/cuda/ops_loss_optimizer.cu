@@ -278,18 +278,48 @@ __global__ void __launch_bounds__(kSumThreads)
 // ---- AdamW -----------------------------------------------------------------------------------
 
 constexpr int kStepThreads = 256;
+constexpr int kStepTile = 8 * kStepThreads;      // the elements a block steps at a time
 constexpr std::int64_t kStepMaxBlocks = 65535;  // the grid-stride loop covers the rest
+constexpr int kStepSegments = 64;                // segments a launch
 
-// cpu::adamw_update, element by element (the same scalars, the same rounding: the result is the
-// CPU twin's to the bit).
+// The segments of one launch: segment j is [end[j - 1], end[j]) (end[-1] = 0), decayed where bit
+// j of decay is set.
+struct StepSegments {
+  std::int64_t end[kStepSegments];
+  std::uint64_t decay;
+  int count;
+};
+
+// cpu::adamw_update, element by element, with the scalars of its segment (the same scalars, the
+// same rounding: the result is the CPU twin's to the bit).
 __global__ void __launch_bounds__(kStepThreads)
     adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
-                 std::int64_t count, cpu::AdamWScalars s) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kStepThreads;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStepThreads + threadIdx.x;
-       i < count; i += stride) {
-    const float p = cpu::adamw_update(params, grads, m, v, i, s);
-    if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
+                 std::int64_t count, StepSegments segments, cpu::AdamWScalars decayed,
+                 cpu::AdamWScalars undecayed) {
+  __shared__ std::int64_t end[kStepSegments];
+  for (int j = threadIdx.x; j < segments.count; j += kStepThreads) end[j] = segments.end[j];
+  __syncthreads();
+  for (std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kStepTile; first < count;
+       first += static_cast<std::int64_t>(gridDim.x) * kStepTile) {
+    // The segment of the tile's first element: the first whose end lies past it.
+    int seg = 0;
+    for (int hi = segments.count - 1; seg < hi;) {
+      const int mid = (seg + hi) / 2;
+      if (end[mid] > first) {
+        hi = mid;
+      } else {
+        seg = mid + 1;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStepTile / kStepThreads; ++k) {
+      const std::int64_t i = first + k * kStepThreads + threadIdx.x;
+      if (i >= count) break;
+      while (end[seg] <= i) ++seg;
+      const cpu::AdamWScalars& s = (segments.decay >> seg) & 1u ? decayed : undecayed;
+      const float p = cpu::adamw_update(params, grads, m, v, i, s);
+      if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
+    }
   }
 }
 
@@ -448,18 +478,50 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
 void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
                 std::int64_t count, const cpu::AdamWHyper& h, std::int64_t step,
                 cpu::WeightDecay decay, float grad_scale, cudaStream_t stream) {
+  train::detail::check_positive("train::cuda::adamw_step", "count", count);
+  const cpu::AdamWSegment whole{count, decay};
+  adamw_step(params, params_bf16, grads, m, v, {&whole, 1}, h, step, grad_scale, stream);
+}
+
+void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& h,
+                std::int64_t step, float grad_scale, cudaStream_t stream) {
   constexpr const char* kWhere = "train::cuda::adamw_step";
   check_pointer(kWhere, "params", params);
   check_pointer(kWhere, "grads", grads);
   check_pointer(kWhere, "m", m);
   check_pointer(kWhere, "v", v);
-  train::detail::check_positive(kWhere, "count", count);
+  if (segments.empty()) ringattn::detail::fail(kWhere, "segments is empty; expected one or more");
+  for (std::size_t j = 0; j < segments.size(); ++j) {
+    if (segments[j].count <= 0) {
+      ringattn::detail::fail(kWhere, "segments[", j, "].count is ", segments[j].count,
+                             "; expected > 0");
+    }
+  }
   // The scalars exactly as cpu::adamw_step forms them (the same function), checks included.
-  const cpu::AdamWScalars s = cpu::adamw_scalars(kWhere, h, step, decay, grad_scale);
-  const std::int64_t blocks = std::min((count + kStepThreads - 1) / kStepThreads, kStepMaxBlocks);
-  adamw_kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, stream>>>(params, params_bf16,
-                                                                           grads, m, v, count, s);
-  RINGATTN_CUDA_CHECK_LAUNCH();
+  const cpu::AdamWScalars decayed =
+      cpu::adamw_scalars(kWhere, h, step, cpu::WeightDecay::apply, grad_scale);
+  const cpu::AdamWScalars undecayed =
+      cpu::adamw_scalars(kWhere, h, step, cpu::WeightDecay::skip, grad_scale);
+  std::int64_t offset = 0;
+  for (std::size_t first = 0; first < segments.size(); first += kStepSegments) {
+    StepSegments launch{};
+    std::int64_t count = 0;
+    for (std::size_t j = first; j < std::min(segments.size(), first + kStepSegments); ++j) {
+      count += segments[j].count;
+      launch.end[launch.count] = count;
+      if (segments[j].decay == cpu::WeightDecay::apply) {
+        launch.decay |= std::uint64_t{1} << launch.count;
+      }
+      ++launch.count;
+    }
+    const std::int64_t blocks = std::min((count + kStepTile - 1) / kStepTile, kStepMaxBlocks);
+    adamw_kernel<<<static_cast<unsigned>(blocks), kStepThreads, 0, stream>>>(
+        params + offset, params_bf16 != nullptr ? params_bf16 + offset : nullptr, grads + offset,
+        m + offset, v + offset, count, launch, decayed, undecayed);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+    offset += count;
+  }
 }
 
 }  // namespace ringattn::train::cuda
