@@ -299,6 +299,9 @@ __global__ void __launch_bounds__(kStepThreads)
   __shared__ std::int64_t end[kStepSegments];
   for (int j = threadIdx.x; j < segments.count; j += kStepThreads) end[j] = segments.end[j];
   __syncthreads();
+  // The two sets of scalars differ in `keep` only: one copy in registers, its keep chosen per
+  // element.
+  cpu::AdamWScalars s = decayed;
   for (std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kStepTile; first < count;
        first += static_cast<std::int64_t>(gridDim.x) * kStepTile) {
     // The segment of the tile's first element: the first whose end lies past it.
@@ -316,7 +319,7 @@ __global__ void __launch_bounds__(kStepThreads)
       const std::int64_t i = first + k * kStepThreads + threadIdx.x;
       if (i >= count) break;
       while (end[seg] <= i) ++seg;
-      const cpu::AdamWScalars& s = (segments.decay >> seg) & 1u ? decayed : undecayed;
+      s.keep = (segments.decay >> seg) & 1u ? decayed.keep : undecayed.keep;
       const float p = cpu::adamw_update(params, grads, m, v, i, s);
       if (params_bf16 != nullptr) params_bf16[i] = __float2bfloat16_rn(p);
     }
