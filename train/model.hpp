@@ -245,6 +245,8 @@ class Model final : public TrainModel {
   // The flat parameters whose moments this rank holds and updates, [shard_first_, shard_end_):
   // all of them unless ModelOptions::shard_optimizer splits them over grad_comm_'s ranks.
   std::int64_t shard_first_ = 0, shard_end_ = 0;
+  // That share tensor by tensor (each part's length and weight decay), for the one AdamW call.
+  std::vector<cpu::AdamWSegment> shard_segments_;
   bool sharded() const { return shard_end_ - shard_first_ < offsets_.back(); }
   std::pair<std::int64_t, std::int64_t> share_of(int rank) const;
   Buffer<Act> weights_;  // the GEMMs' copy of params_ where Act differs from Master

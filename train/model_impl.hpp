@@ -70,6 +70,13 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   if (options_.shard_optimizer && grad_comm_ && grad_comm_->size() > 1) {
     std::tie(shard_first_, shard_end_) = share_of(grad_comm_->rank());
   }
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const std::int64_t first = std::max(offsets_[i], shard_first_);
+    const std::int64_t end = std::min(offsets_[i + 1], shard_end_);
+    if (first >= end) continue;
+    shard_segments_.push_back({end - first, infos_[i].weight_decay ? cpu::WeightDecay::apply
+                                                                   : cpu::WeightDecay::skip});
+  }
   adam_m_ = Buffer<Master>(shard_end_ - shard_first_);
   adam_v_ = Buffer<Master>(shard_end_ - shard_first_);
   if constexpr (!std::is_same_v<Act, Master>) weights_ = Buffer<Act>(offset);
@@ -576,24 +583,12 @@ std::pair<std::int64_t, std::int64_t> Model<B>::share_of(int rank) const {
 
 template <class B>
 void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
-  // This rank's share as consecutive parts of the parameters, stepped in one call.
-  std::vector<cpu::AdamWSegment> segments;
-  std::int64_t start = -1;
-  for (std::size_t i = 0; i < infos_.size(); ++i) {
-    const std::int64_t first = std::max(offsets_[i], shard_first_);
-    const std::int64_t end = std::min(offsets_[i + 1], shard_end_);
-    if (first >= end) continue;
-    if (start < 0) start = first;
-    segments.push_back({end - first, infos_[i].weight_decay ? cpu::WeightDecay::apply
-                                                            : cpu::WeightDecay::skip});
-  }
   timed("adamw", [&] {
-    if (segments.empty()) return;
+    if (shard_segments_.empty()) return;
     Act* copy = nullptr;
-    if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + start;
-    backend_->adamw(params_.data() + start, copy, grads_.data() + start,
-                    adam_m_.data() + (start - shard_first_), adam_v_.data() + (start - shard_first_),
-                    segments, hyper, step, grad_scale);
+    if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + shard_first_;
+    backend_->adamw(params_.data() + shard_first_, copy, grads_.data() + shard_first_,
+                    adam_m_.data(), adam_v_.data(), shard_segments_, hyper, step, grad_scale);
   });
   if (!sharded()) return;
   // Each rank zeroes the weights outside its share; their sum over the ranks is then every
