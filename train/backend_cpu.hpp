@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ringattn/error.hpp"
@@ -48,6 +49,7 @@ class CpuBackend {
   void load_batch(const ShardBatch& batch, std::int64_t /*vocab: the ops check the ids*/) {
     batch_ = batch;
     weights_.assign(batch.loss_mask.begin(), batch.loss_mask.end());
+    pending_sums_ = {};
   }
   void fill_zero(T* data, std::int64_t count) { std::fill_n(data, count, T(0)); }
   void copy(T* dst, const T* src, std::int64_t count) { std::copy_n(src, count, dst); }
@@ -120,10 +122,9 @@ class CpuBackend {
                             span(gu, 2 * s.rows * s.hidden), s);
   }
   // The loss of the loaded batch's tokens [first, first + s.tokens) from their logits; with_grad
-  // writes the gradient of scale * loss_sum over the logits.
-  cpu::CrossEntropySums cross_entropy(T* logits, const cpu::CrossEntropyShape& s, bool with_grad,
-                                      double scale, std::span<std::int32_t> predictions,
-                                      std::int64_t first) {
+  // writes the gradient of scale * loss_sum over the logits. The sums wait for loss_sums().
+  void cross_entropy(T* logits, const cpu::CrossEntropyShape& s, bool with_grad, double scale,
+                     std::span<std::int32_t> predictions, std::int64_t first) {
     losses_.resize(s.tokens);
     predictions_.resize(s.tokens);
     const std::span<T> all = span(logits, s.tokens * s.vocab);
@@ -134,8 +135,11 @@ class CpuBackend {
                                                            targets, weights, s, scale)
                   : cpu::cross_entropy_forward<T>(losses_, predictions_, all, targets, weights, s);
     if (!predictions.empty()) std::copy(predictions_.begin(), predictions_.end(), predictions.begin());
-    return sums;
+    pending_sums_.loss_sum += sums.loss_sum;
+    pending_sums_.weight_sum += sums.weight_sum;
   }
+  // The sums of the cross_entropy calls since the last loss_sums(), each call's added in order.
+  cpu::CrossEntropySums loss_sums() { return std::exchange(pending_sums_, {}); }
 
   bool all_finite(const T* data, std::int64_t count) {
     for (std::int64_t i = 0; i < count; ++i) {
@@ -213,6 +217,7 @@ class CpuBackend {
 
   ShardBatch batch_{};
   std::vector<T> weights_, losses_;
+  cpu::CrossEntropySums pending_sums_;
   std::vector<float> scaled_;
   std::vector<std::int32_t> predictions_;
   std::vector<std::int64_t> positions_, token_positions_;

@@ -210,10 +210,10 @@ class Model final : public TrainModel {
   // attention output where every block keeps its own instead of running the ring again.
   void layer_forward(std::size_t l, Layer& L, bool recomputing);
   void run_forward(const ShardBatch& batch);
-  // The output head and the loss, chunk by chunk over the tokens; with_grad also adds the head's
-  // gradient and writes dh_ (the gradient of the final norm's output).
-  cpu::CrossEntropySums head_and_loss(bool with_grad, double grad_scale,
-                                      std::span<std::int32_t> predictions);
+  // The output head and the loss, chunk by chunk over the tokens (the loss sums from the backend's
+  // loss_sums() once they are needed); with_grad also adds the head's gradient and writes dh_
+  // (the gradient of the final norm's output).
+  void head_and_loss(bool with_grad, double grad_scale, std::span<std::int32_t> predictions);
   // The width of a packed QKV row: q heads, then k heads, then v heads.
   std::int64_t qkv_width() const { return (shape_.q_heads + 2 * shape_.kv_heads) * shape_.head_dim; }
   const Master* master(std::size_t i) const { return params_.data() + offsets_[i]; }

@@ -361,12 +361,11 @@ void Model<B>::run_forward(const ShardBatch& batch) {
 }
 
 template <class B>
-cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
-                                              std::span<std::int32_t> predictions) {
+void Model<B>::head_and_loss(bool with_grad, double grad_scale,
+                             std::span<std::int32_t> predictions) {
   B& be = *backend_;
   const std::int64_t n = local_tokens(), d = shape_.d_model, v = shape_.vocab;
   const std::int64_t chunk = std::min(n, options_.loss_chunk_tokens);
-  cpu::CrossEntropySums total;
   for (std::int64_t first = 0; first < n; first += chunk) {
     const std::int64_t rows = std::min(chunk, n - first);
     const Act* h = hf_.data() + first * d;
@@ -374,14 +373,10 @@ cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
       be.matmul_forward(logits_.data(), h, weight(head_), {rows, d, v}, Write::overwrite);
     });
     // dlogits over the logits in place.
-    cpu::CrossEntropySums sums;
     timed("loss.cross_entropy", [&] {
-      sums = be.cross_entropy(logits_.data(), {rows, v}, with_grad, grad_scale,
-                              predictions.empty() ? predictions : predictions.subspan(first, rows),
-                              first);
+      be.cross_entropy(logits_.data(), {rows, v}, with_grad, grad_scale,
+                       predictions.empty() ? predictions : predictions.subspan(first, rows), first);
     });
-    total.loss_sum += sums.loss_sum;
-    total.weight_sum += sums.weight_sum;
     if (with_grad) {
       timed("loss.head_matmul.backward", [&] {
         be.matmul_backward_weight(grad(head_), logits_.data(), h, {rows, d, v}, Write::add);
@@ -390,14 +385,14 @@ cpu::CrossEntropySums Model<B>::head_and_loss(bool with_grad, double grad_scale,
       });
     }
   }
-  return total;
 }
 
 template <class B>
 cpu::CrossEntropySums Model<B>::forward(const ShardBatch& batch,
                                         std::span<std::int32_t> predictions) {
   run_forward(batch);
-  return head_and_loss(false, 0.0, predictions);
+  head_and_loss(false, 0.0, predictions);
+  return backend_->loss_sums();
 }
 
 template <class B>
@@ -409,7 +404,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
                      hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
   const std::int64_t row = qkv_width();
-  const cpu::CrossEntropySums sums = head_and_loss(true, grad_scale, predictions);
+  head_and_loss(true, grad_scale, predictions);
   timed("rmsnorm.backward", [&] {
     be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
                         master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
@@ -488,7 +483,8 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   timed("embedding.backward", [&] {
     be.embedding_backward(grad(emb_), dx_.data(), {n, v, d}, options_.deterministic);
   });
-  return sums;
+  // Asked for last: on a GPU every op of the step is queued by then.
+  return be.loss_sums();
 }
 
 template <class B>

@@ -62,15 +62,20 @@ CrossEntropySums run(std::span<T> dlogits, std::span<T> losses, std::span<std::i
       out[targets[t]] = static_cast<T>(std::exp(double(target_logit) - lse)) * factor - factor;
     }
   });
+  return cross_entropy_sums<T>(losses, weights);
+}
+
+}  // namespace
+
+template <typename T>
+CrossEntropySums cross_entropy_sums(std::span<const T> losses, std::span<const T> weights) {
   CrossEntropySums sums;
-  for (std::int64_t t = 0; t < s.tokens; ++t) {
+  for (std::size_t t = 0; t < losses.size(); ++t) {
     sums.loss_sum += double(weights[t]) * double(losses[t]);
     sums.weight_sum += double(weights[t]);
   }
   return sums;
 }
-
-}  // namespace
 
 template <typename T>
 CrossEntropySums cross_entropy_forward(std::span<T> losses, std::span<std::int32_t> predictions,
@@ -98,6 +103,7 @@ CrossEntropySums cross_entropy_forward_backward(std::span<T> dlogits, std::span<
 }
 
 #define RINGATTN_INSTANTIATE(T)                                                                 \
+  template CrossEntropySums cross_entropy_sums<T>(std::span<const T>, std::span<const T>);      \
   template CrossEntropySums cross_entropy_forward<T>(                                           \
       std::span<T>, std::span<std::int32_t>, std::span<const T>, std::span<const std::int32_t>, \
       std::span<const T>, const CrossEntropyShape&);                                            \

@@ -33,6 +33,10 @@ struct CrossEntropySums {
   double weight_sum = 0.0;
 };
 
+// The sums of losses [tokens] under weights [tokens], in token order in double.
+template <typename T>
+CrossEntropySums cross_entropy_sums(std::span<const T> losses, std::span<const T> weights);
+
 // Writes losses [tokens] (loss_t, unweighted) and predictions [tokens] (the argmax of each row;
 // the lowest index among equal maxima), returns the sums.
 template <typename T>

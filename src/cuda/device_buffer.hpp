@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 #include <utility>
 
 #include "src/cuda/cuda_check.hpp"
@@ -70,6 +71,28 @@ class CudaStream {
 
  private:
   cudaStream_t stream_ = nullptr;
+};
+
+// `count` elements of T in page-locked host memory (uninitialised): a copy from the device into it
+// is queued on its stream and returns at once, where one into pageable memory waits for the copy.
+template <typename T>
+class PinnedArray {
+ public:
+  PinnedArray() = default;
+  explicit PinnedArray(std::size_t count) : size_(count) {
+    void* data = nullptr;
+    if (count > 0) RINGATTN_CUDA_CHECK(cudaMallocHost(&data, count * sizeof(T)));
+    data_.reset(static_cast<T*>(data));
+  }
+  T* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(T* data) const noexcept { RINGATTN_CUDA_LOG(cudaFreeHost(data)); }
+  };
+  std::unique_ptr<T, Free> data_;
+  std::size_t size_ = 0;
 };
 
 class CudaEvent {

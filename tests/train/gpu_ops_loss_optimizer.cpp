@@ -2,10 +2,11 @@
 // CPU twins (train/op_cross_entropy, train/op_adamw) on the same values:
 //
 //   cross-entropy  vocabularies of 256 to 131072 entries (1003: rows start at every alignment;
-//                  12296: a row that ends mid-way through the threads' last vectors), weights
+//                  12296: a row that ends mid-way through the threads' last vectors; up to 32768
+//                  the rows staged in shared memory, 65536 and 131072 read twice), weights
 //                  with zeros, ties for the argmax: the losses, the predictions, the sums, the
 //                  gradient out of place (vector and scalar paths) and in place; an
-//                  out-of-range target;
+//                  out-of-range target; NaN and infinite logits on both kernels;
 //   sum_of_squares against a long-double sum, and bitwise the same twice;
 //   adamw_step     five steps with and without decay, grad_scale != 1, against the twin fed the
 //                  scaled gradient; the bf16 copy; one call over 70 consecutive tensors against
@@ -15,8 +16,9 @@
 // Tolerances:
 //   losses: |out - ref| <= 1e-5 max(1, |ref|). The GPU sums exp(x - max) in fp32 (at most 256
 //     terms a thread, then a tree of 9 levels): relative error <= ~265 2^-24 = 1.6e-5 at worst
-//     over 131072 entries, ~1e-7 typically, plus ~2^-21 from its exp (ex2.approx) on the terms
-//     that matter; the twin sums in double. The loss is lse - x[target]
+//     over 131072 entries, ~1e-7 typically, plus ~2^-21 from its exp (ex2.approx, and the
+//     rounding of max log2(e): ~1e-6 at these logits) on the terms that matter; the twin sums in
+//     double. The loss is lse - x[target]
 //     with lse ~ 5..16 here, so an absolute lse error of 2e-5 is within 1e-5 |loss|. The logits
 //     are bf16 values, exact in fp32, so both sides see the same inputs. loss_sum: relative 1e-5.
 //   gradient: |out - ref| <= 2^-8 |ref| + 2^-14 (|ref| + weight scale). bf16 rounding of the
@@ -299,6 +301,72 @@ TEST(CudaCrossEntropyTargets, OutOfRangeTargetGivesNaN) {
     for (std::int64_t j = 0; j < vocab; ++j) nan += std::isnan(gradient[t * vocab + j]) ? 1 : 0;
     EXPECT_EQ(nan, bad_row ? vocab : 0) << "row " << t;
   }
+}
+
+// Rows with non-finite logits, on both kernels (the staged one where dlogits aligns with the
+// logits, the online one where it is 2 bytes off): a NaN never becomes the maximum and makes the
+// loss NaN; a +inf logit is the prediction and makes the loss non-finite; a row of -inf and NaN
+// predicts its first -inf. Both kernels give the same losses and predictions.
+TEST(CudaCrossEntropyTargets, NonFiniteLogitsOnBothPaths) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(9);
+  const std::int64_t tokens = 4, vocab = 1000;
+  const cpu::CrossEntropyShape shape{tokens, vocab};
+  Bits logits = random_bf16(tokens * vocab, rng);
+  const std::uint16_t nan = 0x7fc0u, inf = 0x7f80u, minus_inf = 0xff80u;
+  logits[0 * vocab + 17] = nan;  // row 0: a NaN among finite logits
+  logits[1 * vocab + 5] = inf;   // row 1: one +inf
+  logits[1 * vocab + 900] = nan;
+  for (std::int64_t j = 0; j < vocab; ++j) {  // row 2: -inf, NaN from 600 on
+    logits[2 * vocab + j] = j < 600 ? minus_inf : nan;
+  }
+  // Row 3: finite. The expected predictions: the first index of the largest non-NaN logit.
+  std::vector<std::int32_t> expected(tokens);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    float best = -INFINITY;
+    std::int32_t at = -1;
+    for (std::int64_t j = 0; j < vocab; ++j) {
+      const float x = bf16_to_float(logits[t * vocab + j]);
+      if (!std::isnan(x) && (at < 0 || x > best)) best = x, at = static_cast<std::int32_t>(j);
+    }
+    expected[t] = at;
+  }
+  const std::vector<std::int32_t> targets{3, 5, 10, 999};
+  const std::vector<float> weights{1.0f, 1.0f, 1.0f, 1.0f};
+  CudaStream stream;
+  const cudaStream_t st = stream.get();
+  const DeviceBuffer d_logits = to_device(logits, st);
+  const DeviceBuffer d_targets = to_device(targets, st), d_weights = to_device(weights, st);
+  DeviceBuffer d_losses(tokens * sizeof(float)), d_predictions(tokens * sizeof(std::int32_t));
+  DeviceBuffer d_dlogits((tokens * vocab + 8) * sizeof(bf16));
+  std::vector<float> losses[2];
+  for (int offset = 0; offset < 2; ++offset) {  // 0: staged kernel, 1: online kernel
+    std::vector<float> host_losses(tokens);
+    poison(d_losses.data(), tokens * sizeof(float), st);
+    poison(d_predictions.data(), tokens * sizeof(std::int32_t), st);
+    cuda::cross_entropy_forward_backward(
+        d_dlogits.as<bf16>() + offset, d_losses.as<float>(), d_predictions.as<std::int32_t>(),
+        d_logits.as<const bf16>(), d_targets.as<std::int32_t>(), d_weights.as<float>(), shape, 0.25,
+        host_losses.data(), weights.data(), st);
+    losses[offset] = download<float>(d_losses.as<float>(), tokens, st);
+    EXPECT_EQ(download<std::int32_t>(d_predictions.as<std::int32_t>(), tokens, st), expected)
+        << "offset " << offset;
+    EXPECT_TRUE(std::isnan(losses[offset][0])) << "offset " << offset;
+    EXPECT_FALSE(std::isfinite(losses[offset][1])) << "offset " << offset;
+    EXPECT_FALSE(std::isfinite(losses[offset][2])) << "offset " << offset;
+    EXPECT_TRUE(std::isfinite(losses[offset][3])) << "offset " << offset;
+  }
+  EXPECT_EQ(expected[1], 5);
+  EXPECT_EQ(expected[2], 0);
+  for (std::int64_t t = 0; t < 3; ++t) {  // the non-finite rows: the same value
+    const bool same =
+        std::isnan(losses[0][t]) ? std::isnan(losses[1][t]) : losses[0][t] == losses[1][t];
+    EXPECT_TRUE(same) << "row " << t << ": " << losses[0][t] << " and " << losses[1][t];
+  }
+  // The finite row: the two kernels' sums differ in rounding only.
+  const double loss = losses[1][3];
+  EXPECT_NEAR(losses[0][3], loss, kLossTolerance * std::max(1.0, std::fabs(loss)));
 }
 
 // ---- sum of squares -------------------------------------------------------------------------

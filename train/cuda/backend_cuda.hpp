@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringattn/tensor.hpp"
@@ -90,10 +91,14 @@ class CudaBackend {
   void rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s);
   void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);
   void swiglu_backward(Act* dgu, const Act* dout, const Act* gu, const cpu::SwigluShape& s);
-  // The loaded batch's tokens [first, first + s.tokens).
-  cpu::CrossEntropySums cross_entropy(Act* logits, const cpu::CrossEntropyShape& s,
-                                      bool with_grad, double scale,
-                                      std::span<std::int32_t> predictions, std::int64_t first);
+  // The loaded batch's tokens [first, first + s.tokens), queued: their losses come back to the
+  // host behind the kernel, and loss_sums() waits only for them (predictions, for an evaluation,
+  // are waited for here).
+  void cross_entropy(Act* logits, const cpu::CrossEntropyShape& s, bool with_grad, double scale,
+                     std::span<std::int32_t> predictions, std::int64_t first);
+  // The sums of the cross_entropy calls since the last loss_sums(): each call's tokens in order in
+  // double, the calls added in order (the CPU backend's sums).
+  cpu::CrossEntropySums loss_sums();
 
   // Whether every value is finite (through fp32 copies of up to 16M values at a time; for
   // diagnostics, it waits on the stream).
@@ -118,7 +123,10 @@ class CudaBackend {
   cuda::Gemm gemm_;
   DeviceArray<std::int32_t> tokens_, targets_, predictions_;
   DeviceArray<float> weights_, losses_, rope_cos_, rope_sin_, scratch_;
-  std::vector<float> host_weights_, host_losses_;
+  std::vector<float> host_weights_;
+  PinnedArray<float> host_losses_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> pending_losses_;  // (first, tokens) a call
+  CudaEvent losses_copied_;
   std::int64_t rope_rows_ = 0;
   double peak_mib_ = 0.0;
   std::vector<std::unique_ptr<CudaEvent>> interval_events_;  // interval i: 2 i (begin), 2 i + 1

@@ -43,7 +43,10 @@ void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
   ensure(losses_, n);
   ensure(predictions_, n);
   host_weights_.assign(batch.loss_mask.begin(), batch.loss_mask.end());
-  host_losses_.resize(n);
+  if (static_cast<std::int64_t>(host_losses_.size()) < n) {
+    host_losses_ = PinnedArray<float>(static_cast<std::size_t>(n));
+  }
+  pending_losses_.clear();
   cudaStream_t s = stream_.get();
   RINGATTN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), batch.inputs.data(), n * sizeof(std::int32_t),
                                       cudaMemcpyHostToDevice, s));
@@ -158,27 +161,39 @@ void CudaBackend::swiglu_backward(Act* dgu, const Act* dout, const Act* gu,
   cuda::swiglu_backward(dgu, dout, gu, s, stream_.get());
 }
 
-cpu::CrossEntropySums CudaBackend::cross_entropy(Act* logits, const cpu::CrossEntropyShape& s,
-                                                 bool with_grad, double scale,
-                                                 std::span<std::int32_t> predictions,
-                                                 std::int64_t first) {
-  const cpu::CrossEntropySums sums =
-      with_grad ? cuda::cross_entropy_forward_backward(
-                      logits, losses_.data() + first, predictions_.data() + first, logits,
-                      targets_.data() + first, weights_.data() + first, s, scale,
-                      host_losses_.data() + first, host_weights_.data() + first, stream_.get())
-                : cuda::cross_entropy_forward(losses_.data() + first, predictions_.data() + first,
-                                              logits, targets_.data() + first,
-                                              weights_.data() + first, s,
-                                              host_losses_.data() + first,
-                                              host_weights_.data() + first, stream_.get());
+void CudaBackend::cross_entropy(Act* logits, const cpu::CrossEntropyShape& s, bool with_grad,
+                                double scale, std::span<std::int32_t> predictions,
+                                std::int64_t first) {
+  cuda::cross_entropy_queue(with_grad ? logits : nullptr, losses_.data() + first,
+                            predictions_.data() + first, logits, targets_.data() + first,
+                            weights_.data() + first, s, scale, host_weights_.data() + first,
+                            stream_.get());
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(host_losses_.data() + first, losses_.data() + first,
+                                      s.tokens * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream_.get()));
+  losses_copied_.record(stream_.get());
+  pending_losses_.emplace_back(first, s.tokens);
   if (!predictions.empty()) {
     RINGATTN_CUDA_CHECK(cudaMemcpyAsync(predictions.data(), predictions_.data() + first,
                                         s.tokens * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
                                         stream_.get()));
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   }
-  return sums;
+}
+
+cpu::CrossEntropySums CudaBackend::loss_sums() {
+  cpu::CrossEntropySums total;
+  if (pending_losses_.empty()) return total;
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(losses_copied_.get()));
+  for (const auto& [first, tokens] : pending_losses_) {
+    const auto begin = static_cast<std::size_t>(first), count = static_cast<std::size_t>(tokens);
+    const cpu::CrossEntropySums sums = cpu::cross_entropy_sums<float>(
+        {host_losses_.data() + begin, count}, {host_weights_.data() + begin, count});
+    total.loss_sum += sums.loss_sum;
+    total.weight_sum += sums.weight_sum;
+  }
+  pending_losses_.clear();
+  return total;
 }
 
 bool CudaBackend::all_finite(const Act* data, std::int64_t count) {

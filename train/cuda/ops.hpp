@@ -3,9 +3,10 @@
 // tested against its twin, tests/train/gpu_ops.cpp).
 //
 // Every pointer is device memory; every op is enqueued on `stream` and returns without waiting,
-// except where a result comes back to the host (cross_entropy_*, sum_of_squares), which wait on
-// the stream. Sizes are the same shape structs as the CPU twins; a non-positive size or a null
-// pointer throws ringattn::Error naming the argument before anything is launched.
+// except where a result comes back to the host (cross_entropy_forward(_backward),
+// sum_of_squares), which wait on the stream. Sizes are the same shape structs as the CPU twins; a
+// non-positive size or a null pointer throws ringattn::Error naming the argument before anything
+// is launched.
 //
 // Precision: activations and their gradients are bf16 in memory; norms, softmax, rotations,
 // SwiGLU and the optimizer compute in fp32; weight gradients, master weights and AdamW moments
@@ -124,6 +125,13 @@ cpu::CrossEntropySums cross_entropy_forward_backward(bf16* dlogits, float* losse
                                                      double scale, float* host_losses,
                                                      const float* host_weights,
                                                      cudaStream_t stream);
+// cross_entropy_forward (dlogits null) or cross_entropy_forward_backward without the wait: the
+// same checks and kernel, queued on the stream; the losses stay on the device for the caller to
+// copy back and sum (cpu::cross_entropy_sums) when it needs them.
+void cross_entropy_queue(bf16* dlogits, float* losses, std::int32_t* predictions,
+                         const bf16* logits, const std::int32_t* targets, const float* weights,
+                         const cpu::CrossEntropyShape& shape, double scale,
+                         const float* host_weights, cudaStream_t stream);
 
 // ---- optimizer -----------------------------------------------------------------------------
 

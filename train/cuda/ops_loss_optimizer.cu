@@ -2,13 +2,15 @@
 // gradient, the sum of squares of gradient clipping, and the AdamW step. The CPU twins
 // (train/op_cross_entropy, train/op_adamw) define the math.
 //
-// Cross-entropy runs one block per token row and reads the row twice: once for its statistics
-// (an online max / sum of exponentials in fp32, with the argmax), then, after a barrier, once
-// more to write the gradient. Every element of the second pass is read and written by the same
-// thread, so the gradient can overwrite the logits in place. Rows are read in 16-byte vectors
-// between a scalar head (up to the row's first 16-byte boundary) and a scalar tail: vocab need
-// not be a multiple of anything. The losses come back to the host, where the sums are formed in
-// token order in double, as the CPU twin forms them.
+// Cross-entropy runs one block per token row. Where the row fits in shared memory (vocabularies up
+// to 49152), it is copied there once and three passes over the copy give its max, its sum of
+// exponentials (fp32) with the argmax, and the gradient; otherwise the row is read twice from
+// global memory: an online max / sum of exponentials, then, after a barrier, the gradient. Every
+// entry of the gradient is written by the thread that read it, so the gradient can overwrite
+// the logits in place. Rows are read in 16-byte vectors between a scalar head (up to the row's
+// first 16-byte boundary) and a scalar tail: vocab need not be a multiple of anything. The losses
+// come back to the host, where the sums are formed in token order in double, as the CPU twin
+// forms them.
 //
 // sum_of_squares: a grid that depends only on the element count, each block summing a fixed
 // range in double; the block partials are added on the host in order (bitwise reproducible).
@@ -30,6 +32,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cuda/mma_ptx.cuh"
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
 
@@ -44,13 +47,33 @@ constexpr int kRowThreads = 512;
 constexpr int kRowWarps = kRowThreads / 32;
 constexpr int kVector = 8;  // bf16 elements per 16-byte access
 constexpr int kNoIndex = INT_MAX;
+// The largest row cross_entropy_staged_kernel copies into shared memory: 96 KiB (a 49152-entry
+// vocabulary), two blocks an SM; a 32768-entry row (64 KiB) leaves room for three.
+constexpr std::size_t kStagedRowMaxBytes = 96 * 1024;
 
-// exp(a) as ex2.approx(a * log2(e)) (__expf): two instructions where expf takes several, the
-// kernel's arithmetic being most of its time. Relative error about 2^-21 plus |a| 2^-24 from the
-// rounded product, which only matters for terms below e^-16 of the row's largest: the row's sum
-// and the probabilities stay within ~1e-6 of the exact ones. exp(-inf) = 0, exp(NaN) = NaN.
+constexpr float kLog2e = 1.44269504088896340736f;
+
+// 2^a in one instruction: ex2.approx.ftz flushes results below 2^-126 to zero, where the plain
+// ex2.approx.f32 (__expf's) spends three more instructions an entry keeping them, and the
+// kernels' arithmetic is most of their time. Relative error about 2^-22. 2^-inf = 0, 2^NaN = NaN.
+__device__ __forceinline__ float exp2_ftz(float a) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+}
+
+// exp(a) = 2^(a log2 e). The rounded product adds |a| 2^-24 relative: the row's sum and the
+// probabilities stay within ~1e-6 of the exact ones for the logits' range.
 __device__ __forceinline__ float exp_fast(float a) {
-  return __expf(a);
+  return exp2_ftz(a * kLog2e);
+}
+
+// exp(x - c) from c_log2 = c log2 e: one FMA and the 2^, where exp_fast(x - c) takes three
+// instructions. x log2 e - c_log2 rounds once; c_log2's own rounding adds |c| 2^-24 relative (1e-6
+// at |c| = 16). For x == c the result is 1 within that, not exactly 1; infinite or NaN c gives
+// exp_fast(x - c)'s 0 or NaN.
+__device__ __forceinline__ float exp_minus(float x, float c_log2) {
+  return exp2_ftz(fmaf(x, kLog2e, -c_log2));
 }
 
 // The statistics of a set of logits: their maximum, the sum of exp(x - max) over them, and the
@@ -144,8 +167,7 @@ __device__ __forceinline__ void unpack_word(unsigned word, float& low, float& hi
 }
 
 __device__ __forceinline__ unsigned pack_word(float low, float high) {
-  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(low))) |
-         static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(high))) << 16;
+  return cuda_detail::pack2<bf16>(low, high);
 }
 
 // 8 bf16 of one 16-byte access.
@@ -174,9 +196,70 @@ __device__ __forceinline__ RowSplit split_row(const bf16* row, int vocab, bool v
   return {head, vectors, head + vectors * kVector};
 }
 
-// One block per row t. vectorize: dlogits (when written) has the same alignment modulo 16 bytes
-// as logits, so both rows split at the same indices.
-template <bool kBackward>
+// The gradient pass over one row: out = (softmax - onehot) * factor, a weight of 0 giving exact
+// zeros. Each thread writes the entries it read in the statistics pass (so out may be the logits
+// themselves); `vectors` holds the row's 16-byte vectors (the logits, or their copy in shared
+// memory).
+__device__ __forceinline__ void write_gradient(bf16* out, const bf16* row, const uint4* vectors,
+                                               RowSplit split, int vocab, float lse, float factor,
+                                               int target) {
+  const float lse_log2 = lse * kLog2e;
+  auto gradient = [&](float x, int j) {
+    const float p = exp_minus(x, lse_log2);
+    return j == target ? p * factor - factor : p * factor;
+  };
+  for (int j = threadIdx.x; j < split.head; j += kRowThreads) {
+    out[j] = __float2bfloat16_rn(gradient(__bfloat162float(row[j]), j));
+  }
+  uint4* out_vectors = reinterpret_cast<uint4*>(out + split.head);
+  for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
+    float x[kVector];
+    unpack(vectors[i], x);
+    const int j0 = split.head + i * kVector;
+    // One comparison a vector for the target; its vector takes the per-entry expression.
+    if (static_cast<unsigned>(target - j0) < static_cast<unsigned>(kVector)) {
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) x[k] = gradient(x[k], j0 + k);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) x[k] = exp_minus(x[k], lse_log2) * factor;
+    }
+    out_vectors[i] = pack(x);
+  }
+  for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
+    out[j] = __float2bfloat16_rn(gradient(__bfloat162float(row[j]), j));
+  }
+}
+
+// What both kernels do once a row's (max, sum, argmax) are known: the loss and the prediction
+// (thread 0), and with dlogits the gradient. An invalid target has no loss: NaN, for the caller's
+// check of the loss to catch, and a NaN gradient row.
+__device__ __forceinline__ void finish_row(bf16* dlogits, float* losses, std::int32_t* predictions,
+                                           std::int64_t t, const bf16* row, const uint4* vectors,
+                                           RowSplit split, int vocab, RowStats s,
+                                           float target_logit, int target, float factor) {
+  const bool valid_target = target >= 0 && target < vocab;
+  const float lse = valid_target ? s.max + logf(s.sum) : __int_as_float(0x7fffffff);
+  if (threadIdx.x == 0) {
+    losses[t] = lse - target_logit;
+    predictions[t] = s.argmax == kNoIndex ? 0 : s.argmax;  // kNoIndex: every logit is NaN
+  }
+  if (dlogits != nullptr) {
+    write_gradient(dlogits + t * vocab, row, vectors, split, vocab, lse, factor, target);
+  }
+}
+
+// The logit at the target (0 for an invalid one), read by thread 0 before any barrier: after the
+// statistics the row may be overwritten (in place).
+__device__ __forceinline__ float read_target_logit(const bf16* row, int target, int vocab) {
+  return threadIdx.x == 0 && target >= 0 && target < vocab ? __bfloat162float(row[target]) : 0.0f;
+}
+
+// One block per row t, two passes over the logits in global memory: an online (max, sum) as the
+// row streams by, then the gradient (the row read again, mostly from L2). vectorize: dlogits
+// (when written) has the same alignment modulo 16 bytes as logits, so both rows split at the
+// same indices. For any vocabulary; cross_entropy_staged_kernel is the faster path where a row
+// fits in shared memory.
 __global__ void __launch_bounds__(kRowThreads)
     cross_entropy_kernel(bf16* dlogits, float* losses, std::int32_t* predictions,
                          const bf16* logits, const std::int32_t* targets, const float* weights,
@@ -185,10 +268,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const std::int64_t t = blockIdx.x;
   const bf16* row = logits + t * vocab;
   const int target = targets[t];
-  const bool valid_target = target >= 0 && target < vocab;
-  // Read before the barrier in reduce_block: after it, the row may be overwritten (in place).
-  float target_logit = 0.0f;
-  if (threadIdx.x == 0 && valid_target) target_logit = __bfloat162float(row[target]);
+  const float target_logit = read_target_logit(row, target, vocab);
 
   const RowSplit split = split_row(row, vocab, vectorize);
   RowStats s = empty_stats();
@@ -205,38 +285,111 @@ __global__ void __launch_bounds__(kRowThreads)
     add_logit(s, __bfloat162float(row[j]), j);
   }
   s = reduce_block(s, shared);
+  finish_row(dlogits, losses, predictions, t, row, vectors, split, vocab, s, target_logit, target,
+             static_cast<float>(static_cast<double>(weights[t]) * scale));
+}
 
-  // An invalid target has no loss: NaN, for the caller's check of the loss to catch, and a NaN
-  // gradient row.
-  const float lse = valid_target ? s.max + logf(s.sum) : __int_as_float(0x7fffffff);
-  if (threadIdx.x == 0) {
-    losses[t] = lse - target_logit;
-    predictions[t] = s.argmax == kNoIndex ? 0 : s.argmax;  // kNoIndex: every logit is NaN
+// The largest of two bf16 pairs' four values as a pair (max.bf16x2: a NaN loses to any number).
+__device__ __forceinline__ unsigned max_pair(unsigned a, unsigned b) {
+  __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162*>(&a);
+  const __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162*>(&b);
+  x = __hmax2(x, y);
+  return *reinterpret_cast<unsigned*>(&x);
+}
+
+// One block per row t with the row's vectors copied into shared memory (cp.async), so that it is
+// read from device memory once and the statistics take three cheap passes over the copy instead
+// of one online pass: the row's max (packed bf16 maxima, no exponential), then sum exp(x - max)
+// (one exponential and one add an entry, where the online form also compares and rescales), with
+// the argmax searched only by the threads whose own maximum is the row's; then the gradient.
+// Needs split_row's vectors (the host launches it when dlogits and logits align alike) and
+// vocab / kVector * 16 bytes of dynamic shared memory. The sums differ from the online kernel's
+// in rounding only (exp(x - max) against the row's max rather than each thread's running one).
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_staged_kernel(bf16* dlogits, float* losses, std::int32_t* predictions,
+                                const bf16* logits, const std::int32_t* targets,
+                                const float* weights, int vocab, double scale) {
+  extern __shared__ uint4 staged[];
+  __shared__ RowStats shared[kRowWarps + 1];
+  const std::int64_t t = blockIdx.x;
+  const bf16* row = logits + t * vocab;
+  const int target = targets[t];
+  const float target_logit = read_target_logit(row, target, vocab);
+  const RowSplit split = split_row(row, vocab, true);
+  const uint4* vectors = reinterpret_cast<const uint4*>(row + split.head);
+  // Each thread copies, and later reads, only its own vectors: its wait is all it needs.
+  for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
+    cuda_detail::cp_async_16(staged + i, vectors + i, true);
   }
-  if constexpr (kBackward) {
-    const float factor = static_cast<float>(static_cast<double>(weights[t]) * scale);
-    bf16* out = dlogits + t * vocab;
-    // (softmax - onehot) * factor; a weight of 0 gives exact zeros.
-    auto gradient = [&](float x, int j) {
-      const float p = exp_fast(x - lse);
-      return j == target ? p * factor - factor : p * factor;
-    };
-    for (int j = threadIdx.x; j < split.head; j += kRowThreads) {
-      out[j] = __float2bfloat16_rn(gradient(__bfloat162float(row[j]), j));
-    }
-    uint4* out_vectors = reinterpret_cast<uint4*>(out + split.head);
-    for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
-      float x[kVector];
-      unpack(vectors[i], x);
-      const int j0 = split.head + i * kVector;
+  cuda_detail::cp_async_commit();
+  cuda_detail::cp_async_wait<0>();
+
+  // The row's max. The scalar head and tail are read from the logits in every pass.
+  float mine = -INFINITY;
+  for (int j = threadIdx.x; j < split.head; j += kRowThreads) {
+    mine = fmaxf(mine, __bfloat162float(row[j]));
+  }
+  unsigned pair = 0xff80ff80u;  // (-inf, -inf)
+  for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
+    const uint4 raw = staged[i];
+    pair = max_pair(pair, max_pair(max_pair(raw.x, raw.y), max_pair(raw.z, raw.w)));
+  }
+  {
+    float low, high;
+    unpack_word(pair, low, high);
+    mine = fmaxf(mine, fmaxf(low, high));
+  }
+  for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
+    mine = fmaxf(mine, __bfloat162float(row[j]));
+  }
+  const float max = reduce_block({mine, 0.0f, kNoIndex}, shared).max;  // never NaN
+
+  // sum exp(x - max). An infinite max (a +inf logit, or none above -inf) takes add_logit's rule:
+  // 1 where x equals it, exp(x - max) elsewhere.
+  const bool finite_max = isfinite(max);
+  const float max_log2 = max * kLog2e;
+  const auto term = [&](float x) {
+    return finite_max ? exp_minus(x, max_log2) : x == max ? 1.0f : exp_fast(x - max);
+  };
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < split.head; j += kRowThreads) sum += term(__bfloat162float(row[j]));
+  for (int i = threadIdx.x; i < split.vectors; i += kRowThreads) {
+    float x[kVector];
+    unpack(staged[i], x);
+    if (finite_max) {
 #pragma unroll
-      for (int k = 0; k < kVector; ++k) x[k] = gradient(x[k], j0 + k);
-      out_vectors[i] = pack(x);
-    }
-    for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
-      out[j] = __float2bfloat16_rn(gradient(__bfloat162float(row[j]), j));
+      for (int k = 0; k < kVector; ++k) sum += exp_minus(x[k], max_log2);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVector; ++k) sum += term(x[k]);
     }
   }
+  for (int j = split.tail + threadIdx.x; j < vocab; j += kRowThreads) {
+    sum += term(__bfloat162float(row[j]));
+  }
+  // The first index holding the max, among this thread's entries in index order (head, vectors,
+  // tail), where its own max is the row's.
+  int argmax = kNoIndex;
+  if (mine == max) {
+    for (int j = threadIdx.x; j < split.head && argmax == kNoIndex; j += kRowThreads) {
+      if (__bfloat162float(row[j]) == max) argmax = j;
+    }
+    for (int i = threadIdx.x; i < split.vectors && argmax == kNoIndex; i += kRowThreads) {
+      float x[kVector];
+      unpack(staged[i], x);
+#pragma unroll
+      for (int k = kVector - 1; k >= 0; --k) {
+        if (x[k] == max) argmax = split.head + i * kVector + k;
+      }
+    }
+    for (int j = split.tail + threadIdx.x; j < vocab && argmax == kNoIndex; j += kRowThreads) {
+      if (__bfloat162float(row[j]) == max) argmax = j;
+    }
+  }
+  // Every thread's statistics share the max: the tree adds the sums and keeps the least index.
+  const RowStats s = reduce_block({max, sum, argmax}, shared);
+  finish_row(dlogits, losses, predictions, t, row, staged, split, vocab, s, target_logit, target,
+             static_cast<float>(static_cast<double>(weights[t]) * scale));
 }
 
 // ---- sum of squares --------------------------------------------------------------------------
@@ -339,13 +492,14 @@ void check_pointer(const char* where, const char* name, const void* pointer,
     ringattn::detail::fail(where, name, " is null; expected ", memory, " memory");
 }
 
-// backward = false: the forward alone (dlogits and scale unused).
-cpu::CrossEntropySums run_cross_entropy(const char* where, bool backward, bf16* dlogits,
-                                        float* losses, std::int32_t* predictions,
-                                        const bf16* logits, const std::int32_t* targets,
-                                        const float* weights, const cpu::CrossEntropyShape& s,
-                                        double scale, float* host_losses, const float* host_weights,
-                                        cudaStream_t stream) {
+// The checks and the kernel of a cross-entropy call, queued on the stream (dlogits null: the
+// forward alone).
+void launch_cross_entropy(const char* where, bf16* dlogits, float* losses,
+                          std::int32_t* predictions, const bf16* logits,
+                          const std::int32_t* targets, const float* weights,
+                          const cpu::CrossEntropyShape& s, double scale, const float* host_weights,
+                          cudaStream_t stream) {
+  const bool backward = dlogits != nullptr;
   train::detail::check_positive(where, "shape.tokens", s.tokens);
   train::detail::check_positive(where, "shape.vocab", s.vocab);
   if (s.tokens > kMaxTokens) {
@@ -359,7 +513,6 @@ cpu::CrossEntropySums run_cross_entropy(const char* where, bool backward, bf16* 
   check_pointer(where, "logits", logits);
   check_pointer(where, "targets", targets);
   check_pointer(where, "weights", weights);
-  check_pointer(where, "host_losses", host_losses, "host");
   check_pointer(where, "host_weights", host_weights, "host");
   if (backward) {
     check_pointer(where, "dlogits", dlogits);
@@ -384,29 +537,39 @@ cpu::CrossEntropySums run_cross_entropy(const char* where, bool backward, bf16* 
 
   const dim3 grid(static_cast<unsigned>(s.tokens));
   const int vocab = static_cast<int>(s.vocab);
-  if (backward) {
-    // Vector accesses need both rows to split at the same indices.
-    const bool vectorize = reinterpret_cast<std::uintptr_t>(logits) % 16 ==
-                           reinterpret_cast<std::uintptr_t>(dlogits) % 16;
-    cross_entropy_kernel<true><<<grid, kRowThreads, 0, stream>>>(
-        dlogits, losses, predictions, logits, targets, weights, vocab, scale, vectorize);
+  // Vector accesses need both rows to split at the same indices.
+  const bool vectorize = !backward || reinterpret_cast<std::uintptr_t>(logits) % 16 ==
+                                          reinterpret_cast<std::uintptr_t>(dlogits) % 16;
+  const std::size_t staged_bytes = static_cast<std::size_t>(vocab / kVector) * sizeof(uint4);
+  if (vectorize && staged_bytes <= kStagedRowMaxBytes) {
+    // Per call: the attribute belongs to the current device.
+    RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(cross_entropy_staged_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(staged_bytes)));
+    cross_entropy_staged_kernel<<<grid, kRowThreads, staged_bytes, stream>>>(
+        dlogits, losses, predictions, logits, targets, weights, vocab, scale);
   } else {
-    cross_entropy_kernel<false><<<grid, kRowThreads, 0, stream>>>(
-        nullptr, losses, predictions, logits, targets, weights, vocab, 0.0, true);
+    cross_entropy_kernel<<<grid, kRowThreads, 0, stream>>>(
+        dlogits, losses, predictions, logits, targets, weights, vocab, scale, vectorize);
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(host_losses, losses,
-                                      static_cast<std::size_t>(s.tokens) * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream));
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
-  // In token order, in double, as the CPU twin sums.
-  cpu::CrossEntropySums sums;
-  for (std::int64_t t = 0; t < s.tokens; ++t) {
-    sums.loss_sum += double(host_weights[t]) * double(host_losses[t]);
-    sums.weight_sum += double(host_weights[t]);
-  }
-  return sums;
+// launch_cross_entropy, then the losses back to the host and their sums.
+cpu::CrossEntropySums run_cross_entropy(const char* where, bf16* dlogits, float* losses,
+                                        std::int32_t* predictions, const bf16* logits,
+                                        const std::int32_t* targets, const float* weights,
+                                        const cpu::CrossEntropyShape& s, double scale,
+                                        float* host_losses, const float* host_weights,
+                                        cudaStream_t stream) {
+  check_pointer(where, "host_losses", host_losses, "host");
+  launch_cross_entropy(where, dlogits, losses, predictions, logits, targets, weights, s, scale,
+                       host_weights, stream);
+  const auto tokens = static_cast<std::size_t>(s.tokens);
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(host_losses, losses, tokens * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return cpu::cross_entropy_sums<float>({host_losses, tokens}, {host_weights, tokens});
 }
 
 // Device memory from the stream-ordered allocator for the span of one call, returned on the
@@ -441,18 +604,26 @@ cpu::CrossEntropySums cross_entropy_forward(float* losses, std::int32_t* predict
                                             const float* weights,
                                             const cpu::CrossEntropyShape& shape, float* host_losses,
                                             const float* host_weights, cudaStream_t stream) {
-  return run_cross_entropy("train::cuda::cross_entropy_forward", false, nullptr, losses,
-                           predictions, logits, targets, weights, shape, 0.0, host_losses,
-                           host_weights, stream);
+  return run_cross_entropy("train::cuda::cross_entropy_forward", nullptr, losses, predictions,
+                           logits, targets, weights, shape, 0.0, host_losses, host_weights, stream);
 }
 
 cpu::CrossEntropySums cross_entropy_forward_backward(
     bf16* dlogits, float* losses, std::int32_t* predictions, const bf16* logits,
     const std::int32_t* targets, const float* weights, const cpu::CrossEntropyShape& shape,
     double scale, float* host_losses, const float* host_weights, cudaStream_t stream) {
-  return run_cross_entropy("train::cuda::cross_entropy_forward_backward", true, dlogits, losses,
+  check_pointer("train::cuda::cross_entropy_forward_backward", "dlogits", dlogits);
+  return run_cross_entropy("train::cuda::cross_entropy_forward_backward", dlogits, losses,
                            predictions, logits, targets, weights, shape, scale, host_losses,
                            host_weights, stream);
+}
+
+void cross_entropy_queue(bf16* dlogits, float* losses, std::int32_t* predictions,
+                         const bf16* logits, const std::int32_t* targets, const float* weights,
+                         const cpu::CrossEntropyShape& shape, double scale,
+                         const float* host_weights, cudaStream_t stream) {
+  launch_cross_entropy("train::cuda::cross_entropy_queue", dlogits, losses, predictions, logits,
+                       targets, weights, shape, scale, host_weights, stream);
 }
 
 double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t stream) {
