@@ -43,10 +43,6 @@ void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
   ensure(losses_, n);
   ensure(predictions_, n);
   host_weights_.assign(batch.loss_mask.begin(), batch.loss_mask.end());
-  if (static_cast<std::int64_t>(host_losses_.size()) < n) {
-    host_losses_ = PinnedArray<float>(static_cast<std::size_t>(n));
-  }
-  pending_losses_.clear();
   cudaStream_t s = stream_.get();
   RINGATTN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), batch.inputs.data(), n * sizeof(std::int32_t),
                                       cudaMemcpyHostToDevice, s));
@@ -56,6 +52,11 @@ void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
                                       cudaMemcpyHostToDevice, s));
   // The host vectors may change before the copies ran (pageable copies are staged, but be sure).
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+  // After the wait: no copy of an earlier batch's losses is still on its way into the buffer.
+  pending_losses_.clear();
+  if (static_cast<std::int64_t>(host_losses_.size()) < n) {
+    host_losses_ = PinnedArray<float>(static_cast<std::size_t>(n));
+  }
 }
 
 void CudaBackend::fill_zero(float* data, std::int64_t count) {
