@@ -4,7 +4,8 @@
 //     loss in uneven chunks of tokens, the CPU's in one): the loss within 1e-2
 //     (relative) and every parameter's gradient within 6% (relative L2 error) of the CPU model's,
 //     the bf16 rounding of activations and their gradients (2^-9 per rounding, a few dozen
-//     roundings deep) being the bound;
+//     roundings deep) being the bound; the forward alone (an evaluation, with predictions) gives
+//     each model bitwise its training loss;
 //   - deterministic mode: two runs give bitwise the same gradients, and recomputation (with the
 //     attention output kept or recomputed) gives bitwise those of the run that keeps every
 //     activation;
@@ -87,7 +88,9 @@ std::shared_ptr<Communicator> self_mpi() {
 
 struct Gradients {
   double loss = 0.0;
+  double eval_loss = 0.0;  // the forward alone, after the step's backward
   std::vector<float> grads;
+  std::vector<std::int32_t> predictions;
 };
 
 Gradients run_once(TrainModel& model, const Batch& batch) {
@@ -99,6 +102,9 @@ Gradients run_once(TrainModel& model, const Batch& batch) {
   Gradients r;
   r.loss = sums.loss_sum / weight;
   model.export_gradients(r.grads);
+  r.predictions.assign(batch.inputs.size(), -1);
+  const cpu::CrossEntropySums eval = model.forward(batch.view(), r.predictions);
+  r.eval_loss = eval.loss_sum / weight;
   return r;
 }
 
@@ -123,6 +129,11 @@ TEST(CudaModel, MatchesTheCpuModel) {
   const Gradients actual = run_once(*gpu_model, batch);
   std::printf("loss cpu %.6f cuda %.6f\n", expected.loss, actual.loss);
   EXPECT_NEAR(actual.loss, expected.loss, 1e-2 * expected.loss);
+  EXPECT_EQ(actual.eval_loss, actual.loss);
+  EXPECT_EQ(expected.eval_loss, expected.loss);
+  for (const std::int32_t p : actual.predictions) {
+    ASSERT_TRUE(p >= 0 && p < c.model.vocab_size) << "prediction " << p;
+  }
   std::size_t offset = 0;
   for (const ParameterInfo& info : cpu_model.parameter_infos()) {
     double err = 0.0, ref = 0.0;
