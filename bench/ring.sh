@@ -16,7 +16,7 @@ out="${1:?usage: bench/ring.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export RINGATTN_REVISION="${RINGATTN_REVISION:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}"
+export RINGATTN_REVISION="${RINGATTN_REVISION:-$(tools/revision.sh)}"
 bench="${RINGATTN_BENCH:-build-gpu/ringattn-bench}"
 fit="${RING_FIT:-0}"
 gpus=2 seqlens=32768,131072,524288 max_full_seq=131072

@@ -9,7 +9,7 @@
 #   TRAINER_SHAPES overrides the one-GPU list, TRAINER_TORCH=0 skips PyTorch
 #   TRAINER_SET    more `--set key=value` for every ringattn-train run, space-separated
 #   CUDA_VISIBLE_DEVICES limits the GPUs (the cp = 2 runs need two); RINGATTN_REVISION names the
-#   revision in the JSON (default: git's HEAD, with -dirty when tracked files differ)
+#   revision in the JSON (default: tools/revision.sh, git's HEAD and the digest of the sources)
 #
 # Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
 # for the same shape and the ratio. The exit status is non-zero when a ringattn-train run failed
@@ -104,7 +104,7 @@ for name in sorted(os.listdir(runs)):
           + (f"  torch {t['tokens_per_s']:.0f} tokens/s  ratio {row['ratio_to_torch']:.2f}"
              if t is not None and "ratio_to_torch" in row else ""))
 rev = os.environ.get("RINGATTN_REVISION") or subprocess.run(
-    ["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True).stdout.strip()
+    ["tools/revision.sh"], capture_output=True, text=True).stdout.strip()
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                      text=True).stdout.strip().splitlines()
 json.dump({"gpu": gpu[0] if gpu else "", "gpus": int(visible), "date": datetime.date.today().isoformat(),

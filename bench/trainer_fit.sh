@@ -54,7 +54,7 @@ total_mib = float(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--f
 usable_mib = total_mib - 1024 * margin_gib
 result = {"date": datetime.date.today().isoformat(),
           "revision": os.environ.get("RINGATTN_REVISION") or subprocess.run(
-              ["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True).stdout.strip(),
+              ["tools/revision.sh"], capture_output=True, text=True).stdout.strip(),
           "config": "configs/small-32k.yaml, batch 1, recompute, synthetic tokens",
           "device_memory_mib": total_mib, "margin_gib": margin_gib, "gpus": {}}
 for cp in (1, 2):

@@ -96,8 +96,8 @@ using ringattn::TensorView;
 // ---------------------------------------------------------------------------------------------
 // Options of the ring subcommand.
 
-// The revision for the JSON: --revision, else $RINGATTN_REVISION (bench/ring.sh sets it from git,
-// like bench/attention.py reads it), else "unknown".
+// The revision for the JSON: --revision, else $RINGATTN_REVISION (bench/ring.sh sets it with
+// tools/revision.sh, like bench/attention.py reads it), else "unknown".
 std::string default_revision() {
   const char* revision = std::getenv("RINGATTN_REVISION");
   return revision != nullptr && *revision != '\0' ? revision : "unknown";

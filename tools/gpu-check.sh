@@ -19,8 +19,8 @@ cd "$(dirname "$self")/.." || exit 2
 # NVLink multicast stays off on the reference machines; every launcher below inherits this.
 export NCCL_NVLS_ENABLE=0
 # The revision the results name, for every part: HEAD, with "-dirty" when tracked files differ
-# from it.
-export RINGATTN_REVISION="${RINGATTN_REVISION:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}"
+# from it, and the digest of the sources (tools/revision.sh).
+export RINGATTN_REVISION="${RINGATTN_REVISION:-$(tools/revision.sh)}"
 
 usage() { sed -n '2,16s/^# \{0,1\}//p' "$self"; }
 
