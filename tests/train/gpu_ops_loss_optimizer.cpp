@@ -615,6 +615,21 @@ TEST(CudaLossOptimizerOps, ArgumentErrorsNameTheArgument) {
       },
       {kBoth, "dlogits overlaps logits"}));
 
+  // The queued form checks the same arguments before it launches anything.
+  constexpr const char* kQueue = "train::cuda::cross_entropy_queue";
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_queue(b, nullptr, i, b, i, f, shape, 1.0, weights, stream); },
+      {kQueue, "losses is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_queue(b, f, i, b, i, f, shape, 1.0, nullptr, stream); },
+      {kQueue, "host_weights is null; expected host memory"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_queue(b, f, i, b, i, f, shape, 1.0, negative, stream); },
+      {kQueue, "host_weights[1] is -1", "finite value >= 0"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { cuda::cross_entropy_queue(b + 3, f, i, b, i, f, shape, 1.0, weights, stream); },
+      {kQueue, "dlogits overlaps logits"}));
+
   constexpr const char* kSum = "train::cuda::sum_of_squares";
   EXPECT_TRUE(throws_error_with([&] { cuda::sum_of_squares(nullptr, 4, stream); },
                                 {kSum, "grads is null"}));
