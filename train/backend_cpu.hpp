@@ -130,13 +130,11 @@ class CpuBackend {
     const std::span<T> all = span(logits, s.tokens * s.vocab);
     const auto targets = batch_.targets.subspan(first, s.tokens);
     const std::span<const T> weights = std::span<const T>(weights_).subspan(first, s.tokens);
-    const cpu::CrossEntropySums sums =
+    pending_sums_ +=
         with_grad ? cpu::cross_entropy_forward_backward<T>(all, losses_, predictions_, all,
                                                            targets, weights, s, scale)
                   : cpu::cross_entropy_forward<T>(losses_, predictions_, all, targets, weights, s);
     if (!predictions.empty()) std::copy(predictions_.begin(), predictions_.end(), predictions.begin());
-    pending_sums_.loss_sum += sums.loss_sum;
-    pending_sums_.weight_sum += sums.weight_sum;
   }
   // The sums of the cross_entropy calls since the last loss_sums(), each call's added in order.
   cpu::CrossEntropySums loss_sums() { return std::exchange(pending_sums_, {}); }

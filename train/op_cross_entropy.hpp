@@ -31,6 +31,12 @@ struct CrossEntropyShape {
 struct CrossEntropySums {
   double loss_sum = 0.0;
   double weight_sum = 0.0;
+  // Another call's sums, added after these (the sums of consecutive chunks of tokens).
+  CrossEntropySums& operator+=(const CrossEntropySums& later) {
+    loss_sum += later.loss_sum;
+    weight_sum += later.weight_sum;
+    return *this;
+  }
 };
 
 // The sums of losses [tokens] under weights [tokens], in token order in double.

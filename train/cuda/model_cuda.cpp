@@ -188,10 +188,8 @@ cpu::CrossEntropySums CudaBackend::loss_sums() {
   RINGATTN_CUDA_CHECK(cudaEventSynchronize(losses_copied_.get()));
   for (const auto& [first, tokens] : pending_losses_) {
     const auto begin = static_cast<std::size_t>(first), count = static_cast<std::size_t>(tokens);
-    const cpu::CrossEntropySums sums = cpu::cross_entropy_sums<float>(
-        {host_losses_.data() + begin, count}, {host_weights_.data() + begin, count});
-    total.loss_sum += sums.loss_sum;
-    total.weight_sum += sums.weight_sum;
+    total += cpu::cross_entropy_sums<float>({host_losses_.data() + begin, count},
+                                            {host_weights_.data() + begin, count});
   }
   pending_losses_.clear();
   return total;
