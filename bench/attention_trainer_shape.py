@@ -1,9 +1,10 @@
-"""Times the attention calls of ringattn-train's 8k x 4 step alone: one causal forward and one
-backward of batch 4, 8192 tokens, 8 heads of 128, bf16, through the C API, with Q/K/V contiguous
-and as views of a packed QKV row (fp32 gradients in a packed row, as the trainer has them), and
-PyTorch SDPA's cuDNN and flash backends on the same shape (--torch).
+"""Times the attention calls of one ringattn-train step alone: one causal forward and one
+backward of batch 4, 8192 tokens (or --batch, --seq), 8 heads of 128, bf16, through the C API,
+with Q/K/V contiguous and as views of a packed QKV row (fp32 gradients in a packed row, as the
+trainer has them), and PyTorch SDPA's cuDNN and flash backends on the same shape (--torch).
 
-    python3 bench/attention_trainer_shape.py --lib build-gpu/libringattn.so [--torch] [--json FILE]
+    python3 bench/attention_trainer_shape.py --lib build-gpu/libringattn.so [--batch B --seq S]
+        [--torch] [--json FILE]
 
 "backward kernel" is flash_backward alone (adding into gradients that are not cleared between
 runs); "prepare+zero+backward" adds the delta pass and zeroing the gradients, as a single-rank
@@ -23,8 +24,10 @@ from attention import median_ms
 from ringattn_ctypes import BackwardParams, ForwardParams, Ringattn, describe
 
 B, S, H, D = 4, 8192, 8, 128
-FLOP_FORWARD = 4.0 * B * H * S * S * D * 0.5
-FLOP_BACKWARD = 2.5 * FLOP_FORWARD
+
+
+def flop_forward():
+    return 4.0 * B * H * S * S * D * 0.5
 
 
 def stream():
@@ -77,8 +80,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--torch", action="store_true", help="also time PyTorch SDPA")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--json")
     args = parser.parse_args()
+    global B, S
+    B, S = args.batch, args.seq
+    FLOP_FORWARD = flop_forward()
+    FLOP_BACKWARD = 2.5 * FLOP_FORWARD
     ra = Ringattn(args.lib)
     results = {"gpu": torch.cuda.get_device_name(), "shape": [B, S, H, D], "causal": True, "ms": {}}
 

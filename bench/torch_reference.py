@@ -10,6 +10,8 @@ The model is the trainer's (train/model_shapes.hpp, train/model_cpu.cpp), parame
 trained on random tokens with bf16 autocast (fp32 weights), gradient clipping at 1.0 and fused
 AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the matrices other than the embedding, as
 the trainer). --recompute checkpoints each block (torch.utils.checkpoint, use_reentrant=False).
+--profile PREFIX runs two more steps per shape under torch.profiler and writes each kernel's device
+time over them to PREFIX-SEQxBATCH.txt (the timed steps are not profiled).
 
 Model FLOPs per token (recomputation not counted, so MFU means the same with and without it):
 
@@ -174,18 +176,33 @@ def train_steps(args, c, device, seq, batch, recompute, steps):
     run = torch.compile(model) if args.compile else model
     data = torch.randint(0, c["vocab_size"], (batch, seq + 1), device=device)
     tokens, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
-    times = []
-    for _ in range(steps):
-        sync(device)
-        start = time.perf_counter()
+    def step():
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = run(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
+
+    times = []
+    for _ in range(steps):
+        sync(device)
+        start = time.perf_counter()
+        loss = step()
         sync(device)
         times.append((time.perf_counter() - start) * 1e3)
+    if args.profile and device.type == "cuda" and steps > 0:
+        # Two more steps, untimed, under the profiler: the device time of each kernel.
+        activity = torch.profiler.ProfilerActivity.CUDA
+        with torch.profiler.profile(activities=[activity]) as prof:
+            for _ in range(2):
+                step()
+            sync(device)
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40,
+                                          max_name_column_width=90)
+        with open(f"{args.profile}-{seq}x{batch}.txt", "w") as f:
+            f.write(f"PyTorch kernels over 2 steps of seq {seq} x batch {batch}\n{table}\n")
     if not torch.isfinite(loss):
         raise FloatingPointError(f"loss {loss.item()} at seq {seq}")
     return times
@@ -273,6 +290,8 @@ def main():
     p.add_argument("--fit-granularity", type=int, default=8192)
     p.add_argument("--fit-max", type=int, default=1 << 24)
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--profile", metavar="PREFIX",
+                   help="also profile 2 more steps per shape: PREFIX-SEQxBATCH.txt, by kernel")
     args = p.parse_args()
     start = time.perf_counter()
     def over_budget():
