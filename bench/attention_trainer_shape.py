@@ -23,18 +23,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attention import median_ms
 from ringattn_ctypes import BackwardParams, ForwardParams, Ringattn, describe
 
-B, S, H, D = 4, 8192, 8, 128
-
-
-def flop_forward():
-    return 4.0 * B * H * S * S * D * 0.5
+H, D = 8, 128  # the trainer's heads and head size
 
 
 def stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
-def calls(ra, packed):
+def calls(ra, packed, B, S):
     """Forward, backward, prepare and prepare + zero + backward of one problem, as functions."""
     if packed:
         qkv = torch.randn(B, S, 3 * H, D, device="cuda", dtype=torch.bfloat16)
@@ -84,9 +80,8 @@ def main():
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--json")
     args = parser.parse_args()
-    global B, S
     B, S = args.batch, args.seq
-    FLOP_FORWARD = flop_forward()
+    FLOP_FORWARD = 4.0 * B * H * S * S * D * 0.5
     FLOP_BACKWARD = 2.5 * FLOP_FORWARD
     ra = Ringattn(args.lib)
     results = {"gpu": torch.cuda.get_device_name(), "shape": [B, S, H, D], "causal": True, "ms": {}}
@@ -97,7 +92,7 @@ def main():
 
     for packed in (False, True):
         tag = "packed" if packed else "contiguous"
-        forward, backward, prepare, whole = calls(ra, packed)
+        forward, backward, prepare, whole = calls(ra, packed, B, S)
         report(f"{tag} forward", median_ms(forward, 3, 15), FLOP_FORWARD)
         report(f"{tag} backward kernel", median_ms(backward, 3, 15), FLOP_BACKWARD)
         report(f"{tag} prepare", median_ms(prepare, 3, 15), FLOP_BACKWARD)
