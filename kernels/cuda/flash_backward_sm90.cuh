@@ -3,29 +3,29 @@
 //
 // One CTA owns 128 keys of one (batch, kv head): two consumer warpgroups of 64 keys each (every
 // warp 16), which keep their fp32 dK and dV in registers while the CTA walks over every 64-row
-// query tile of every query head of the GQA group, and a producer warpgroup that hands most of
-// its registers to them. One producer thread copies K and V once and the Q and dO tiles of each
-// step into a ring of shared-memory stages with TMA (rows past the end as zeros); full / empty
-// mbarriers per stage hand each buffer over, so the consumers never wait for a load they did not
-// need. Each consumer warp stages the rows' LSE and delta itself: loaded two steps ahead into
-// registers as stored (nothing waits for the loads until the next step), converted and written
-// to its own shared-memory copy while the step before waits for its dQ product (off the step's
-// critical path: 1.5-2% on an H200 against the step's end), and read from there into registers
-// before the MMAs whose results they meet. Per step, each consumer warpgroup:
+// query tile of every query head of the GQA group, and a third warpgroup. One of its threads
+// copies K and V once and the Q and dO tiles of each step into a ring of shared-memory stages with
+// TMA (rows past the end as zeros); full / empty mbarriers per stage hand each buffer over, so the
+// consumers never wait for a load they did not need. Each consumer warp stages the rows' LSE and
+// delta itself: loaded two steps ahead into registers as stored (nothing waits for the loads until
+// the next step), converted and written to its own shared-memory copy while dK's product runs,
+// and read from there into registers before the MMAs whose results they meet. Per step, each
+// consumer warpgroup:
 //
 //   S^T = K Q^T, dP^T = V dO^T      A = its K / V rows, B = Q / dO (both K-major in shared memory)
 //   P^T, dS^T in registers          recomputed from LSE, masked, dS^T = P^T (dP^T - delta)
 //   dV += P^T dO, dK += dS^T Q      A = P^T / dS^T from registers, B = dO / Q read MN-major
 //
 // (in that order, each product its own group, so that P^T is computed while dP^T runs and dS^T
-// while dV runs), and, in the default mode, stages dS^T in shared memory for dQ = dS K (A = dS
-// read M-major, B = K read MN-major): at head_dim 128 each warpgroup computes one 64-column half
-// of dQ over all 128 keys (dS^T double-buffered, both warpgroups meet at a named barrier each
-// step), at head_dim 64 all of dQ over its own 64 keys (each warpgroup on its own). dQ's MMAs go
-// before dK's, so that its 64 x 64 fp32 block is staged in shared memory while dK's run; two TMA
-// reductions, issued by one thread while the warpgroup moves on, add it into global dQ (or, where
-// the driver cannot describe dQ as a tensor map, atomics from the registers). The deterministic
-// mode leaves dQ to flash_dq_kernel.
+// while dV runs). In the default mode the consumers also store dS^T in shared memory (two buffers
+// with full / empty mbarriers), and the third warpgroup computes dQ = dS K from both warpgroups'
+// halves (A = dS read M-major, B = K read MN-major), 32 columns at a time, stages each step's
+// 64-row fp32 block in shared memory and adds it into global dQ with TMA reductions (or, where the
+// driver cannot describe dQ as a tensor map, atomics from the registers). The consumers thus never
+// wait for each other or for dQ: each runs its steps' dependent chain while the other's products
+// keep the tensor cores busy. The dQ warpgroup's registers come from the consumers: to fit, dS^T
+// is computed from P^T as rounded for dV's product, so that the fp32 P^T is dead once its
+// fragments are built. The deterministic mode leaves dQ to flash_dq_kernel.
 #pragma once
 
 #include <cuda.h>
@@ -48,24 +48,34 @@ template <int kHeadDim, bool kTmaDq = false>
 struct HopperBackwardTiles {
   static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * kConsumerGroups + 128;  // and the producer warpgroup
+  // Registers a thread: the copying warpgroup's and the consumers' when dQ is left to
+  // flash_dq_kernel; the dQ warpgroup's (which copies too) and the consumers' otherwise.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
+  static constexpr int kDqConsumerRegisters = kHeadDim == 128 ? 224 : 200;
+  static constexpr int kDqGroupRegisters = kHeadDim == 128 ? 56 : 104;
+  // setmaxnreg moves registers within the CTA's allocation: 168 a thread at launch (64K over 384
+  // threads, in steps of 8); an increase beyond what the decreases freed would wait forever.
+  static constexpr int kLaunchRegisters = 168;
+  static_assert(2 * kConsumerRegisters + kProducerRegisters <= 3 * kLaunchRegisters &&
+                    2 * kDqConsumerRegisters + kDqGroupRegisters <= 3 * kLaunchRegisters,
+                "registers beyond the CTA's allocation");
   static constexpr int kKeys = 64 * kConsumerGroups;  // keys per CTA
   static constexpr int kRows = 64;                    // query rows per step
   static constexpr int kStages = kHeadDim <= 64 ? 4 : (kTmaDq ? 2 : 3);
-  // dQ's column halves need both warpgroups' dS^T at head_dim 128: two buffers let one step's
-  // writes run while the other warpgroup still reads the previous step's.
-  static constexpr int kDsBuffers = kHeadDim == 128 ? 2 : 1;
+  // dS^T buffers: the consumers write one step's while the dQ warpgroup reads the step before's.
+  static constexpr int kDsBuffers = 2;
   static constexpr int kKeyTileBytes = kKeys * kHeadDim * 2;  // K or V
   static constexpr int kRowTileBytes = kRows * kHeadDim * 2;  // one stage of Q or dO
-  static constexpr int kBarriers = 1 + 2 * kStages;           // K/V; full and empty of a stage
+  // K/V; full and empty of a stage; full and empty of a dS^T buffer
+  static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDsBuffers;
   // Each consumer warp's LSE and delta of a step, two buffers.
   static constexpr int kStatisticsBytes = kConsumerGroups * 4 * 2 * 2 * kRows * 4;
-  // Each consumer warpgroup's 64 x 64 fp32 block of dQ (kTmaDq).
-  static constexpr int kDqStageBytes = kTmaDq ? kConsumerGroups * 64 * 64 * 4 : 0;
+  // A step's 64-row fp32 block of dQ, 64 columns a panel (kTmaDq).
+  static constexpr int kDqStageBytes = kTmaDq ? kHeadDim * 64 * 4 : 0;
   // K, V, the Q and dO stages, dS^T, the dQ blocks, the statistics, the barriers, and the slack
   // that aligns the tiles to the swizzle's 1024-byte period: 201 KiB at head_dim 128 (also with
-  // kTmaDq), 121 KiB at 64 (153 with kTmaDq).
+  // kTmaDq), 137 KiB at 64 (153 with kTmaDq).
   static constexpr int kSmemBytes = 2 * kKeyTileBytes + 2 * kStages * kRowTileBytes +
                                     kDsBuffers * kKeys * kRows * 2 + kDqStageBytes +
                                     kStatisticsBytes + 8 * kBarriers + 1024;
@@ -87,18 +97,20 @@ __device__ __forceinline__ void add_fragments_times_rows(float (&acc)[kHeadDim /
   wgmma_commit();
 }
 
-// Writes a warpgroup's 64 x 64 fp32 accumulator block `acc` (wgmma's layout), times `scale`, into
-// `stage` as two [64 rows][32 columns] halves in the 128-byte swizzle, which a tensor map with
-// 32-column boxes reads: 16-byte chunk c of row r at chunk c ^ (r % 8). The lanes of a quad's
+// Writes a warpgroup's 64 x (8 kTiles) fp32 accumulator block `acc` (wgmma's layout), times
+// `scale`, into `stage` as [64 rows][32 columns] halves in the 128-byte swizzle, which a tensor map
+// with 32-column boxes reads: 16-byte chunk c of row r at chunk c ^ (r % 8). The lanes of a quad's
 // upper half store column tile dt ^ 2 where the lower half stores dt: a half-warp's rows then
 // differ only in r % 4, and with the same dt for all its lanes its 16 stores of 8 bytes would fall
 // on 4 chunks (two shared-memory wavefronts); this way they cover all 8 (one).
-__device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc)[8][4],
+template <int kTiles>
+__device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc)[kTiles][4],
                                                  float scale, int warp, int lane) {
+  static_assert(kTiles % 4 == 0, "whole 32-column halves");
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   const bool upper = quad_col >= 4;
 #pragma unroll
-  for (int tile = 0; tile < 8; ++tile) {
+  for (int tile = 0; tile < kTiles; ++tile) {
     const int dt = upper ? tile ^ 2 : tile;  // tile / 4 == dt / 4: the same 32-column half
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -108,6 +120,24 @@ __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc
       const float x = upper ? acc[tile ^ 2][2 * half] : acc[tile][2 * half];
       const float y = upper ? acc[tile ^ 2][2 * half + 1] : acc[tile][2 * half + 1];
       store_shared_pair(out, x * scale, y * scale);
+    }
+  }
+}
+
+// dS^T = P^T (dP^T - delta) in place of dP^T, with P^T as rounded in its A fragments: the fp32
+// P^T is then dead once they are built, which leaves the consumers room for the dQ warpgroup's
+// registers.
+template <typename T, int kRowTiles>
+__device__ __forceinline__ void ds_from_fragments(float (&dp)[kRowTiles][4],
+                                                  const std::uint32_t (&a_p)[kRowTiles / 2][4],
+                                                  const FragmentRows<kRowTiles>& delta) {
+#pragma unroll
+  for (int nt = 0; nt < kRowTiles; ++nt) {
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      const float2 prob = unpack2<T>(a_p[nt / 2][(nt % 2) * 2 + pair]);
+      dp[nt][2 * pair] = prob.x * (dp[nt][2 * pair] - delta.v[nt][0]);
+      dp[nt][2 * pair + 1] = prob.y * (dp[nt][2 * pair + 1] - delta.v[nt][1]);
     }
   }
 }
@@ -133,8 +163,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kRowSteps = kRows / 16;     // k-steps of dV and dK
   constexpr int kPanels = kHeadDim / 64;
   constexpr int kRowElements = kRows * kHeadDim;
-  constexpr int kDsBarrier = 1;  // named barriers kDsBarrier (+ warp group at head_dim 64)
-  constexpr int kDqBarrier = 3;  // named barriers kDqBarrier + warp group (kTmaDq)
+  constexpr int kDqBarrier = 1;  // the dQ warpgroup's named barrier (kTmaDq)
+  constexpr int kDqCols = 32;    // the columns of dQ the dQ warpgroup computes at a time
   using DsLayout = PanelSwizzle<kKeys, kRows>;  // dS^T: [keys][rows], rows contiguous
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -152,6 +182,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       reinterpret_cast<std::uint64_t*>(statistics + Tiles::kStatisticsBytes / 4);
   std::uint64_t* rows_full = kv_full + 1;
   std::uint64_t* rows_empty = rows_full + kStages;
+  std::uint64_t* ds_full = rows_empty + kStages;
+  std::uint64_t* ds_empty = ds_full + Tiles::kDsBuffers;
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
@@ -200,14 +232,43 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       mbarrier_init(rows_full + stage, 1);
       mbarrier_init(rows_empty + stage, 4 * kGroups);  // one arrival per consumer warp
     }
+    for (int buffer = 0; buffer < Tiles::kDsBuffers; ++buffer) {
+      mbarrier_init(ds_full + buffer, 4 * kGroups);  // one arrival per consumer warp
+      mbarrier_init(ds_empty + buffer, 4);           // one per warp of the dQ warpgroup
+    }
     mbarrier_init_fence();
   }
   __syncthreads();
 
   if (warp_group == kGroups) {
-    // The producer: K and V, then Q and dO of each step once the consumers have freed its stage.
-    warpgroup_registers_decrease<Tiles::kProducerRegisters>();
-    if (threadIdx.x % 128 == 0 && steps > 0) {
+    // The third warpgroup. One thread copies K and V, then Q and dO of each step once the
+    // consumers have freed its stage; in the default mode the warpgroup also computes each step's
+    // dQ = dS K from the consumers' dS^T and adds it into global dQ.
+    if constexpr (kAtomicDq) {
+      warpgroup_registers_decrease<Tiles::kDqGroupRegisters>();
+    } else {
+      warpgroup_registers_decrease<Tiles::kProducerRegisters>();
+    }
+    const bool copier = threadIdx.x % 128 == 0;
+    if (steps == 0) return;
+    StepWalk loading = first_step;  // the step whose rows the copier loads next
+    int loaded = 0;
+    const auto load_rows = [&] {
+      const int stage = loaded % kStages;
+      const int head = loading.head, row_first = step_rows(loading);
+      mbarrier_wait(rows_empty + stage, ((loaded / kStages) & 1) ^ 1);
+      mbarrier_arrive_expect_bytes(rows_full + stage, 2 * Tiles::kRowTileBytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        const int offset = stage * kRowElements + panel * kRows * 64;
+        tma_load_box(q_tiles + offset, &q_map, panel * 64, row_first, head, batch,
+                     rows_full + stage);
+        tma_load_box(do_tiles + offset, &do_map, panel * 64, row_first, head, batch,
+                     rows_full + stage);
+      }
+      ++loaded;
+      loading.advance(row_tiles);
+    };
+    if (copier) {
       mbarrier_arrive_expect_bytes(kv_full, 2 * Tiles::kKeyTileBytes);
       for (int panel = 0; panel < kPanels; ++panel) {
         tma_load_box(k_tile + panel * kKeys * 64, &k_map, panel * 64, key0, kv_head, batch,
@@ -215,25 +276,84 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         tma_load_box(v_tile + panel * kKeys * 64, &v_map, panel * 64, key0, kv_head, batch,
                      kv_full);
       }
+      // Every stage at once: their first waits pass.
+      while (loaded < steps && (!kAtomicDq || loaded < kStages)) load_rows();
+    }
+    if constexpr (kAtomicDq) {
+      // dQ (64 rows, 64 columns a panel) = dS K over all kKeys keys: dS read M-major from dS^T
+      // (its 16-key steps 2048 bytes apart), K MN-major (its panel's 16-key steps too).
+      std::uint64_t dq_keys[kPanels];
+#pragma unroll
+      for (int panel = 0; panel < kPanels; ++panel) {
+        dq_keys[panel] = mn_major_descriptor(k_tile + panel * kKeys * 64, kKeys);
+      }
+      mbarrier_wait(kv_full, 0);
       StepWalk at = first_step;
       for (int step = 0; step < steps; ++step, at.advance(row_tiles)) {
-        const int stage = step % kStages;
-        const int head = at.head, row_first = step_rows(at);
-        mbarrier_wait(rows_empty + stage, ((step / kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_bytes(rows_full + stage, 2 * Tiles::kRowTileBytes);
-        for (int panel = 0; panel < kPanels; ++panel) {
-          const int offset = stage * kRowElements + panel * kRows * 64;
-          tma_load_box(q_tiles + offset, &q_map, panel * 64, row_first, head, batch,
-                       rows_full + stage);
-          tma_load_box(do_tiles + offset, &do_map, panel * 64, row_first, head, batch,
-                       rows_full + stage);
+        const int buffer = step % Tiles::kDsBuffers;
+        const int row_first = step_rows(at);
+        mbarrier_wait(ds_full + buffer, (step / Tiles::kDsBuffers) & 1);
+        const std::uint64_t a_ds0 = wgmma_descriptor(ds_tiles + buffer * kKeys * kRows, 16,
+                                                     kSwizzleAtomBytes);
+        // 32 columns at a time (kDqCols), so that the consumers keep almost every register.
+#pragma unroll
+        for (int part = 0; part < kHeadDim / kDqCols; ++part) {
+          const int column = part * kDqCols, panel = column / 64;
+          float dq[kDqCols / 8][4];
+          wgmma_fence();
+#pragma unroll
+          for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
+            wgmma_ss_mn<kDqCols, T>(
+                dq, descriptor_plus(a_ds0, kstep * 16 * kRows * sizeof(T)),
+                descriptor_plus(dq_keys[panel], (kstep * 16 * 64 + column % 64) * sizeof(T)),
+                kstep > 0 ? 1 : 0);
+          }
+          wgmma_commit();
+          // While the first part runs, (kTmaDq) the wait for the reductions of the step before
+          // to have read the staged block.
+          if constexpr (kTmaDq) {
+            if (part == 0 && copier) bulk_wait_group_read<0>();
+          }
+          wgmma_wait<0>();
+          pin_registers(dq);
+          // The next free stage's copy, with no product in flight (see the consumers' waits).
+          if (part == 0 && copier && loaded < steps) load_rows();
+          if (column + kDqCols == kHeadDim && lane == 0) mbarrier_arrive(ds_empty + buffer);
+          if constexpr (kTmaDq) {
+            if (part == 0) named_barrier_sync(kDqBarrier, 128);
+            stage_fp32_block(dq_stages + column * 64, dq, p.scale, warp, lane);
+          } else {
+            add_dq_atomic(p, batch, at.head, row_first + warp * 16 + group_row, column, quad_col,
+                          dq);
+          }
         }
+        if constexpr (kTmaDq) {
+          fence_proxy_async_shared();
+          named_barrier_sync(kDqBarrier, 128);
+          if (copier) {
+            for (int panel = 0; panel < kPanels; ++panel) {
+              const float* block = dq_stages + panel * 64 * 64;
+              tma_reduce_add_box(&dq_map, block, panel * 64, row_first, at.head, batch);
+              tma_reduce_add_box(&dq_map, block + 64 * 32, panel * 64 + 32, row_first, at.head,
+                                 batch);
+            }
+            bulk_commit_group();
+          }
+        }
+      }
+      // The last reductions finish before the CTA's shared memory goes.
+      if constexpr (kTmaDq) {
+        if (copier) bulk_wait_group<0>();
       }
     }
     return;
   }
 
-  warpgroup_registers_increase<Tiles::kConsumerRegisters>();
+  if constexpr (kAtomicDq) {
+    warpgroup_registers_increase<Tiles::kDqConsumerRegisters>();
+  } else {
+    warpgroup_registers_increase<Tiles::kConsumerRegisters>();
+  }
   float dk[kHeadDim / 8][4] = {};
   float dv[kHeadDim / 8][4] = {};
   const int wg_key = warp_group * 64;  // this warpgroup's first key within the CTA
@@ -242,11 +362,9 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
   if (steps > 0) {
     // The descriptors of this warpgroup's 64 rows of K and V (A operands: kKeys * 128 bytes
-    // between panels) and of the K columns its dQ reads (kAtomicDq, below), made uniform once.
+    // between panels), made uniform once.
     const std::uint64_t k_rows = uniform_descriptor(k_major_descriptor(k_tile + wg_key * 64));
     const std::uint64_t v_rows = uniform_descriptor(k_major_descriptor(v_tile + wg_key * 64));
-    const std::uint64_t dq_keys = uniform_descriptor(mn_major_descriptor(
-        k_tile + (kHeadDim == 128 ? warp_group * kKeys * 64 : wg_key * 64), kKeys));
     // Lane l holds the statistics of rows l and l + 32 of a step until it stages them in buffer
     // step % 2 of its warp's copy. Two buffers: a lane writes step + 2's only after the warp has
     // passed the __syncwarp that follows the writes of step + 1's, that is after every lane's
@@ -279,7 +397,6 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     StepWalk at = first_step;
     for (int step = 0; step < steps; ++step, at.advance(row_tiles)) {
       const int stage = step % kStages;
-      [[maybe_unused]] const int head = at.head;
       const int row_first = step_rows(at);
       const T* q_tile = q_tiles + stage * kRowElements;
       const T* do_tile = do_tiles + stage * kRowElements;
@@ -288,6 +405,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       FragmentRows<kRowTiles> lse_rows, delta_rows;
       lse_rows.load(lse_log2, quad_col);
       mbarrier_wait(rows_full + stage, (step / kStages) & 1);
+      // The dQ warpgroup has read this step's dS^T buffer two steps ago (waited for here, with no
+      // product in flight: a wait loop while one runs makes ptxas serialize every product).
+      const int ds_buffer = step % Tiles::kDsBuffers;
+      if constexpr (kAtomicDq) {
+        mbarrier_wait(ds_empty + ds_buffer, ((step / Tiles::kDsBuffers) & 1) ^ 1);
+      }
 
       // S^T = K Q^T, then dP^T = V dO^T, as two groups: P^T is computed while dP^T runs, and
       // dS^T while dV += P^T dO runs.
@@ -307,21 +430,25 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
       // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
       // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart. The
-      // rows' delta is read before dV is issued: shared-memory reads placed between a group's
-      // issue and its wait slowed the step on an H200 (the LSE rows after S^T's issue: 3-6%;
-      // the delta rows before dV's issue instead of after: 1-2% faster).
+      // rows' delta is read once dP^T is done: read before dV's issue (1-2% faster on an H200
+      // when both warpgroups computed dQ) it is live at the step's register peak, which then
+      // leaves too few for the dQ warpgroup. (The LSE rows read after S^T's issue cost 3-6%.)
       std::uint32_t a_p[kRowSteps][4], a_ds[kRowSteps][4];
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
-      delta_rows.load(delta, quad_col);
       add_fragments_times_rows<kHeadDim, kRows>(dv, a_p, do_tile);
       wgmma_wait<1>();  // dP^T (dV's group may still run)
       pin_registers(dp);
-      ds_from_probabilities(dp, s, delta_rows);
+      delta_rows.load(delta, quad_col);
+      if constexpr (kAtomicDq) {
+        ds_from_fragments<T>(dp, a_p, delta_rows);
+      } else {
+        ds_from_probabilities(dp, s, delta_rows);
+      }
 
-      // dS^T as A fragments, and into shared memory for dQ (the rounded values the MMAs use);
-      // dK += dS^T Q.
-      T* ds_tile = ds_tiles + (step % Tiles::kDsBuffers) * kKeys * kRows;
+      // dS^T as A fragments, and (kAtomicDq) into shared memory for the dQ warpgroup (the
+      // rounded values the MMAs use; the buffer's wait is at the step's start); dK += dS^T Q.
+      T* ds_tile = ds_tiles + ds_buffer * kKeys * kRows;
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) {
         probability_fragment<T>(a_ds[kstep], dp, kstep);
@@ -335,61 +462,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         }
       }
       if constexpr (kAtomicDq) {
-        // dQ (64 rows x 64 columns a warpgroup) = dS K over `key_steps` 16-key steps from
-        // `dq_key`; dS^T's 16-key steps are 2048 bytes apart, and so are K's within a panel.
-        constexpr bool kSplitColumns = kHeadDim == 128;
-        constexpr int kKeySteps = kSplitColumns ? kKeys / 16 : 64 / 16;
-        static_assert(kSplitColumns || kHeadDim == 64, "dq_keys above assumes head_dim 64 or 128");
-        const int dq_key = kSplitColumns ? 0 : wg_key;
-        const int panel = kSplitColumns ? warp_group : 0;
         fence_proxy_async_shared();
-        // kTmaDq: the reduction of the step before has read this warpgroup's dQ block once its
-        // issuing thread has waited here; the barrier tells the others.
-        if constexpr (kTmaDq) {
-          if (threadIdx.x % 128 == 0) bulk_wait_group_read<0>();
-        }
-        if constexpr (kSplitColumns) {
-          named_barrier_sync(kDsBarrier, 128 * kGroups);
-        } else {
-          named_barrier_sync(kDsBarrier + warp_group, 128);
-        }
-        float dq[8][4];
-        // dS read M-major: its 64 rows are one panel, so the leading offset is unused.
-        const std::uint64_t a_ds0 =
-            wgmma_descriptor(ds_tile + dq_key * kRows, 16, kSwizzleAtomBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kstep = 0; kstep < kKeySteps; ++kstep) {
-          wgmma_ss_mn<64, T>(dq, descriptor_plus(a_ds0, kstep * 16 * kRows * sizeof(T)),
-                             descriptor_plus(dq_keys, kstep * 16 * 64 * sizeof(T)),
-                             kstep > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        // dK += dS^T Q after dQ, so that dQ leaves this warpgroup while dK runs; the next step's
-        // statistics are staged while dQ runs.
-        add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
-        if (step + 1 < steps) stage_statistics(step + 1);
-        wgmma_wait<1>();  // dQ (dK's group may still run)
-        pin_registers(dq);
-        if constexpr (kTmaDq) {
-          float* dq_stage = dq_stages + warp_group * 64 * 64;
-          stage_fp32_block(dq_stage, dq, p.scale, warp, lane);
-          fence_proxy_async_shared();
-          named_barrier_sync(kDqBarrier + warp_group, 128);
-          if (threadIdx.x % 128 == 0) {
-            tma_reduce_add_box(&dq_map, dq_stage, panel * 64, row_first, head, batch);
-            tma_reduce_add_box(&dq_map, dq_stage + 64 * 32, panel * 64 + 32, row_first, head,
-                               batch);
-            bulk_commit_group();
-          }
-        } else {
-          add_dq_atomic(p, batch, head, row_first + warp * 16 + group_row, panel * 64, quad_col,
-                        dq);
-        }
-      } else {
-        add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
-        if (step + 1 < steps) stage_statistics(step + 1);
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(ds_full + ds_buffer);
       }
+      add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
+      if (step + 1 < steps) stage_statistics(step + 1);
       wgmma_wait<0>();  // dK: the stage's Q is free after it
       pin_registers(dk);
       pin_registers(dv);
@@ -397,10 +475,6 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     }
   }
 
-  // The last reductions finish before the CTA's shared memory goes.
-  if constexpr (kTmaDq) {
-    if (threadIdx.x % 128 == 0) bulk_wait_group<0>();
-  }
   // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add
   // (but writes its zeros when overwriting); the parts of a split key block add together.
   if (steps > 0 || p.overwrite_key_gradients) {

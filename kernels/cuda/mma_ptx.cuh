@@ -80,6 +80,18 @@ __device__ __forceinline__ std::uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
+// The two values of a pack2 register as floats (exact).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(std::uint32_t packed);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(std::uint32_t packed) {
+  return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xFFFF0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(std::uint32_t packed) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+}
+
 template <typename T>
 __device__ __forceinline__ float to_float(T value);
 template <>

@@ -148,6 +148,14 @@ __device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], con
   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
   "+f"(d[7][2]), "+f"(d[7][3])
 
+// The 16 fp32 accumulator registers of an m64n32 tile, as asm operands and as their names.
+#define RINGATTN_WGMMA_D32_NAMES \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define RINGATTN_WGMMA_D32_OPERANDS \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
+  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+
 // The 64 fp32 accumulator registers of an m64n128 tile, as asm operands and as their names.
 #define RINGATTN_WGMMA_D128_NAMES \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
@@ -196,6 +204,8 @@ __device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], con
                     "32", "33", "34", "0, 0")                                                     \
   RINGATTN_WGMMA_SS(wgmma_ss, 128, T, TYPE, RINGATTN_WGMMA_D128_NAMES,                            \
                     RINGATTN_WGMMA_D128_OPERANDS, "64", "65", "66", "0, 0")                       \
+  RINGATTN_WGMMA_SS(wgmma_ss_mn, 32, T, TYPE, RINGATTN_WGMMA_D32_NAMES,                           \
+                    RINGATTN_WGMMA_D32_OPERANDS, "16", "17", "18", "1, 1")                        \
   RINGATTN_WGMMA_SS(wgmma_ss_mn, 64, T, TYPE, RINGATTN_WGMMA_D64_NAMES,                           \
                     RINGATTN_WGMMA_D64_OPERANDS, "32", "33", "34", "1, 1")                        \
   RINGATTN_WGMMA_RS(wgmma_rs_mn, 64, T, TYPE, RINGATTN_WGMMA_D64_NAMES,                           \
@@ -206,6 +216,8 @@ __device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], con
 RINGATTN_WGMMA_ALL(__nv_bfloat16, "bf16")
 RINGATTN_WGMMA_ALL(__half, "f16")
 
+#undef RINGATTN_WGMMA_D32_NAMES
+#undef RINGATTN_WGMMA_D32_OPERANDS
 #undef RINGATTN_WGMMA_D64_NAMES
 #undef RINGATTN_WGMMA_D64_OPERANDS
 #undef RINGATTN_WGMMA_D128_NAMES
