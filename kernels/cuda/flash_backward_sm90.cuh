@@ -47,7 +47,7 @@ namespace ringattn::cuda_detail {
 template <int kHeadDim, bool kTmaDq = false>
 struct HopperBackwardTiles {
   static constexpr int kConsumerGroups = 2;
-  static constexpr int kThreads = 128 * kConsumerGroups + 128;  // and the producer warpgroup
+  static constexpr int kThreads = 128 * kConsumerGroups + 128;  // and the copying / dQ warpgroup
   // Registers a thread: the copying warpgroup's and the consumers' when dQ is left to
   // flash_dq_kernel; the dQ warpgroup's (which copies too) and the consumers' otherwise.
   static constexpr int kProducerRegisters = 24;
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   T* q_tiles = v_tile + kKeys * kHeadDim;          // [kStages][kRows * kHeadDim]
   T* do_tiles = q_tiles + kStages * kRowElements;  // [kStages][kRows * kHeadDim]
   T* ds_tiles = do_tiles + kStages * kRowElements;  // [kDsBuffers][kKeys * kRows]
-  // [consumer warpgroups][64 * 64] (kTmaDq), 1024-byte aligned like the tiles before it
+  // [kHeadDim / 64 panels][64 * 64] (kTmaDq), 1024-byte aligned like the tiles before it
   float* dq_stages = reinterpret_cast<float*>(ds_tiles + Tiles::kDsBuffers * kKeys * kRows);
   // [consumer warps][2 buffers][LSE in log2 units, delta][kRows]
   float* statistics = dq_stages + Tiles::kDqStageBytes / 4;
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   // the CTAs in flight walk the same rows together. Starting each on a row tile of its own (tile
   // b or 5b for key block b, wrapping around) ran 3-4% slower on an H200 at 32k-128k tokens
   // without a mask, even with every start set to 0 at run time.
-  // Each walk of the steps (the producer's loads, the consumers' steps and their statistics, two
+  // Each walk of the steps (the copier's loads, the consumers' steps and their statistics, two
   // steps ahead) keeps its place in counters: a division a step would cost every warp a
   // reciprocal on the MUFU that the exponentials use.
   struct StepWalk {
