@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Side-by-side timing of the local block's builds on one GPU: each REV (a git revision, or "tree"
-# for the working tree as it stands, uncommitted changes included) is built in a directory of its
-# own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that the
+# Side-by-side timing of the local block's builds on one GPU: each REV (a git revision, "tree"
+# for the working tree as it stands, uncommitted changes included, or FILE.patch for HEAD with
+# that patch applied, e.g. `git diff main BRANCH > x.patch` where the machine that times has no
+# BRANCH) is built in a directory of its own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that the
 # builds share the machine's state; each row's mean TFLOP/s is compared with the first REV's.
 #
 #   bench/ab.sh OUTDIR REV [REV...]
@@ -39,9 +40,16 @@ fi
 jobs=$(( $(nproc) / ${#revs[@]} ))
 [[ $jobs -ge 1 ]] || jobs=1
 
-for rev in "${revs[@]}"; do
-  if [[ $rev != tree ]] && ! git rev-parse --verify --quiet "$rev^{commit}" >/dev/null; then
-    echo "bench/ab.sh: REV \"$rev\" is neither \"tree\" nor a git revision" >&2
+for i in "${!revs[@]}"; do
+  rev="${revs[$i]}"
+  if [[ $rev == *.patch ]]; then
+    if [[ ! -f $rev ]]; then
+      echo "bench/ab.sh: REV \"$rev\" names a patch file that does not exist" >&2
+      exit 2
+    fi
+    revs[$i]="$(cd "$(dirname "$rev")" && pwd)/$(basename "$rev")"
+  elif [[ $rev != tree ]] && ! git rev-parse --verify --quiet "$rev^{commit}" >/dev/null; then
+    echo "bench/ab.sh: REV \"$rev\" is neither \"tree\", a FILE.patch nor a git revision" >&2
     exit 2
   fi
 done
@@ -53,6 +61,12 @@ build() {  # build REV-number REV
     # Tracked and untracked files that git does not ignore (no build or run directories).
     git ls-files -z -co --exclude-standard |
       tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$dir"
+  elif [[ $rev == *.patch ]]; then
+    git archive HEAD | tar -xf - -C "$dir" &&
+      (cd "$dir" && git apply "$rev") >"$out/ab-build-$i.log" 2>&1 || {
+      echo "bench/ab.sh: $rev does not apply to HEAD; see $out/ab-build-$i.log" >&2
+      return 1
+    }
   else
     git archive "$rev" | tar -xf - -C "$dir"
   fi
@@ -95,6 +109,10 @@ out, rounds, revs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def commit(rev):
     if rev == "tree":
         return "working tree"
+    if rev.endswith(".patch"):
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
+        return f"{head} + {rev.rsplit('/', 1)[-1]}"
     return subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True,
                           text=True).stdout.strip()
 def key(row):
@@ -119,8 +137,8 @@ json.dump({"benchmark": "ringattn-bench attention, builds side by side", "revisi
            "commits": [commit(r) for r in revs], "rounds": rounds, "rows": rows},
           open(f"{out}/ab.json", "w"), indent=1)
 print(f"{'d':>4} {'mask':>6} {'seq':>7}  " +
-      "  ".join(f"{'bwd ' + r[:10]:>16}" for r in revs) + "   " +
-      "  ".join(f"{'fwd ' + r[:10]:>16}" for r in revs))
+      "  ".join(f"{'bwd ' + r.rsplit('/', 1)[-1][:10]:>16}" for r in revs) + "   " +
+      "  ".join(f"{'fwd ' + r.rsplit('/', 1)[-1][:10]:>16}" for r in revs))
 for e in rows:
     cells = []
     for phase in ("backward", "forward"):
