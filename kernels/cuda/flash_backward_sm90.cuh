@@ -165,6 +165,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kRowElements = kRows * kHeadDim;
   constexpr int kDqBarrier = 1;  // the dQ warpgroup's named barrier (kTmaDq)
   constexpr int kDqCols = 32;    // the columns of dQ the dQ warpgroup computes at a time
+  // The third warpgroup's registers and the consumers' (the dQ warpgroup needs more).
+  constexpr int kThirdGroupRegisters =
+      kAtomicDq ? Tiles::kDqGroupRegisters : Tiles::kProducerRegisters;
+  constexpr int kConsumerRegisters =
+      kAtomicDq ? Tiles::kDqConsumerRegisters : Tiles::kConsumerRegisters;
   using DsLayout = PanelSwizzle<kKeys, kRows>;  // dS^T: [keys][rows], rows contiguous
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -244,11 +249,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     // The third warpgroup. One thread copies K and V, then Q and dO of each step once the
     // consumers have freed its stage; in the default mode the warpgroup also computes each step's
     // dQ = dS K from the consumers' dS^T and adds it into global dQ.
-    if constexpr (kAtomicDq) {
-      warpgroup_registers_decrease<Tiles::kDqGroupRegisters>();
-    } else {
-      warpgroup_registers_decrease<Tiles::kProducerRegisters>();
-    }
+    warpgroup_registers_decrease<kThirdGroupRegisters>();
     const bool copier = threadIdx.x % 128 == 0;
     if (steps == 0) return;
     StepWalk loading = first_step;  // the step whose rows the copier loads next
@@ -349,11 +350,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     return;
   }
 
-  if constexpr (kAtomicDq) {
-    warpgroup_registers_increase<Tiles::kDqConsumerRegisters>();
-  } else {
-    warpgroup_registers_increase<Tiles::kConsumerRegisters>();
-  }
+  warpgroup_registers_increase<kConsumerRegisters>();
   float dk[kHeadDim / 8][4] = {};
   float dv[kHeadDim / 8][4] = {};
   const int wg_key = warp_group * 64;  // this warpgroup's first key within the CTA
