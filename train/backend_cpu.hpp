@@ -44,7 +44,6 @@ class CpuBackend {
   static std::string name() { return std::is_same_v<T, double> ? "cpu fp64" : "cpu fp32"; }
 
   void* stream() { return nullptr; }
-  void set_gemm_autotune(bool /*one algorithm per product*/) {}
 
   // ---- data ----
   void load_batch(const ShardBatch& batch, std::int64_t /*vocab: the ops check the ids*/) {

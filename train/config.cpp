@@ -231,7 +231,6 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.recompute),
       RINGATTN_CONFIG_KEY(train.recompute_attention),
       RINGATTN_CONFIG_KEY(train.deterministic),
-      RINGATTN_CONFIG_KEY(train.gemm_autotune),
       RINGATTN_CONFIG_KEY(train.profile),
       RINGATTN_CONFIG_KEY(train.shard_optimizer),
       RINGATTN_CONFIG_KEY(train.log_every),

@@ -8,8 +8,7 @@
 //   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim ffn_hidden tied_embeddings
 //             rope_theta norm_eps init_std
 //   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
-//             adam_eps grad_clip seed recompute recompute_attention deterministic gemm_autotune
-//             profile
+//             adam_eps grad_clip seed recompute recompute_attention deterministic profile
 //             shard_optimizer log_every eval_every eval_batches checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
 //   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
@@ -70,9 +69,6 @@ struct TrainingConfig {
   // attention output and LSE (the least memory, at the price of the costliest part).
   bool recompute_attention = false;
   bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
-  // CUDA: each GEMM shape's first call times cuBLASLt's candidate algorithms and keeps the
-  // fastest (off under train.deterministic, where the heuristic's first choice runs).
-  bool gemm_autotune = true;
   // Time every step's ops by phase (train/model.hpp); at the end of the run rank 0 prints the
   // table and writes <run.dir>/profile.json. The results are the same either way.
   bool profile = false;

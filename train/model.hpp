@@ -72,8 +72,6 @@ struct ModelOptions {
   // output and LSE.
   bool recompute_attention = false;
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU backend always is)
-  // The GPU's GEMMs time their candidate algorithms (train.gemm_autotune); off when deterministic.
-  bool gemm_autotune = true;
   // Attention within each rank's shard only (parallel.local_attention): a control.
   bool local_attention = false;
   // The output head and the loss run over this many tokens at a time, so the logits held at once

@@ -52,7 +52,6 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   if (batch <= 0 || seq_len <= 0) {
     ringattn::detail::fail("Model", "batch ", batch, " and seq_len ", seq_len, " must be > 0");
   }
-  backend_->set_gemm_autotune(options.gemm_autotune && !options.deterministic);
   if (cp_->memory() != B::memory) {
     ringattn::detail::fail("Model", "the cp communicator moves ",
                            cp_->memory() == Memory::host ? "host" : "device",

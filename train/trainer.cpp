@@ -221,7 +221,6 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   model_options.recompute_attention = config.train.recompute_attention;
   model_options.shard_optimizer = config.train.shard_optimizer;
   model_options.deterministic = config.train.deterministic;
-  model_options.gemm_autotune = config.train.gemm_autotune;
   model_options.local_attention = config.parallel.local_attention;
   if (s.backend == Backend::cuda) {
     // The ring and the gradients move device memory over NCCL, bootstrapped from the world's MPI

@@ -30,10 +30,10 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 49u);
+  EXPECT_EQ(keys.size(), 48u);
   for (const char* key :
-       {"model.head_dim", "train.lr", "train.shard_optimizer", "train.gemm_autotune",
-        "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
+       {"model.head_dim", "train.lr", "train.shard_optimizer", "parallel.layout",
+        "data.retrieval.pairs", "run.resume"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -64,7 +64,6 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.recompute = true;
   c.train.recompute_attention = true;
   c.train.deterministic = true;
-  c.train.gemm_autotune = false;
   c.train.profile = true;
   c.train.shard_optimizer = true;
   c.train.log_every = integer(11, 99);
@@ -129,7 +128,7 @@ TEST(Config, OverridesSetEveryKind) {
       c, std::vector<std::string>{
              "train.lr=3e-4", "train.steps=20", "model.head_dim=32", "train.recompute=true",
              "train.recompute_attention=true", "train.profile=true", "train.shard_optimizer=true",
-             "train.gemm_autotune=false", "parallel.layout=contiguous",
+             "parallel.layout=contiguous",
              "data.retrieval.pairs=16", "run.resume=latest", "data.train_path=a=b.h5",
              "train.seed=18446744073709551615", "run.backend=cpu", "data.source=hdf5"});
   EXPECT_EQ(c.train.lr, 3e-4);
@@ -140,7 +139,6 @@ TEST(Config, OverridesSetEveryKind) {
   EXPECT_TRUE(c.train.recompute_attention);
   EXPECT_TRUE(c.train.profile);
   EXPECT_TRUE(c.train.shard_optimizer);
-  EXPECT_FALSE(c.train.gemm_autotune);
   EXPECT_EQ(c.parallel.layout, ShardLayout::contiguous);
   EXPECT_EQ(c.data.retrieval.pairs, 16);
   EXPECT_EQ(c.run.resume, "latest");

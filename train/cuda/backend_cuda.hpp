@@ -55,8 +55,6 @@ class CudaBackend {
   ~CudaBackend();
 
   void* stream() { return stream_.get(); }
-  // Whether each GEMM shape's first call times cuBLASLt's candidates (train/cuda/gemm.hpp).
-  void set_gemm_autotune(bool on) { gemm_.set_autotune(on); }
 
   // ---- data ----
   // Copies the batch's token ids (checked against vocab on the host), targets and loss mask to

@@ -35,15 +35,6 @@
 //
 // The heuristic's choice depends on the pointers' alignment (by default it assumes 256 bytes), so
 // the cache key holds the alignment the call's pointers actually have, from 16 to 256 bytes.
-//
-// Autotuning (on unless set_autotune(false)): a problem's first call asks the heuristic for up to
-// kCandidates algorithms, times each on that call's own operands (one warm-up run, then
-// kTimedRuns), keeps the fastest for every later call and then runs the call itself. A timed run
-// writes D, which is harmless where the call overwrites D or reads C from another buffer (the
-// call's own run writes D last); where it adds into D itself, D is copied aside first and back
-// after, and a D larger than kSavedBytesLimit is not tuned (the heuristic's first choice stays).
-// Which algorithm wins can differ from run to run, and with it the rounding: deterministic runs
-// turn autotuning off.
 #include "train/cuda/gemm.hpp"
 #include "train/cuda/ops.hpp"
 
@@ -57,7 +48,6 @@
 #include <map>
 #include <memory>
 #include <string_view>
-#include <vector>
 
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
@@ -71,9 +61,6 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 constexpr std::uintptr_t kMinAlignment = 16;
 constexpr std::uintptr_t kMaxAlignment = 256;
-constexpr int kCandidates = 8;
-constexpr int kTimedRuns = 3;
-constexpr std::size_t kSavedBytesLimit = std::size_t{256} << 20;
 
 enum class Product { forward, backward_input, backward_weight };
 
@@ -136,11 +123,9 @@ Problem problem_of(Product product, const cpu::MatmulShape& s) {
 // The descriptors and the algorithm of one Key, destroyed with it.
 class Plan {
  public:
-  // Asks the heuristic for `candidates` algorithms (the first is chosen until tune()).
-  Plan(cublasLtHandle_t handle, const Key& key, const Problem& p, int candidates,
-       const char* where) {
+  Plan(cublasLtHandle_t handle, const Key& key, const Problem& p, const char* where) {
     try {
-      create(handle, key, p, candidates, where);
+      create(handle, key, p, where);
     } catch (...) {
       release();
       throw;
@@ -151,65 +136,17 @@ class Plan {
   Plan& operator=(const Plan&) = delete;
   ~Plan() { release(); }
 
-  // D = alpha op(A) op(B) + beta C, C in D's layout, with the chosen algorithm.
+  // D = alpha op(A) op(B) + beta C, C in D's layout.
   void run(cublasLtHandle_t handle, const void* a, const void* b, const void* c, void* d,
            float beta, void* workspace, cudaStream_t stream, const char* where) const {
-    check(run_with(candidates_[chosen_], handle, a, b, c, d, beta, workspace, stream),
+    const float alpha = 1.0f;
+    check(cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, d_, d, d_, &algo_,
+                         workspace, kWorkspaceBytes, stream),
           "cublasLtMatmul", where);
   }
 
-  // Times every candidate on these operands and chooses the fastest (the file's top comment).
-  void tune(cublasLtHandle_t handle, const void* a, const void* b, const void* c, void* d,
-            float beta, void* workspace, cudaStream_t stream, std::size_t d_bytes) {
-    if (candidates_.size() < 2) return;
-    const bool adds_into_d = beta != 0.0f && c == d;
-    if (adds_into_d && d_bytes > kSavedBytesLimit) return;
-    DeviceBuffer saved(adds_into_d ? d_bytes : 0);
-    if (adds_into_d) {
-      RINGATTN_CUDA_CHECK(
-          cudaMemcpyAsync(saved.data(), d, d_bytes, cudaMemcpyDeviceToDevice, stream));
-    }
-    CudaEvent start(cudaEventDefault), stop(cudaEventDefault);
-    float best_ms = 0.0f;
-    bool timed = false;
-    for (std::size_t i = 0; i < candidates_.size(); ++i) {
-      // A candidate that cuBLASLt refuses to run is not chosen.
-      if (run_with(candidates_[i], handle, a, b, c, d, beta, workspace, stream) !=
-          CUBLAS_STATUS_SUCCESS) {
-        continue;
-      }
-      start.record(stream);
-      for (int r = 0; r < kTimedRuns; ++r) {
-        check(run_with(candidates_[i], handle, a, b, c, d, beta, workspace, stream),
-              "cublasLtMatmul", "train::cuda::Gemm (autotuning)");
-      }
-      stop.record(stream);
-      RINGATTN_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-      float ms = 0.0f;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-      if (!timed || ms < best_ms) {
-        best_ms = ms;
-        chosen_ = i;
-        timed = true;
-      }
-    }
-    if (adds_into_d) {
-      RINGATTN_CUDA_CHECK(
-          cudaMemcpyAsync(d, saved.data(), d_bytes, cudaMemcpyDeviceToDevice, stream));
-    }
-  }
-
  private:
-  cublasStatus_t run_with(const cublasLtMatmulAlgo_t& algo, cublasLtHandle_t handle,
-                          const void* a, const void* b, const void* c, void* d, float beta,
-                          void* workspace, cudaStream_t stream) const {
-    const float alpha = 1.0f;
-    return cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, d_, d, d_, &algo,
-                          workspace, kWorkspaceBytes, stream);
-  }
-
-  void create(cublasLtHandle_t handle, const Key& key, const Problem& p, int candidates,
-              const char* where) {
+  void create(cublasLtHandle_t handle, const Key& key, const Problem& p, const char* where) {
     check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate", where);
     check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &p.trans_a,
@@ -237,20 +174,18 @@ class Plan {
             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", where);
     }
 
-    cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+    cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, preference.get(),
-                                         std::clamp(candidates, 1, kCandidates), results, &found),
+    check(cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, preference.get(), 1,
+                                         &result, &found),
           "cublasLtMatmulAlgoGetHeuristic", where);
-    for (int i = 0; i < found; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(results[i].algo);
-    }
-    if (candidates_.empty()) {
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
       ringattn::detail::fail_as(
           ErrorKind::library, where, "cuBLASLt has no algorithm for rows = ", key.rows,
           ", in_features = ", key.in_features, ", out_features = ", key.out_features, " at ",
           key.alignment, "-byte alignment");
     }
+    algo_ = result.algo;
   }
 
   void release() noexcept {
@@ -290,8 +225,7 @@ class Plan {
 
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
-  std::vector<cublasLtMatmulAlgo_t> candidates_;  // the heuristic's, best first
-  std::size_t chosen_ = 0;
+  cublasLtMatmulAlgo_t algo_{};
 };
 
 class Handle {
@@ -364,22 +298,16 @@ struct Gemm::Impl {
     const void* c = residual != nullptr ? residual : d;
     const Key key{product,          shape.rows, shape.in_features, shape.out_features, write,
                   common_alignment(a, b, d, c)};
-    const float beta = write == Write::add ? 1.0f : 0.0f;
     auto it = plans.find(key);
     if (it == plans.end()) {
-      const Problem problem = problem_of(product, shape);
-      auto plan = std::make_unique<Plan>(handle.get(), key, problem, autotune ? kCandidates : 1,
-                                         where);
-      const std::size_t d_bytes = static_cast<std::size_t>(problem.d.cols * problem.d.ld) *
-                                  (problem.d.type == CUDA_R_32F ? 4 : 2);
-      plan->tune(handle.get(), a, b, c, d, beta, workspace.data(), stream, d_bytes);
+      auto plan = std::make_unique<Plan>(handle.get(), key, problem_of(product, shape), where);
       it = plans.emplace(key, std::move(plan)).first;
     }
-    it->second->run(handle.get(), a, b, c, d, beta, workspace.data(), stream, where);
+    it->second->run(handle.get(), a, b, c, d, write == Write::add ? 1.0f : 0.0f,
+                    workspace.data(), stream, where);
   }
 
   cudaStream_t stream;
-  bool autotune = true;
   Handle handle;
   DeviceBuffer workspace;
   std::map<Key, std::unique_ptr<Plan>> plans;
@@ -391,10 +319,6 @@ Gemm::~Gemm() = default;
 
 cudaStream_t Gemm::stream() const {
   return impl_->stream;
-}
-
-void Gemm::set_autotune(bool on) {
-  impl_->autotune = on;
 }
 
 void Gemm::forward(__nv_bfloat16* y, const __nv_bfloat16* x, const __nv_bfloat16* w,

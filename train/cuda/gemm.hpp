@@ -44,9 +44,6 @@ class Gemm {
                        const cpu::MatmulShape& shape, Write write = Write::overwrite);
 
   cudaStream_t stream() const;
-  // Whether a problem's first call times cuBLASLt's candidate algorithms and keeps the fastest
-  // (on by default; see gemm.cpp). Problems already seen keep their algorithm.
-  void set_autotune(bool on);
 
  private:
   struct Impl;
