@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side timing of the local block's builds on one GPU: each REV (a git revision, "tree"
-# for the working tree as it stands, uncommitted changes included, or FILE.patch for HEAD with
-# that patch applied, e.g. `git diff main BRANCH > x.patch` where the machine that times has no
-# BRANCH) is built in a directory of its own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that the
+# for the working tree as it stands, uncommitted changes included, or FILE.patch for the working
+# tree with that patch applied, e.g. `git diff HEAD BRANCH > x.patch` where the machine that times
+# has no BRANCH; a git revision names a commit of the timing machine's own git, which may be behind
+# the tree that was sent there) is built in a directory of its own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that the
 # builds share the machine's state; each row's mean TFLOP/s is compared with the first REV's.
 #
 #   bench/ab.sh OUTDIR REV [REV...]
@@ -57,16 +58,14 @@ done
 build() {  # build REV-number REV
   local i="$1" rev="$2" dir="$work/$1" targets=(ringattn-bench)
   mkdir -p "$dir"
-  if [[ $rev == tree ]]; then
+  if [[ $rev == tree || $rev == *.patch ]]; then
     # Tracked and untracked files that git does not ignore (no build or run directories).
     git ls-files -z -co --exclude-standard |
       tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$dir"
-  elif [[ $rev == *.patch ]]; then
-    git archive HEAD | tar -xf - -C "$dir" &&
-      (cd "$dir" && git apply "$rev") >"$out/ab-build-$i.log" 2>&1 || {
-      echo "bench/ab.sh: $rev does not apply to HEAD; see $out/ab-build-$i.log" >&2
+    if [[ $rev == *.patch ]] && ! (cd "$dir" && git apply "$rev") >"$out/ab-build-$i.log" 2>&1; then
+      echo "bench/ab.sh: $rev does not apply to the working tree; see $out/ab-build-$i.log" >&2
       return 1
-    }
+    fi
   else
     git archive "$rev" | tar -xf - -C "$dir"
   fi
@@ -110,9 +109,7 @@ def commit(rev):
     if rev == "tree":
         return "working tree"
     if rev.endswith(".patch"):
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()
-        return f"{head} + {rev.rsplit('/', 1)[-1]}"
+        return f"working tree + {rev.rsplit('/', 1)[-1]}"
     return subprocess.run(["git", "rev-parse", "--short", rev], capture_output=True,
                           text=True).stdout.strip()
 def key(row):
