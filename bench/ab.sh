@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Side-by-side timing of the local block's builds on one GPU: each REV (a git revision, "tree"
-# for the working tree as it stands, uncommitted changes included, or FILE.patch for the working
-# tree with that patch applied, e.g. `git diff HEAD BRANCH > x.patch` where the machine that times
-# has no BRANCH; a git revision names a commit of the timing machine's own git, which may be behind
-# the tree that was sent there) is built in a directory of its own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that the
-# builds share the machine's state; each row's mean TFLOP/s is compared with the first REV's.
+# Side-by-side timing of the local block's builds on one GPU: each REV is built in a directory of
+# its own, then `ringattn-bench attention` runs over the builds in turn, AB_ROUNDS times, so that
+# the builds share the machine's state; each row's mean TFLOP/s is compared with the first REV's.
+# A REV is "tree" (the working tree as it stands, uncommitted changes included), FILE.patch (the
+# working tree with that patch applied, e.g. `git diff HEAD BRANCH > x.patch` where the machine
+# that times has no BRANCH) or a git revision (a commit of the timing machine's own git, which may
+# be behind the tree that was sent there).
 #
 #   bench/ab.sh OUTDIR REV [REV...]
 #
