@@ -126,7 +126,10 @@ __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc
 
 // dS^T = P^T (dP^T - delta) in place of dP^T, with P^T as rounded in its A fragments: the fp32
 // P^T is then dead once they are built, which leaves the consumers room for the dQ warpgroup's
-// registers.
+// registers. It repeats ds_from_probabilities' loop on purpose: one loop for both, taking P^T
+// through a lambda, changed the SASS of the unmasked head_dim 128 and the head_dim 64 kernels,
+// and kernels.flash then failed its dK bound at 17 x 17, head_dim 64, causal (bf16 and f16) on
+// an H200 (bench/results/attention-bwd-ds-one-loop-h200-2026-12-02.md).
 template <typename T, int kRowTiles>
 __device__ __forceinline__ void ds_from_fragments(float (&dp)[kRowTiles][4],
                                                   const std::uint32_t (&a_p)[kRowTiles / 2][4],
