@@ -169,6 +169,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kDqBarrier = 1;  // the dQ warpgroup's named barrier (kTmaDq)
   constexpr int kDqCols = 32;    // the columns of dQ the dQ warpgroup computes at a time
   constexpr int kDqParts = kHeadDim / kDqCols;
+  static_assert(kDqParts >= 2 && kDqParts % 2 == 0,
+                "the dQ stage's reductions are waited for two blocks at a time");
   // The third warpgroup's registers and the consumers' (the dQ warpgroup needs more).
   constexpr int kThirdGroupRegisters =
       kAtomicDq ? Tiles::kDqGroupRegisters : Tiles::kProducerRegisters;
