@@ -53,7 +53,15 @@ struct MicroBatch {
 std::string format_double(double value) {
   if (!std::isfinite(value)) return "null";
   char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.9g", value);
+  std::snprintf(buffer, sizeof buffer, "%.3f", value);
+  return buffer;
+}
+
+// A Unix time in seconds to the millisecond (format_double's 9 digits would keep only tens of
+// seconds).
+std::string format_seconds(double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.3f", value);
   return buffer;
 }
 
@@ -412,6 +420,9 @@ StepMetrics Trainer::step() {
   metrics.lr = hyper.lr;
   metrics.grad_norm = grad_norm;
   metrics.seconds = seconds;
+  metrics.unix_time = std::chrono::duration<double>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
   const double tokens = static_cast<double>(t.grad_accum) * s.dp * t.batch_size * t.seq_len;
   metrics.tokens_per_s = seconds > 0.0 ? tokens / seconds : 0.0;
   metrics.mfu = s.peak_flops > 0.0
@@ -495,6 +506,7 @@ std::vector<StepMetrics> Trainer::run() {
                    << ", \"tokens_per_s\": " << format_double(m.tokens_per_s)
                    << ", \"mfu\": " << format_double(m.mfu)
                    << ", \"seconds\": " << format_double(m.seconds)
+                   << ", \"time\": " << format_seconds(m.unix_time)
                    << ", \"peak_memory_mib\": " << format_double(m.peak_memory_mib) << "}\n";
       metrics_file.flush();
     }

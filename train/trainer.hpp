@@ -49,6 +49,9 @@ struct StepMetrics {
   // CPU or a GPU whose peak is unknown
   double mfu = 0.0;
   double seconds = 0.0;
+  // when the step ended: seconds since the Unix epoch (the wall clock, as other programs' logs and
+  // samplers such as nvidia-smi's time their lines)
+  double unix_time = 0.0;
   // the most memory in use so far: this GPU's device memory (cuda), else the process's resident
   // memory (cpu)
   double peak_memory_mib = 0.0;

@@ -9,8 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -248,6 +251,57 @@ TEST(TrainTiny, RecomputeGivesBitwiseTheSameLosses) {
   config.train.recompute_attention = true;
   expect_bitwise(kept, losses_of(config, world), "attention recomputed");
   EXPECT_LT(kept.back(), kept.front());
+}
+
+// metrics.jsonl holds a line per step with the wall-clock time the step ended ("time", Unix
+// seconds to the millisecond, which benchmarks match against samplers such as nvidia-smi's): each
+// line's step and time agree with what run() returned, the times lie within the run as this
+// process's system clock saw it and do not go back. Each rank trains alone in a directory of its
+// own.
+TEST(TrainTiny, MetricsLinesCarryEachStepsWallClockTime) {
+  std::shared_ptr<Communicator> world = mpi_world_communicator();
+  test::TempDir dir;
+  TrainConfig config = tiny_config();
+  config.train.steps = 5;
+  config.parallel.dp = 1;
+  config.parallel.cp = 1;
+  config.run.dir = dir.path().string();
+  TrainerOptions options;
+  options.write_checkpoints = false;
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const double before = now();
+  Trainer trainer(config, split_communicator(*world, communicator_rank(*world), 0), options);
+  const std::vector<StepMetrics> steps = trainer.run();
+  const double after = now();
+  ASSERT_EQ(steps.size(), 5u);
+
+  // The number after `"key": ` in a line, or NaN where the key is missing.
+  const auto field = [](const std::string& line, const std::string& key) {
+    const std::size_t at = line.find("\"" + key + "\": ");
+    if (at == std::string::npos) return std::nan("");
+    return std::strtod(line.c_str() + at + key.size() + 4, nullptr);
+  };
+  std::ifstream metrics(dir / "metrics.jsonl");
+  ASSERT_TRUE(metrics) << "no metrics.jsonl in " << dir.path();
+  std::string line;
+  std::size_t lines = 0;
+  double previous = before - 0.001;
+  while (std::getline(metrics, line)) {
+    ASSERT_LT(lines, steps.size()) << "more lines than steps: " << line;
+    const StepMetrics& m = steps[lines++];
+    EXPECT_EQ(field(line, "step"), m.step) << line;
+    const double time = field(line, "time");
+    ASSERT_TRUE(std::isfinite(time)) << "no \"time\" in " << line;
+    EXPECT_NEAR(time, m.unix_time, 0.0006) << line;
+    // The line keeps milliseconds: 1 ms of slack at each end of the run.
+    EXPECT_GE(time, previous) << "step " << m.step << " ends before the step before it: " << line;
+    EXPECT_LE(time, after + 0.001) << "step " << m.step << " ends after run() returned";
+    previous = time;
+  }
+  EXPECT_EQ(lines, steps.size());
 }
 
 }  // namespace
