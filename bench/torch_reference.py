@@ -26,6 +26,8 @@ Model FLOPs per token (recomputation not counted, so MFU means the same with and
 MFU = FLOPs per token * tokens/s / --peak-tflops (989: H200 dense bf16). Step time is the median
 of the timed steps (torch.cuda.synchronize + time.perf_counter); peak memory is
 torch.cuda.max_memory_allocated, reset for each shape. An out-of-memory shape is reported as "oom".
+Each row also has its timed steps' span on the wall clock (timed_window_unix: Unix seconds) and
+their tokens (timed_tokens), which bench/trainer.sh matches against its power samples.
 
     python3 bench/torch_reference.py --shapes 8192x4,32768x1,131072x1 --json out.json
     python3 bench/torch_reference.py --fit          # the longest seq that trains at batch 1
@@ -162,7 +164,8 @@ def flops_per_token(c, seq):
 
 
 def train_steps(args, c, device, seq, batch, recompute, steps):
-    """Builds the model for one shape and runs `steps` optimizer steps; returns each step's ms."""
+    """Builds the model for one shape and runs `steps` optimizer steps; returns each step's ms and
+    the Unix times (wall clock) at which each started and ended."""
     torch.manual_seed(1234)
     with device:  # built (and initialised) where it runs
         model = Model(c, seq, recompute)
@@ -185,13 +188,15 @@ def train_steps(args, c, device, seq, batch, recompute, steps):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    times = []
+    times, starts, ends = [], [], []
     for _ in range(steps):
         sync(device)
+        starts.append(time.time())
         start = time.perf_counter()
         loss = step()
         sync(device)
         times.append((time.perf_counter() - start) * 1e3)
+        ends.append(time.time())
     if args.profile and device.type == "cuda" and steps > 0:
         # Two more steps, untimed, under the profiler: the device time of each kernel.
         activity = torch.profiler.ProfilerActivity.CUDA
@@ -205,7 +210,7 @@ def train_steps(args, c, device, seq, batch, recompute, steps):
             f.write(f"PyTorch kernels over 2 steps of seq {seq} x batch {batch}\n{table}\n")
     if not torch.isfinite(loss):
         raise FloatingPointError(f"loss {loss.item()} at seq {seq}")
-    return times
+    return times, starts, ends
 
 
 def sync(device):
@@ -223,7 +228,8 @@ def measure(args, c, device, seq, batch, recompute, steps, warmup):
     row = dict(seq=seq, batch=batch, recompute=recompute, step_ms=None, tokens_per_s=None,
                mfu=None, peak_mib=None, status="ok")
     try:
-        times = train_steps(args, c, device, seq, batch, recompute, warmup + steps)[warmup:]
+        times, starts, ends = train_steps(args, c, device, seq, batch, recompute, warmup + steps)
+        times = times[warmup:]
     except RuntimeError as error:  # torch.OutOfMemoryError, or OOM wrapped by the compiler
         if not (isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)):
             raise
@@ -233,6 +239,10 @@ def measure(args, c, device, seq, batch, recompute, steps, warmup):
         tps = batch * seq / (ms / 1e3)
         row.update(step_ms=round(ms, 3), tokens_per_s=round(tps, 1),
                    mfu=round(flops_per_token(c, seq) * tps / (args.peak_tflops * 1e12), 4))
+        if times:
+            # The timed steps on the wall clock, for power samples (bench/power.py).
+            row["timed_window_unix"] = [round(starts[warmup], 3), round(ends[-1], 3)]
+            row["timed_tokens"] = batch * seq * len(times)
         if device.type == "cuda":
             row["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     torch._dynamo.reset()  # drop the compiled graphs' references before freeing memory

@@ -12,8 +12,10 @@
 #   revision in the JSON (default: tools/revision.sh, git's HEAD and the digest of the sources)
 #
 # Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
-# for the same shape and the ratio. The exit status is non-zero when a ringattn-train run failed
-# (the others still run and are written).
+# for the same shape and the ratio; where nvidia-smi samples the GPUs (OUTDIR/power.csv, every
+# 100 ms), also each run's and PyTorch's energy a token, mean power and SM clock over the timed
+# steps (bench/power.py: at the power cap, tokens/s follows the energy a token). The exit status
+# is non-zero when a ringattn-train run failed (the others still run and are written).
 set -uo pipefail
 out="${1:?usage: bench/trainer.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,6 +34,18 @@ else
 fi
 runs="$out/trainer-runs"
 mkdir -p "$runs"
+
+# Power, SM clock and clock event reasons of every GPU every 100 ms through all runs, for each
+# run's energy a token over its timed steps (bench/power.py); none where nvidia-smi cannot sample.
+power_csv="$out/power.csv"
+rm -f "$power_csv"
+sampler=""
+if [[ ${gpus:-0} -ge 1 ]] && command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,index,power.draw,clocks.sm,clocks_event_reasons.active \
+    --format=csv,noheader,nounits -lms 100 >"$power_csv" 2>/dev/null &
+  sampler=$!
+  trap '[[ -z $sampler ]] || kill "$sampler" 2>/dev/null' EXIT
+fi
 
 run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
   local name="$1" ranks="$2" seq="$3" batch="$4" recompute="$5"
@@ -70,9 +84,28 @@ if [[ "${TRAINER_TORCH:-1}" == 1 ]]; then
     --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch.json" 2>&1 | tail -15
 fi
 
-python3 - "$runs" "$out/trainer_torch.json" "$out/trainer.json" "${gpus:-0}" <<'EOF' || failed=1
+if [[ -n $sampler ]]; then
+  kill "$sampler" 2>/dev/null
+  wait "$sampler" 2>/dev/null
+  sampler=""
+fi
+
+PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" python3 - "$runs" "$out/trainer_torch.json" \
+    "$out/trainer.json" "${gpus:-0}" "$power_csv" <<'EOF' || failed=1
 import json, os, statistics, subprocess, sys, datetime
-runs, torch_path, out_path, visible = sys.argv[1:5]
+import power
+runs, torch_path, out_path, visible, power_csv = sys.argv[1:6]
+samples = power.read_samples(power_csv) if os.path.isfile(power_csv) else []
+# The nvidia-smi indices of the GPUs the runs use, in CUDA's order: CUDA_VISIBLE_DEVICES's where
+# it lists indices, else 0, 1, ... (a run on k GPUs uses the first k).
+listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+indices = ([int(x) for x in listed.split(",") if x.strip()]
+           if listed is not None and all(x.strip().isdigit() for x in listed.split(",") if x.strip())
+           else None if listed is not None else list(range(int(visible))))
+def energy(count, window, tokens):
+    if not samples or indices is None or count > len(indices) or window is None:
+        return None
+    return power.window_summary(samples, indices[:count], window[0], window[1], tokens)
 torch = {}
 if os.path.exists(torch_path):
     for r in json.load(open(torch_path)).get("results", []):
@@ -92,16 +125,23 @@ for name in sorted(os.listdir(runs)):
         row["mfu"] = statistics.median(s.get("mfu", 0.0) or 0.0 for s in timed)
         row["peak_memory_mib"] = max(s["peak_memory_mib"] for s in steps)
         row["final_loss"] = steps[-1]["loss"]
+        # From the end of the last untimed step to the end of the last (ringattn-train's "time").
+        if len(steps) > 3 and all("time" in s for s in steps):
+            row["power"] = energy(row["gpus"], (steps[2]["time"], steps[-1]["time"]),
+                                  seq * batch * len(timed))
     t = torch.get((seq, batch))
     if t is not None:
         row["torch"] = {k: t.get(k) for k in ("tokens_per_s", "mfu", "peak_mib", "status", "recompute")}
+        row["torch"]["power"] = energy(1, t.get("timed_window_unix"), t.get("timed_tokens", 0))
         if t.get("tokens_per_s") and row.get("tokens_per_s"):
             # per GPU for the ring runs: PyTorch runs the whole sequence on one GPU
             row["ratio_to_torch"] = row["tokens_per_s"] / t["tokens_per_s"]
     results.append(row)
+    mj = lambda p: f" {p['mj_per_token']:.2f} mJ/token" if p else ""
     print(f"{name:>18}: {row.get('tokens_per_s', 0):>10.0f} tokens/s  mfu {100 * row.get('mfu', 0):5.1f}%"
-          f"  peak {row.get('peak_memory_mib', 0):8.0f} MiB"
-          + (f"  torch {t['tokens_per_s']:.0f} tokens/s  ratio {row['ratio_to_torch']:.2f}"
+          f"  peak {row.get('peak_memory_mib', 0):8.0f} MiB" + mj(row.get("power"))
+          + (f"  torch {t['tokens_per_s']:.0f} tokens/s{mj(row['torch']['power'])}"
+             f"  ratio {row['ratio_to_torch']:.2f}"
              if t is not None and "ratio_to_torch" in row else ""))
 rev = os.environ.get("RINGATTN_REVISION") or subprocess.run(
     ["tools/revision.sh"], capture_output=True, text=True).stdout.strip()
