@@ -14,7 +14,8 @@
 #   TRAINER_STEPS  steps a run (default 10; bench/trainer.sh times the median after 3)
 #
 # Writes OUTDIR/ab_trainer.json (each build's tokens/s per round, medians and ratios to the first
-# build) and prints the ratios. The exit status is non-zero when a build or a run fails.
+# build; where bench/trainer.sh sampled the GPU's power, its energy a token the same way) and
+# prints the ratios. The exit status is non-zero when a build or a run fails.
 set -uo pipefail
 out="${1:?usage: bench/ab_trainer.sh OUTDIR BUILD [BUILD...]}"
 shift
@@ -66,7 +67,7 @@ python3 - "$out" "$rounds" "$@" <<'PY'
 import json, os, statistics, sys
 out, rounds, builds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 runs = os.path.join(out, "ab_trainer-runs")
-rows = {}
+rows, energy = {}, {}
 for name in sorted(os.listdir(runs)):
     path = os.path.join(runs, name, "trainer.json")
     if not os.path.isfile(path):
@@ -74,16 +75,28 @@ for name in sorted(os.listdir(runs)):
     i, shape, _ = name.split("-")
     for r in json.load(open(path))["results"]:
         rows.setdefault(shape, [[] for _ in builds])[int(i)].append(r["tokens_per_s"])
+        if r.get("power"):  # where bench/trainer.sh could sample the GPU's power
+            energy.setdefault(shape, [[] for _ in builds])[int(i)].append(
+                r["power"]["mj_per_token"])
 table = []
 for shape, per_build in rows.items():
     medians = [statistics.median(v) for v in per_build]
-    table.append({"shape": shape, "builds": [
+    row = {"shape": shape, "builds": [
         {"build": builds[i], "tokens_per_s": per_build[i], "median": medians[i],
-         "ratio": medians[i] / medians[0]} for i in range(len(builds))]})
+         "ratio": medians[i] / medians[0]} for i in range(len(builds))]}
+    # Energy a token (bench/power.py), each build's median, where every build has samples.
+    if shape in energy and all(energy[shape]):
+        mj = [statistics.median(v) for v in energy[shape]]
+        for i, b in enumerate(row["builds"]):
+            b.update(mj_per_token=energy[shape][i], mj_median=mj[i], mj_ratio=mj[i] / mj[0])
+    table.append(row)
 json.dump({"benchmark": "ringattn-train tokens/s, builds side by side (bench/trainer.sh)",
            "rounds": rounds, "rows": table}, open(os.path.join(out, "ab_trainer.json"), "w"),
           indent=1)
 for row in table:
     print(f"{row['shape']:>10}  " + "  ".join(
         f"{b['median']:10.0f} ({b['ratio']:.3f})" for b in row["builds"]))
+    if "mj_median" in row["builds"][0]:
+        print(f"{'mJ/token':>10}  " + "  ".join(
+            f"{b['mj_median']:10.3f} ({b['mj_ratio']:.3f})" for b in row["builds"]))
 PY
