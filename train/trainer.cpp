@@ -50,18 +50,16 @@ struct MicroBatch {
   ShardBatch view() const { return {inputs, targets, mask}; }
 };
 
-std::string format_double(double value) {
+// A JSON number: 9 significant digits, or `decimals` after the point where one is given (a Unix
+// time to the millisecond: 9 digits would keep only tens of seconds); null where not finite.
+std::string format_double(double value, int decimals = -1) {
   if (!std::isfinite(value)) return "null";
   char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.3f", value);
-  return buffer;
-}
-
-// A Unix time in seconds to the millisecond (format_double's 9 digits would keep only tens of
-// seconds).
-std::string format_seconds(double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.3f", value);
+  if (decimals >= 0) {
+    std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.9g", value);
+  }
   return buffer;
 }
 
@@ -506,7 +504,7 @@ std::vector<StepMetrics> Trainer::run() {
                    << ", \"tokens_per_s\": " << format_double(m.tokens_per_s)
                    << ", \"mfu\": " << format_double(m.mfu)
                    << ", \"seconds\": " << format_double(m.seconds)
-                   << ", \"time\": " << format_seconds(m.unix_time)
+                   << ", \"time\": " << format_double(m.unix_time, 3)
                    << ", \"peak_memory_mib\": " << format_double(m.peak_memory_mib) << "}\n";
       metrics_file.flush();
     }

@@ -255,7 +255,7 @@ TEST(TrainTiny, RecomputeGivesBitwiseTheSameLosses) {
 
 // metrics.jsonl holds a line per step with the wall-clock time the step ended ("time", Unix
 // seconds to the millisecond, which benchmarks match against samplers such as nvidia-smi's): each
-// line's step and time agree with what run() returned, the times lie within the run as this
+// line's step, loss, learning rate, gradient norm and time agree with what run() returned, the times lie within the run as this
 // process's system clock saw it and do not go back. Each rank trains alone in a directory of its
 // own.
 TEST(TrainTiny, MetricsLinesCarryEachStepsWallClockTime) {
@@ -293,6 +293,11 @@ TEST(TrainTiny, MetricsLinesCarryEachStepsWallClockTime) {
     ASSERT_LT(lines, steps.size()) << "more lines than steps: " << line;
     const StepMetrics& m = steps[lines++];
     EXPECT_EQ(field(line, "step"), m.step) << line;
+    // The other numbers keep 9 significant digits.
+    for (const auto& [key, value] :
+         {std::pair{"loss", m.loss}, std::pair{"lr", m.lr}, std::pair{"grad_norm", m.grad_norm}}) {
+      EXPECT_NEAR(field(line, key), value, 1e-8 * std::abs(value)) << key << " in " << line;
+    }
     const double time = field(line, "time");
     ASSERT_TRUE(std::isfinite(time)) << "no \"time\" in " << line;
     EXPECT_NEAR(time, m.unix_time, 0.0006) << line;
