@@ -96,12 +96,12 @@ import json, os, statistics, subprocess, sys, datetime
 import power
 runs, torch_path, out_path, visible, power_csv = sys.argv[1:6]
 samples = power.read_samples(power_csv) if os.path.isfile(power_csv) else []
-# The nvidia-smi indices of the GPUs the runs use, in CUDA's order: CUDA_VISIBLE_DEVICES's where
-# it lists indices, else 0, 1, ... (a run on k GPUs uses the first k).
-listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-indices = ([int(x) for x in listed.split(",") if x.strip()]
-           if listed is not None and all(x.strip().isdigit() for x in listed.split(",") if x.strip())
-           else None if listed is not None else list(range(int(visible))))
+# The nvidia-smi indices of the GPUs the runs use, in CUDA's order (a run on k GPUs uses the
+# first k): 0, 1, ...; or CUDA_VISIBLE_DEVICES's list, unless it names GPUs otherwise (UUIDs).
+indices = list(range(int(visible)))
+if "CUDA_VISIBLE_DEVICES" in os.environ:
+    listed = [x.strip() for x in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if x.strip()]
+    indices = [int(x) for x in listed] if all(x.isdigit() for x in listed) else None
 def energy(count, window, tokens):
     if not samples or indices is None or count > len(indices) or window is None:
         return None
