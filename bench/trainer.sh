@@ -7,6 +7,9 @@
 #   also 32768x1 and 131072x1 (recompute) at cp = 2
 #   TRAINER_STEPS (default 12) steps each; the first 3 are warm-up, the median of the others counts
 #   TRAINER_SHAPES overrides the one-GPU list, TRAINER_TORCH=0 skips PyTorch
+#   TRAINER_ROUNDS (default 1) rounds, each every ringattn-train run and then PyTorch's, so that
+#                  both see the machine alike; a shape's figures are then the medians over the
+#                  rounds and its ratio the median of the rounds' ratios (bench/trainer_results.py)
 #   TRAINER_SET    more `--set key=value` for every ringattn-train run, space-separated
 #   CUDA_VISIBLE_DEVICES limits the GPUs (the cp = 2 runs need two); RINGATTN_REVISION names the
 #   revision in the JSON (default: tools/revision.sh, git's HEAD and the digest of the sources)
@@ -23,6 +26,11 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 build="${RINGATTN_BUILD:-build-gpu}"
 steps="${TRAINER_STEPS:-12}"
+rounds="${TRAINER_ROUNDS:-1}"
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+  echo "bench/trainer.sh: TRAINER_ROUNDS is '$rounds'; expected a whole number of at least 1" >&2
+  exit 2
+fi
 extra=()
 for kv in ${TRAINER_SET:-}; do extra+=(--set "$kv"); done
 shapes="${TRAINER_SHAPES:-8192x4,32768x1,131072x1}"
@@ -33,6 +41,7 @@ else
   gpus="$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)"
 fi
 runs="$out/trainer-runs"
+rm -rf "${runs:?}"  # the runs of an earlier call into OUTDIR would join the results
 mkdir -p "$runs"
 
 # Power, SM clock and clock event reasons of every GPU every 100 ms through all runs, for each
@@ -68,27 +77,30 @@ run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
 failed=0
 
 IFS=, read -r -a one_gpu <<<"$shapes"
-for shape in "${one_gpu[@]}"; do
-  seq="${shape%x*}" batch="${shape#*x}"
-  recompute=false; [[ $seq -ge 131072 ]] && recompute=true
-  run_ringattn "1gpu-${seq}x${batch}" 1 "$seq" "$batch" "$recompute"
-done
-if [[ ${gpus:-0} -ge 2 ]]; then
-  run_ringattn "2gpu-32768x1" 2 32768 1 false
-  run_ringattn "2gpu-131072x1" 2 131072 1 true
-fi
-
-# PyTorch runs each shape in a process of its own: after another shape in the same process, its
-# 32k x 1 step ran 2.5% slower on an H200 (133.3k against 136.5-137.0k tokens/s), so a shared
-# process would understate it.
 rm -f "$out"/trainer_torch-*.json
-if [[ "${TRAINER_TORCH:-1}" == 1 ]]; then
+for ((round = 1; round <= rounds; ++round)); do
+  suffix=""
+  [[ $rounds -gt 1 ]] && suffix=".r$round" && echo "=== round $round of $rounds"
   for shape in "${one_gpu[@]}"; do
-    echo "=== PyTorch reference (bench/torch_reference.py), $shape"
-    python3 bench/torch_reference.py --config configs/small-32k.yaml --shapes "$shape" \
-      --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch-$shape.json" 2>&1 | tail -2
+    seq="${shape%x*}" batch="${shape#*x}"
+    recompute=false; [[ $seq -ge 131072 ]] && recompute=true
+    run_ringattn "1gpu-${seq}x${batch}$suffix" 1 "$seq" "$batch" "$recompute"
   done
-fi
+  if [[ ${gpus:-0} -ge 2 ]]; then
+    run_ringattn "2gpu-32768x1$suffix" 2 32768 1 false
+    run_ringattn "2gpu-131072x1$suffix" 2 131072 1 true
+  fi
+  # PyTorch runs each shape in a process of its own: after another shape in the same process,
+  # its 32k x 1 step ran 2.5% slower on an H200 (133.3k against 136.5-137.0k tokens/s).
+  if [[ "${TRAINER_TORCH:-1}" == 1 ]]; then
+    for shape in "${one_gpu[@]}"; do
+      echo "=== PyTorch reference (bench/torch_reference.py), $shape"
+      python3 bench/torch_reference.py --config configs/small-32k.yaml --shapes "$shape" \
+        --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch-$shape$suffix.json" 2>&1 |
+        tail -2
+    done
+  fi
+done
 
 if [[ -n $sampler ]]; then
   kill "$sampler" 2>/dev/null
@@ -96,65 +108,6 @@ if [[ -n $sampler ]]; then
   sampler=""
 fi
 
-PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" python3 - "$runs" "$out" \
-    "$out/trainer.json" "${gpus:-0}" "$power_csv" <<'EOF' || failed=1
-import glob, json, os, shutil, statistics, subprocess, sys, datetime
-import power
-runs, out_dir, out_path, visible, power_csv = sys.argv[1:6]
-samples = power.read_samples(power_csv) if os.path.isfile(power_csv) else []
-# The nvidia-smi indices of the GPUs the runs use, in CUDA's order (a run on k GPUs uses the
-# first k): 0, 1, ...; or CUDA_VISIBLE_DEVICES's list, unless it names GPUs otherwise (UUIDs).
-indices = list(range(int(visible)))
-if "CUDA_VISIBLE_DEVICES" in os.environ:
-    listed = [x.strip() for x in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if x.strip()]
-    indices = [int(x) for x in listed] if all(x.isdigit() for x in listed) else None
-def energy(count, window, tokens):
-    if not samples or indices is None or count > len(indices) or window is None:
-        return None
-    return power.window_summary(samples, indices[:count], window[0], window[1], tokens)
-torch = {}
-for torch_path in sorted(glob.glob(os.path.join(out_dir, "trainer_torch-*.json"))):
-    for r in json.load(open(torch_path)).get("results", []):
-        torch[(r["seq"], r["batch"])] = r
-results = []
-for name in sorted(os.listdir(runs)):
-    path = os.path.join(runs, name, "metrics.jsonl")
-    if not os.path.isfile(path):
-        continue
-    steps = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
-    gpus, shape = name.split("-", 1)
-    seq, batch = (int(x) for x in shape.split("x"))
-    row = {"run": name, "gpus": int(gpus[0]), "seq": seq, "batch": batch, "steps": len(steps)}
-    timed = steps[3:] or steps
-    if timed:
-        row["tokens_per_s"] = statistics.median(s["tokens_per_s"] for s in timed)
-        row["mfu"] = statistics.median(s.get("mfu", 0.0) or 0.0 for s in timed)
-        row["peak_memory_mib"] = max(s["peak_memory_mib"] for s in steps)
-        row["final_loss"] = steps[-1]["loss"]
-        # From the end of the last untimed step to the end of the last (ringattn-train's "time").
-        if len(steps) > 3 and all("time" in s for s in steps):
-            row["power"] = energy(row["gpus"], (steps[2]["time"], steps[-1]["time"]),
-                                  seq * batch * len(timed))
-    t = torch.get((seq, batch))
-    if t is not None:
-        row["torch"] = {k: t.get(k) for k in ("tokens_per_s", "mfu", "peak_mib", "status", "recompute")}
-        row["torch"]["power"] = energy(1, t.get("timed_window_unix"), t.get("timed_tokens", 0))
-        if t.get("tokens_per_s") and row.get("tokens_per_s"):
-            # per GPU for the ring runs: PyTorch runs the whole sequence on one GPU
-            row["ratio_to_torch"] = row["tokens_per_s"] / t["tokens_per_s"]
-    results.append(row)
-    mj = lambda p: f" {p['mj_per_token']:.2f} mJ/token" if p else ""
-    print(f"{name:>18}: {row.get('tokens_per_s', 0):>10.0f} tokens/s  mfu {100 * row.get('mfu', 0):5.1f}%"
-          f"  peak {row.get('peak_memory_mib', 0):8.0f} MiB" + mj(row.get("power"))
-          + (f"  torch {t['tokens_per_s']:.0f} tokens/s{mj(row['torch']['power'])}"
-             f"  ratio {row['ratio_to_torch']:.2f}"
-             if t is not None and "ratio_to_torch" in row else ""))
-rev = os.environ.get("RINGATTN_REVISION") or subprocess.run(
-    ["tools/revision.sh"], capture_output=True, text=True).stdout.strip()
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                     text=True).stdout.strip().splitlines() if shutil.which("nvidia-smi") else []
-json.dump({"gpu": gpu[0] if gpu else "", "gpus": int(visible), "date": datetime.date.today().isoformat(),
-           "revision": rev, "config": "configs/small-32k.yaml on synthetic tokens",
-           "results": results}, open(out_path, "w"), indent=1)
-EOF
+PYTHONPATH="$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" python3 bench/trainer_results.py "$runs" "$out" \
+  "$out/trainer.json" "${gpus:-0}" "$power_csv" || failed=1
 exit $failed
