@@ -28,6 +28,8 @@ of the timed steps (torch.cuda.synchronize + time.perf_counter); peak memory is
 torch.cuda.max_memory_allocated, reset for each shape. An out-of-memory shape is reported as "oom".
 Each row also has its timed steps' span on the wall clock (timed_window_unix: Unix seconds) and
 their tokens (timed_tokens), which bench/trainer.sh matches against its power samples.
+Several shapes in one process can run slower than each in a process of its own (32k x 1 after
+8k x 4: 2.5% on an H200), so bench/trainer.sh gives each shape its own process.
 
     python3 bench/torch_reference.py --shapes 8192x4,32768x1,131072x1 --json out.json
     python3 bench/torch_reference.py --fit          # the longest seq that trains at batch 1
