@@ -50,7 +50,6 @@ def combine(rows, top=True):
         else:
             out[key] = statistics.median(values)
     if top:
-        out["run"] = RUN_NAME.sub(r"\1gpu-\2x\3", rows[-1]["run"])
         out["rounds"] = rows
     return out
 
@@ -132,6 +131,7 @@ def main(argv):
     results = []
     for key in sorted(shapes):
         row = combine([r for _, r in sorted(shapes[key], key=lambda x: x[0])])
+        row["run"] = key  # also where one round is left of several
         results.append(row)
         print(describe(row))
     rev = os.environ.get("RINGATTN_REVISION") or subprocess.run(

@@ -1,8 +1,9 @@
 """bench/trainer_results.py against runs whose results are known by construction.
 
-Two shapes, 32768x1 over three rounds and 8192x4 in one: each round's ringattn-train steps have
-tokens/s chosen here (the first three, the warm-up, far off), PyTorch's rows their own (round 2 of
-32k has none), and one GPU draws a constant power through the samples. The expected medians,
+Three shapes: 32768x1 over three rounds, 8192x4 in one, 131072x1 with one round left of two.
+Each round's ringattn-train steps have tokens/s chosen here (the first three, the warm-up, far
+off), PyTorch's rows their own (round 2 of 32k has none), and one GPU draws a constant power
+through the samples. The expected medians,
 ratios, energy a token and the row of a single round are computed here from those values and
 compared with the script's JSON. The ratio of the rounds' medians differs from the median of the
 rounds' ratios here, so taking the wrong one fails.
@@ -71,6 +72,9 @@ def main(script):
         with open(os.path.join(d, "trainer_torch-8192x4.json"), "w") as f:
             json.dump({"results": [{"seq": 8192, "batch": 4, "tokens_per_s": 250.0,
                                     "status": "ok"}]}, f)
+        # One round left of several (round 1 wrote no metrics): that round's row, named plainly.
+        os.makedirs(os.path.join(runs, "1gpu-131072x1.r1"))
+        windows["128k"] = write_run(runs, "1gpu-131072x1.r2", single, 3000.0, 2.0, t, 131072, 1)
         os.makedirs(os.path.join(runs, "not-a-run"))  # ignored
         power_csv = os.path.join(d, "power.csv")
         with open(power_csv, "w") as f:
@@ -85,9 +89,13 @@ def main(script):
             print(f"exit {r.returncode}: {r.stdout}{r.stderr}")
             return 1
         rows = {row["run"]: row for row in json.load(open(out))["results"]}
-        if sorted(rows) != ["1gpu-32768x1", "1gpu-8192x4"]:
-            print(f"rows {sorted(rows)} (expected 1gpu-32768x1, 1gpu-8192x4)")
+        if sorted(rows) != ["1gpu-131072x1", "1gpu-32768x1", "1gpu-8192x4"]:
+            print(f"rows {sorted(rows)} (expected 1gpu-131072x1, 1gpu-32768x1, 1gpu-8192x4)")
             return 1
+        row = rows["1gpu-131072x1"]
+        if "rounds" in row or "torch" in row:
+            failures.append("128k: one round's row has a rounds list or a PyTorch row")
+        check("128k tokens/s", row.get("tokens_per_s"), statistics.median(single[3:]))
 
         row = rows["1gpu-32768x1"]
         medians = {r: statistics.median(v) for r, v in ours.items()}
