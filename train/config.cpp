@@ -316,7 +316,8 @@ std::string initials(std::string_view name) {
 
 // A key whose last part is the same as the unknown one's (in another section: "model.seq_len" ->
 // "train.seq_len") or its initials ("train.learning_rate" -> "train.lr") first, else the key or
-// section with the fewest edits.
+// section with the fewest edits; "" when even that one is too far to be a typo (more edits than a
+// third of the unknown name's length, and more than 2).
 std::string nearest_name(std::string_view unknown) {
   const std::string_view leaf = leaf_of(unknown);
   for (const KeyInfo& info : key_table()) {
@@ -344,11 +345,32 @@ std::string nearest_name(std::string_view unknown) {
       best_distance = distance;
     }
   }
-  return best;
+  return best_distance <= std::max<std::size_t>(2, unknown.size() / 3) ? best : std::string{};
 }
 
+// Without a near name: the keys of the unknown key's section where that is a section, else the
+// top-level sections.
 std::string unknown_key_message(std::string_view key) {
-  return detail::concat("unknown key '", key, "'; did you mean '", nearest_name(key), "'?");
+  const std::string near = nearest_name(key);
+  if (!near.empty()) return detail::concat("unknown key '", key, "'; did you mean '", near, "'?");
+  const auto dot = key.rfind('.');
+  const std::string section(dot == std::string_view::npos ? "" : key.substr(0, dot));
+  std::vector<std::string> names;
+  for (const KeyInfo& info : key_table()) {
+    std::string name = info.key;
+    if (!section.empty() && is_section(section)) {
+      if (!name.starts_with(section + ".")) continue;
+      name = name.substr(section.size() + 1);
+    } else {
+      name = name.substr(0, name.find('.'));
+    }
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  std::string list;
+  for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
+  return !section.empty() && is_section(section)
+             ? detail::concat("unknown key '", key, "'; section '", section, "' has ", list)
+             : detail::concat("unknown key '", key, "'; the sections are ", list);
 }
 
 // ---- reading YAML -------------------------------------------------------------------------------

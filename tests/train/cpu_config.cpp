@@ -197,6 +197,13 @@ INSTANTIATE_TEST_SUITE_P(
         ReadCase{"nested_typo",
                  "data:\n  retrieval:\n    pairz: 3\n",
                  {"unknown key 'data.retrieval.pairz'", "did you mean 'data.retrieval.pairs'?"}},
+        ReadCase{"no_near_key",
+                 "foo:\n  bar: 1\n",
+                 {"my.yaml:1: ", "unknown key 'foo'; the sections are model, train, parallel, "
+                  "data, run"}},
+        ReadCase{"no_near_key_in_section",
+                 "data:\n  retrieval:\n    zzzzzzzzzz: 1\n",
+                 {"unknown key 'data.retrieval.zzzzzzzzzz'; section 'data.retrieval' has pairs"}},
         ReadCase{"not_integer",
                  "train:\n  steps: abc\n",
                  {"my.yaml:2: ", "train.steps is 'abc'; expected an integer"}},
