@@ -16,8 +16,7 @@ set -uo pipefail
 out="${1:?usage: bench/gradcheck.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+source bench/launch_env.sh
 gradcheck="${RINGATTN_GRADCHECK:-build-gpu/ringattn-gradcheck}"
 status=0
 for run in ${GRADCHECK_RUNS:-131072:auto 32768:copy 32768:nccl}; do

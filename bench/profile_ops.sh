@@ -15,8 +15,7 @@ set -uo pipefail
 out="${1:?usage: bench/profile_ops.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+source bench/launch_env.sh
 build="${RINGATTN_BUILD:-build-gpu}"
 shape="${PROFILE_OPS_SHAPE:-8192x4}"
 kernels="${PROFILE_OPS_KERNELS:-regex:cross_entropy|rmsnorm|swiglu|rope|adamw|sum_of_squares|embedding|to_bf16|to_float|prepare|fill}"

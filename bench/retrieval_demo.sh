@@ -16,8 +16,7 @@
 set -uo pipefail
 out="${1:?usage: bench/retrieval_demo.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+source bench/launch_env.sh
 build="${DEMO_BUILD:-build-gpu}"
 ranks="${DEMO_RANKS:-2}"
 short_seq="${DEMO_SHORT_SEQ:-256}" short_steps="${DEMO_SHORT_STEPS:-600}"

@@ -15,7 +15,8 @@ set -uo pipefail
 out="${1:?usage: bench/ring.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export PYTHONUNBUFFERED=1
+source bench/launch_env.sh
 export RINGATTN_REVISION="${RINGATTN_REVISION:-$(tools/revision.sh)}"
 bench="${RINGATTN_BENCH:-build-gpu/ringattn-bench}"
 fit="${RING_FIT:-0}"

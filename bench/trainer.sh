@@ -22,8 +22,8 @@
 set -uo pipefail
 out="${1:?usage: bench/trainer.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export PYTHONUNBUFFERED=1
+source bench/launch_env.sh
 build="${RINGATTN_BUILD:-build-gpu}"
 steps="${TRAINER_STEPS:-12}"
 rounds="${TRAINER_ROUNDS:-1}"

@@ -18,8 +18,7 @@
 set -uo pipefail
 out="${1:?usage: bench/trainer_fit.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export NCCL_NVLS_ENABLE=0
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+source bench/launch_env.sh
 build="${RINGATTN_BUILD:-build-gpu}"
 steps="${TRAINER_FIT_STEPS:-3}"
 runs="$out/trainer-fit-runs"

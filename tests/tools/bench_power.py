@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 
+from known_answers import Failures
+
 
 def stamp(t):
     return datetime.datetime.fromtimestamp(t).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
@@ -37,11 +39,8 @@ def main(script):
             inside[0].append((watts0, mhz0, reasons0))
             inside[1].append((watts1, mhz1, 0))
     lines.append(f"{stamp(base + 10)}, 0, 6")  # a line cut off when the sampler stopped
-    failures = []
-
-    def check(name, got, want, tol=1e-6):
-        if got is None or abs(got - want) > tol * max(1.0, abs(want)):
-            failures.append(f"{name}: {got} (expected {want})")
+    failures = Failures()
+    check = failures.check
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "power.csv")
@@ -86,9 +85,7 @@ def main(script):
         if r.returncode == 0:
             failures.append("GPU 2, never sampled: a summary was printed")
 
-    for line in failures:
-        print("FAIL " + line)
-    return 1 if failures else 0
+    return failures.report("bench/power.py")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from known_answers import Failures
+
 WATTS = 650.0
 
 
@@ -39,11 +41,8 @@ def write_run(runs, name, tokens_per_s, peak, loss, t0, seq, batch):
 
 
 def main(script):
-    failures = []
-
-    def check(name, got, want, tol=1e-9):
-        if got is None or want is None or abs(got - want) > tol * max(1.0, abs(want)):
-            failures.append(f"{name}: {got} (expected {want})")
+    failures = Failures()
+    check = failures.check
 
     base = float(int(datetime.datetime(2026, 12, 2, 12, 0, 0).timestamp()))
     with tempfile.TemporaryDirectory() as d:
@@ -142,11 +141,7 @@ def main(script):
         if (row.get("torch") or {}).get("power") is not None:
             failures.append("8k: a PyTorch energy without a timed window")
 
-    for f in failures:
-        print("FAILED", f)
-    print(f"{'ok' if not failures else 'failed'}: bench/trainer_results.py, "
-          f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return failures.report("bench/trainer_results.py")
 
 
 if __name__ == "__main__":
