@@ -26,6 +26,13 @@ seq="${shape%x*}" batch="${shape#*x}"
 steps="${TRAINER_STEPS:-12}"
 recompute=false; [[ $seq -ge 131072 ]] && recompute=true
 kt="$out/kernel-times"
+records() {  # NAME: the run wrote its kernels, or the script stops naming its log
+  if ! compgen -G "$kt/$1.*.csv" >/dev/null; then
+    echo "bench/kernel_times.sh: $1 wrote no kernel records ($kt/$1.<pid>.csv); the library's" \
+      "message, if any, is in $kt/$1.log" >&2
+    exit 1
+  fi
+}
 rm -rf "${kt:?}"
 mkdir -p "$kt"
 
@@ -38,6 +45,7 @@ RINGATTN_KERNEL_TIMES="$kt/ringattn" CUDA_INJECTION64_PATH="$lib" \
   --set train.eval_every=0 --set train.checkpoint_every=0 --set run.dir="$kt/run" \
   --set run.backend=cuda >"$kt/ringattn.log" 2>&1 || { tail -5 "$kt/ringattn.log"; exit 1; }
 rm -f "$kt/run"/ckpt-*.h5
+records ringattn
 python3 bench/kernel_times.py summary "$kt"/ringattn.*.csv --metrics "$kt/run/metrics.jsonl" \
   --label ringattn --json "$kt/ringattn.json" || exit 1
 
@@ -46,6 +54,7 @@ RINGATTN_KERNEL_TIMES="$kt/pytorch" CUDA_INJECTION64_PATH="$lib" \
   python3 bench/torch_reference.py --config configs/small-32k.yaml --shapes "$shape" \
   --steps "$((steps - 3))" --warmup 3 --json "$kt/torch_reference.json" >"$kt/pytorch.log" 2>&1 ||
   { tail -5 "$kt/pytorch.log"; exit 1; }
+records pytorch
 python3 bench/kernel_times.py summary "$kt"/pytorch.*.csv --torch-json "$kt/torch_reference.json" \
   --label pytorch --json "$kt/pytorch.json" || exit 1
 
