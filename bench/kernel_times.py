@@ -18,7 +18,8 @@ import json
 import re
 import sys
 
-WARMUP_STEPS = 3  # ringattn-train's untimed steps in bench/trainer.sh
+import timed_steps
+
 # The first pattern a kernel's name matches names its part (case-insensitive).
 PARTS = [
     ("attention.backward",
@@ -92,21 +93,21 @@ def summarize(kernels, t0, t1, steps, top=15):
 
 def metrics_window(path):
     """ringattn-train's timed window and step count from its metrics.jsonl."""
-    steps = [json.loads(line) for line in open(path) if '"tokens_per_s"' in line]
-    if len(steps) <= WARMUP_STEPS or not all("time" in s for s in steps):
-        raise SystemExit(f"bench/kernel_times.py: {path} has {len(steps)} steps with a time; "
-                         f"expected more than {WARMUP_STEPS}")
-    return steps[WARMUP_STEPS - 1]["time"], steps[-1]["time"], len(steps) - WARMUP_STEPS
+    window = timed_steps.ringattn_window(timed_steps.read_metrics(path))
+    if window is None:
+        raise SystemExit(f"bench/kernel_times.py: {path} has no timed step with a time (more "
+                         f"than {timed_steps.WARMUP_STEPS} steps, each with \"time\")")
+    return window
 
 
 def torch_window(path):
-    """bench/torch_reference.py's timed window and step count from its JSON (its first row)."""
-    rows = [r for r in json.load(open(path)).get("results", []) if r.get("timed_window_unix")]
-    if not rows:
-        raise SystemExit(f"bench/kernel_times.py: {path} has no row with timed_window_unix")
-    r = rows[0]
-    return (r["timed_window_unix"][0], r["timed_window_unix"][1],
-            round(r["timed_tokens"] / (r["seq"] * r["batch"])))
+    """bench/torch_reference.py's timed window and step count from its JSON (its first row with
+    one)."""
+    for row in json.load(open(path)).get("results", []):
+        window = timed_steps.torch_window(row)
+        if window is not None:
+            return window
+    raise SystemExit(f"bench/kernel_times.py: {path} has no row with timed_window_unix")
 
 
 def show(label, s):
@@ -135,15 +136,14 @@ def main(argv):
     args = p.parse_args(argv)
     if args.command == "compare":
         x, y = json.load(open(args.a)), json.load(open(args.b))
+        # The parts, then the totals: the same rows for both summaries.
+        rows = lambda s: dict(s["parts_ms_per_step"], **{"all kernels": s["kernel_ms_per_step"],
+                                                         "GPU busy": s["busy_ms_per_step"],
+                                                         "step": s["step_ms"]})
         print(f"{'ms a step':<20} {x['label']:>12} {y['label']:>12} {'difference':>11}")
-        rows = list(x["parts_ms_per_step"].items()) + [
-            ("all kernels", x["kernel_ms_per_step"]), ("GPU busy", x["busy_ms_per_step"]),
-            ("step", x["step_ms"])]
-        other = dict(y["parts_ms_per_step"], **{"all kernels": y["kernel_ms_per_step"],
-                                                "GPU busy": y["busy_ms_per_step"],
-                                                "step": y["step_ms"]})
-        for name, ms in rows:
-            print(f"{name:<20} {ms:12.3f} {other[name]:12.3f} {ms - other[name]:+11.3f}")
+        theirs = rows(y)
+        for name, ms in rows(x).items():
+            print(f"{name:<20} {ms:12.3f} {theirs[name]:12.3f} {ms - theirs[name]:+11.3f}")
         return 0
     sources = [args.window is not None, args.metrics is not None, args.torch_json is not None]
     if sum(sources) != 1 or (args.window is not None and not args.steps):

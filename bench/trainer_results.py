@@ -22,8 +22,8 @@ import subprocess
 import sys
 
 import power
+from timed_steps import WARMUP_STEPS, read_metrics, ringattn_window, torch_window
 
-WARMUP_STEPS = 3  # steps of a run that are not timed
 RUN_NAME = re.compile(r"^(\d+)gpu-(\d+)x(\d+)(?:\.r(\d+))?$")
 TORCH_NAME = re.compile(r"^trainer_torch-(\d+)x(\d+)(?:\.r(\d+))?\.json$")
 # Over rounds: the largest (memory), the last round's (the rest that is not a median).
@@ -65,15 +65,15 @@ def run_row(name, steps, torch_row, energy):
         row["mfu"] = statistics.median(s.get("mfu", 0.0) or 0.0 for s in timed)
         row["peak_memory_mib"] = max(s["peak_memory_mib"] for s in steps)
         row["final_loss"] = steps[-1]["loss"]
-        # From the end of the last untimed step to the end of the last (ringattn-train's "time").
-        if len(steps) > WARMUP_STEPS and all("time" in s for s in steps):
-            row["power"] = energy(gpus, (steps[WARMUP_STEPS - 1]["time"], steps[-1]["time"]),
-                                  seq * batch * len(timed))
+        window = ringattn_window(steps)
+        if window is not None:
+            row["power"] = energy(gpus, window[:2], seq * batch * window[2])
     if torch_row is not None:
         t = torch_row
         row["torch"] = {k: t.get(k) for k in ("tokens_per_s", "mfu", "peak_mib", "status",
                                               "recompute")}
-        row["torch"]["power"] = energy(1, t.get("timed_window_unix"), t.get("timed_tokens", 0))
+        window = torch_window(t)
+        row["torch"]["power"] = energy(1, window[:2], t["timed_tokens"]) if window else None
         if t.get("tokens_per_s") and row.get("tokens_per_s"):
             # per GPU for the ring runs: PyTorch runs the whole sequence on one GPU
             row["ratio_to_torch"] = row["tokens_per_s"] / t["tokens_per_s"]
@@ -89,10 +89,9 @@ def describe(row):
         line += (f"  torch {row['torch']['tokens_per_s']:.0f} tokens/s"
                  f"{mj(row['torch'].get('power'))}  ratio {row['ratio_to_torch']:.3f}")
     if "rounds" in row:
-        line += "  (median of " + str(len(row["rounds"])) + " rounds" + (
-            ", ratios " + " ".join(f"{r['ratio_to_torch']:.3f}" for r in row["rounds"]
-                                   if "ratio_to_torch" in r) if "ratio_to_torch" in row else "")
-        line += ")"
+        ratios = [f"{r['ratio_to_torch']:.3f}" for r in row["rounds"] if "ratio_to_torch" in r]
+        line += f"  (median of {len(row['rounds'])} rounds"
+        line += f", ratios {' '.join(ratios)})" if ratios else ")"
     return line
 
 
@@ -107,7 +106,7 @@ def main(argv):
         indices = [int(x) for x in listed] if all(x.isdigit() for x in listed) else None
 
     def energy(count, window, tokens):
-        if not samples or indices is None or count > len(indices) or window is None:
+        if not samples or indices is None or count > len(indices):
             return None
         return power.window_summary(samples, indices[:count], window[0], window[1], tokens)
 
@@ -124,7 +123,7 @@ def main(argv):
         path = os.path.join(runs, name, "metrics.jsonl")
         if m is None or not os.path.isfile(path):
             continue
-        steps = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
+        steps = read_metrics(path)
         round_ = int(m.group(4) or 1)
         row = run_row(name, steps, torch.get((int(m.group(2)), int(m.group(3)), round_)), energy)
         shapes.setdefault(name.split(".r")[0], []).append((round_, row))
