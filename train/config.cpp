@@ -355,20 +355,18 @@ std::string unknown_key_message(std::string_view key) {
   if (!near.empty()) return detail::concat("unknown key '", key, "'; did you mean '", near, "'?");
   const auto dot = key.rfind('.');
   const std::string section(dot == std::string_view::npos ? "" : key.substr(0, dot));
+  const bool in_section = !section.empty() && is_section(section);
+  const std::string prefix = section + ".";
   std::vector<std::string> names;
   for (const KeyInfo& info : key_table()) {
-    std::string name = info.key;
-    if (!section.empty() && is_section(section)) {
-      if (!name.starts_with(section + ".")) continue;
-      name = name.substr(section.size() + 1);
-    } else {
-      name = name.substr(0, name.find('.'));
-    }
+    if (in_section && !info.key.starts_with(prefix)) continue;
+    const std::string name =
+        in_section ? info.key.substr(prefix.size()) : info.key.substr(0, info.key.find('.'));
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   }
   std::string list;
   for (const std::string& name : names) list += (list.empty() ? "" : ", ") + name;
-  return !section.empty() && is_section(section)
+  return in_section
              ? detail::concat("unknown key '", key, "'; section '", section, "' has ", list)
              : detail::concat("unknown key '", key, "'; the sections are ", list);
 }

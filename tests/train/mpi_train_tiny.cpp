@@ -255,9 +255,9 @@ TEST(TrainTiny, RecomputeGivesBitwiseTheSameLosses) {
 
 // metrics.jsonl holds a line per step with the wall-clock time the step ended ("time", Unix
 // seconds to the millisecond, which benchmarks match against samplers such as nvidia-smi's): each
-// line's step, loss, learning rate, gradient norm and time agree with what run() returned, the times lie within the run as this
-// process's system clock saw it and do not go back. Each rank trains alone in a directory of its
-// own.
+// line's step, loss, learning rate, gradient norm and time agree with what run() returned, the
+// times lie within the run as this process's system clock saw it and do not go back. Each rank
+// trains alone in a directory of its own.
 TEST(TrainTiny, MetricsLinesCarryEachStepsWallClockTime) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   test::TempDir dir;
