@@ -373,12 +373,18 @@ TEST(CudaCrossEntropyTargets, NonFiniteLogitsOnBothPaths) {
 
 // Against a sum in long double (at least double's precision; 64-bit significands on x86-64): the
 // GPU's error is that of double sums of at most a few thousand terms each, ~1e-13 relative at
-// worst, so 1e-12 leaves room. Two calls give the same bits.
+// worst, so 1e-12 leaves room. Two calls give the same bits, and so does a call through kept
+// scratch buffers (whose host side starts as NaNs, so a partial left unwritten would show).
 TEST(CudaSumOfSquares, MatchesLongDoubleSumAndRepeatsBitwise) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(6);
   CudaStream stream;
+  constexpr auto kPartials = static_cast<std::size_t>(cuda::SumOfSquaresScratch::kPartials);
+  const DeviceBuffer d_partials(kPartials * sizeof(double));
+  PinnedArray<double> h_partials(kPartials);
+  std::fill_n(h_partials.data(), kPartials, std::numeric_limits<double>::quiet_NaN());
+  const cuda::SumOfSquaresScratch scratch{d_partials.as<double>(), h_partials.data()};
   // One element; one block; two blocks, the second of one element; many blocks; the most blocks
   // with ranges that do not divide the count.
   for (const std::int64_t count : {1LL, 1000LL, 16385LL, (1LL << 22) + 3, 20000003LL}) {
@@ -389,10 +395,13 @@ TEST(CudaSumOfSquares, MatchesLongDoubleSumAndRepeatsBitwise) {
     const DeviceBuffer d_grads = to_device(grads, stream.get());
     const double first = cuda::sum_of_squares(d_grads.as<float>(), count, stream.get());
     const double second = cuda::sum_of_squares(d_grads.as<float>(), count, stream.get());
+    const double kept = cuda::sum_of_squares(d_grads.as<float>(), count, stream.get(), &scratch);
     EXPECT_TRUE(RelativelyClose("sum_of_squares", first, static_cast<double>(expected), 1e-12))
         << count << " elements";
     EXPECT_EQ(std::memcmp(&first, &second, sizeof(double)), 0)
         << count << " elements: " << first << " then " << second;
+    EXPECT_EQ(std::memcmp(&first, &kept, sizeof(double)), 0)
+        << count << " elements: " << first << ", through kept scratch " << kept;
   }
 }
 
@@ -635,6 +644,10 @@ TEST(CudaLossOptimizerOps, ArgumentErrorsNameTheArgument) {
                                 {kSum, "grads is null"}));
   EXPECT_TRUE(throws_error_with([&] { cuda::sum_of_squares(f, 0, stream); },
                                 {kSum, "count is 0; expected > 0"}));
+  double host_partial = 0.0;
+  const cuda::SumOfSquaresScratch no_device{nullptr, &host_partial};
+  EXPECT_TRUE(throws_error_with([&] { cuda::sum_of_squares(f, 4, stream, &no_device); },
+                                {kSum, "scratch->device is null"}));
 
   constexpr const char* kAdamW = "train::cuda::adamw_step";
   const cpu::AdamWHyper h{.lr = 1e-3};

@@ -58,7 +58,8 @@ class CudaBackend {
 
   // ---- data ----
   // Copies the batch's token ids (checked against vocab on the host), targets and loss mask to
-  // the device.
+  // the device, through page-locked staging buffers: queued behind the stream's work without
+  // waiting for it, so that a step's first kernels follow the last step's AdamW without a pause.
   void load_batch(const ShardBatch& batch, std::int64_t vocab);
   void fill_zero(float* data, std::int64_t count);
   void copy(Act* dst, const Act* src, std::int64_t count);
@@ -123,8 +124,16 @@ class CudaBackend {
   cuda::Gemm gemm_;
   DeviceArray<std::int32_t> tokens_, targets_, predictions_;
   DeviceArray<float> weights_, losses_, rope_cos_, rope_sin_, scratch_;
-  std::vector<float> host_weights_;
+  // The batch as staged for its copies (token ids, then targets), and its loss mask, which the
+  // loss sums read; batch_copied_ marks the end of the copies out of them.
+  PinnedArray<std::int32_t> host_ids_;
+  PinnedArray<float> host_weights_;
+  CudaEvent batch_copied_;
   PinnedArray<float> host_losses_;
+  // sum_of_squares's partials, kept: the gradient norm is summed every step.
+  DeviceArray<double> norm_partials_;
+  PinnedArray<double> host_norm_partials_;
+  cuda::SumOfSquaresScratch norm_scratch_;
   std::vector<std::pair<std::int64_t, std::int64_t>> pending_losses_;  // (first, tokens) a call
   CudaEvent losses_copied_;
   std::int64_t rope_rows_ = 0;

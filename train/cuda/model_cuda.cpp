@@ -1,6 +1,7 @@
 // The CUDA backend's host side (train/cuda/backend_cuda.hpp) and the model's instantiation on it.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +23,13 @@ void ensure(DeviceArray<E>& array, std::int64_t count) {
 
 }  // namespace
 
-CudaBackend::CudaBackend() : gemm_(stream_.get()) {}
+CudaBackend::CudaBackend()
+    : gemm_(stream_.get()),
+      norm_partials_(cuda::SumOfSquaresScratch::kPartials),
+      host_norm_partials_(cuda::SumOfSquaresScratch::kPartials) {
+  norm_scratch_.device = norm_partials_.data();
+  norm_scratch_.host = host_norm_partials_.data();
+}
 
 CudaBackend::~CudaBackend() = default;
 
@@ -42,21 +49,32 @@ void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
   ensure(weights_, n);
   ensure(losses_, n);
   ensure(predictions_, n);
-  host_weights_.assign(batch.loss_mask.begin(), batch.loss_mask.end());
   cudaStream_t s = stream_.get();
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), batch.inputs.data(), n * sizeof(std::int32_t),
+  const auto count = static_cast<std::size_t>(n);
+  if (host_losses_.size() < count) {
+    // Copies of an earlier batch's losses may still be on their way into the old buffer.
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+    host_losses_ = PinnedArray<float>(count);
+  }
+  // The last batch's copies out of the staging buffers: queued at the start of its step, long
+  // done by the time the next batch is ready.
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(batch_copied_.get()));
+  if (host_weights_.size() < count) {
+    host_ids_ = PinnedArray<std::int32_t>(2 * count);
+    host_weights_ = PinnedArray<float>(count);
+  }
+  std::copy(batch.inputs.begin(), batch.inputs.end(), host_ids_.data());
+  std::copy(batch.targets.begin(), batch.targets.end(), host_ids_.data() + count);
+  std::copy(batch.loss_mask.begin(), batch.loss_mask.end(), host_weights_.data());
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), host_ids_.data(), n * sizeof(std::int32_t),
                                       cudaMemcpyHostToDevice, s));
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(targets_.data(), batch.targets.data(),
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(targets_.data(), host_ids_.data() + count,
                                       n * sizeof(std::int32_t), cudaMemcpyHostToDevice, s));
   RINGATTN_CUDA_CHECK(cudaMemcpyAsync(weights_.data(), host_weights_.data(), n * sizeof(float),
                                       cudaMemcpyHostToDevice, s));
-  // The host vectors may change before the copies ran (pageable copies are staged, but be sure).
-  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s));
-  // After the wait: no copy of an earlier batch's losses is still on its way into the buffer.
+  batch_copied_.record(s);
+  // The losses of an earlier batch that nobody summed are not this batch's.
   pending_losses_.clear();
-  if (static_cast<std::int64_t>(host_losses_.size()) < n) {
-    host_losses_ = PinnedArray<float>(static_cast<std::size_t>(n));
-  }
 }
 
 void CudaBackend::fill_zero(float* data, std::int64_t count) {
@@ -201,13 +219,15 @@ bool CudaBackend::all_finite(const Act* data, std::int64_t count) {
   for (std::int64_t first = 0; first < count; first += kChunk) {
     const std::int64_t n = std::min(kChunk, count - first);
     cuda::to_float(scratch_.data(), data + first, n, stream_.get());
-    if (!std::isfinite(cuda::sum_of_squares(scratch_.data(), n, stream_.get()))) return false;
+    if (!std::isfinite(cuda::sum_of_squares(scratch_.data(), n, stream_.get(), &norm_scratch_))) {
+      return false;
+    }
   }
   return true;
 }
 
 double CudaBackend::sum_of_squares(const float* grads, std::int64_t count) {
-  return cuda::sum_of_squares(grads, count, stream_.get());
+  return cuda::sum_of_squares(grads, count, stream_.get(), &norm_scratch_);
 }
 
 void CudaBackend::adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,

@@ -136,8 +136,16 @@ void cross_entropy_queue(bf16* dlogits, float* losses, std::int32_t* predictions
 // ---- optimizer -----------------------------------------------------------------------------
 
 // sum_i grads[i]^2 in double, over `count` fp32 elements: fixed-order block partials summed on
-// the host in order (bitwise reproducible). Waits on the stream.
-double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t stream);
+// the host in order (bitwise reproducible). Waits on the stream. Without `scratch` each call takes
+// device memory for its partials from the stream-ordered pool and copies them back into pageable
+// memory; a caller that sums every step passes buffers kept between calls instead.
+struct SumOfSquaresScratch {
+  static constexpr std::int64_t kPartials = 1024;  // the most block partials of a call
+  double* device = nullptr;                         // kPartials doubles of device memory
+  double* host = nullptr;                           // kPartials doubles of page-locked memory
+};
+double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t stream,
+                      const SumOfSquaresScratch* scratch = nullptr);
 
 // One AdamW step (cpu::adamw_step's update) on `count` elements, with the gradient multiplied by
 // grad_scale first (the clip factor); writes the updated params and their bf16 copy

@@ -400,7 +400,7 @@ constexpr int kSumThreads = 256;
 constexpr int kSumWarps = kSumThreads / 32;
 // At most 1024 partial sums (8 KiB back to the host); at least 16384 elements per block, so a
 // small tensor is not spread over blocks that would each read a few elements.
-constexpr std::int64_t kSumMaxBlocks = 1024;
+constexpr std::int64_t kSumMaxBlocks = SumOfSquaresScratch::kPartials;
 constexpr std::int64_t kSumMinBlockElements = 16384;
 
 // Block b sums [b * chunk, min(count, (b + 1) * chunk)): each thread in double over a fixed
@@ -663,26 +663,41 @@ void cross_entropy_queue(bf16* dlogits, float* losses, std::int32_t* predictions
                        targets, weights, shape, scale, host_weights, stream);
 }
 
-double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t stream) {
+double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t stream,
+                      const SumOfSquaresScratch* scratch) {
   constexpr const char* kWhere = "train::cuda::sum_of_squares";
   check_pointer(kWhere, "grads", grads);
   train::detail::check_positive(kWhere, "count", count);
+  if (scratch != nullptr) {
+    check_pointer(kWhere, "scratch->device", scratch->device);
+    check_pointer(kWhere, "scratch->host", scratch->host, "page-locked host");
+  }
 
   const std::int64_t blocks = sum_of_squares_blocks(count);
   const std::int64_t chunk = (count + blocks - 1) / blocks;
   const auto bytes = static_cast<std::size_t>(blocks) * sizeof(double);
-  std::vector<double> partials(static_cast<std::size_t>(blocks));
-  {
-    const StreamAllocation device_partials(bytes, stream);
+  std::vector<double> pageable;
+  double* partials = scratch != nullptr ? scratch->host : nullptr;
+  if (partials == nullptr) {
+    pageable.resize(static_cast<std::size_t>(blocks));
+    partials = pageable.data();
+  }
+  const auto queue = [&](double* device_partials) {
     sum_of_squares_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
-        device_partials.as<double>(), grads, count, chunk);
+        device_partials, grads, count, chunk);
     RINGATTN_CUDA_CHECK_LAUNCH();
-    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(partials.data(), device_partials.as<double>(), bytes,
-                                        cudaMemcpyDeviceToHost, stream));
+    RINGATTN_CUDA_CHECK(
+        cudaMemcpyAsync(partials, device_partials, bytes, cudaMemcpyDeviceToHost, stream));
+  };
+  if (scratch != nullptr) {
+    queue(scratch->device);
+  } else {
+    const StreamAllocation device_partials(bytes, stream);
+    queue(device_partials.as<double>());
   }
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   double total = 0.0;
-  for (const double partial : partials) total += partial;
+  for (std::int64_t b = 0; b < blocks; ++b) total += partials[b];
   return total;
 }
 
