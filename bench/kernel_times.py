@@ -1,7 +1,8 @@
 """Kernel time per step of a training run, from libringattn_kernel_times.so's records.
 
 The CSV files (tools/cuda/kernel_times.cpp: "unix_start,unix_end,device,stream,name") hold every
-kernel of a process. The kernels that start within a run's timed window count: given directly, or
+kernel of a process, and its memsets and copies ("[memset]", "[memcpy HtoD]", ...), which count as
+a part of their own. The records that start within a run's timed window count: given directly, or
 taken from ringattn-train's metrics.jsonl (the end of the last warm-up step to the end of the last
 step) or from bench/torch_reference.py's JSON row (its timed_window_unix). Per step it gives the
 kernels' summed time by part (attention backward, attention forward, GEMMs, the rest) and by
@@ -22,6 +23,7 @@ import timed_steps
 
 # The first pattern a kernel's name matches names its part (case-insensitive).
 PARTS = [
+    ("memset.memcpy", r"^\[mem(set|cpy)"),
     ("attention.backward",
      r"flash_backward|flash_dq|bprop|flash_bwd|fmha.*bwd|dot_do_o|convert_dq"),
     ("attention.forward", r"flash_forward|fprop|flash_fwd|fmha|sdpa|flash_attn"),
@@ -111,8 +113,8 @@ def torch_window(path):
 
 
 def show(label, s):
-    print(f"{label}: {s['steps']} steps of {s['step_ms']:.2f} ms; kernels "
-          f"{s['kernel_ms_per_step']:.2f} ms a step ({s['kernels_per_step']:.0f} launches), "
+    print(f"{label}: {s['steps']} steps of {s['step_ms']:.2f} ms; kernels, memsets and copies "
+          f"{s['kernel_ms_per_step']:.2f} ms a step ({s['kernels_per_step']:.0f} records), "
           f"GPU busy {s['busy_ms_per_step']:.2f} ms")
     for part, ms in s["parts_ms_per_step"].items():
         print(f"  {part:<20} {ms:10.3f} ms")
@@ -137,13 +139,17 @@ def main(argv):
     if args.command == "compare":
         x, y = json.load(open(args.a)), json.load(open(args.b))
         # The parts, then the totals: the same rows for both summaries.
-        rows = lambda s: dict(s["parts_ms_per_step"], **{"all kernels": s["kernel_ms_per_step"],
+        # (summaries written before memsets and copies were recorded lack their part: "-").
+        rows = lambda s: dict(s["parts_ms_per_step"], **{"all GPU work": s["kernel_ms_per_step"],
                                                          "GPU busy": s["busy_ms_per_step"],
                                                          "step": s["step_ms"]})
         print(f"{'ms a step':<20} {x['label']:>12} {y['label']:>12} {'difference':>11}")
-        theirs = rows(y)
-        for name, ms in rows(x).items():
-            print(f"{name:<20} {ms:12.3f} {theirs[name]:12.3f} {ms - theirs[name]:+11.3f}")
+        ours, theirs = rows(x), rows(y)
+        for name in list(ours) + [n for n in theirs if n not in ours]:
+            a, b = ours.get(name), theirs.get(name)
+            cell = lambda v: f"{v:12.3f}" if v is not None else f"{'-':>12}"
+            diff = f"{a - b:+11.3f}" if a is not None and b is not None else f"{'-':>11}"
+            print(f"{name:<20} {cell(a)} {cell(b)} {diff}")
         return 0
     sources = [args.window is not None, args.metrics is not None, args.torch_json is not None]
     if sum(sources) != 1 or (args.window is not None and not args.steps):

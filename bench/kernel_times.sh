@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# gpu-check part bench-kernel_times: every kernel of ringattn-train's timed steps and of PyTorch's
-# (bench/torch_reference.py) at one shape of the 188M model, recorded the same way for both by
-# libringattn_kernel_times.so (CUPTI's activity records, which torch.profiler also reads), and
-# summed a step by part: attention backward, attention forward, GEMMs, the rest; also the time the
-# GPU ran any kernel and the step's length. Usage: bench/kernel_times.sh OUTDIR
+# gpu-check part bench-kernel_times: every kernel, memset and copy of ringattn-train's timed steps
+# and of PyTorch's (bench/torch_reference.py) at one shape of the 188M model, recorded the same way
+# for both by libringattn_kernel_times.so (CUPTI's activity records, which torch.profiler also
+# reads), and summed a step by part: memsets and copies, attention backward, attention forward,
+# GEMMs, the rest; also the time the GPU was busy and the step's length.
+# Usage: bench/kernel_times.sh OUTDIR
 #
 #   KERNEL_TIMES_SHAPE  seq x batch (default 32768x1; 131072 and longer recompute)
 #   TRAINER_STEPS       steps a run (default 12; the first 3 are warm-up)

@@ -1,12 +1,14 @@
 """bench/kernel_times.py against kernel records whose sums are known by construction.
 
 Two processes' CSV files (as libringattn_kernel_times.so writes them: Unix seconds, mangled names in
-double quotes, one with a comma and a doubled quote) hold kernels of four parts before, inside and
-after a window of 4 steps, two of them overlapping (the union differs from the sum), and lines that
-are not records. The per-step sums by part and by name, the busy time, the launches and the
-window are computed here from the constructed kernels and compared with the summary's JSON; the
-window comes once from --window, once from a metrics.jsonl and once from a PyTorch row. A window
-holding no kernel gives no summary (exit 1), and compare prints the parts of two summaries.
+double quotes, one with a comma and a doubled quote) hold kernels of four parts, and a memset and a
+copy (a fifth part), before, inside and after a window of 4 steps, two of them overlapping (the
+union differs from the sum), and lines that are not records. The per-step sums by part and by
+name, the busy time, the launches and the window are computed here from the constructed records
+and compared with the summary's JSON; the window comes once from --window, once from a
+metrics.jsonl and once from a PyTorch row. A window holding no kernel gives no summary (exit 1),
+and compare prints the parts of two summaries, with "-" where a summary from before memsets and
+copies were recorded lacks their part.
 
   python3 tests/tools/bench_kernel_times.py bench/kernel_times.py
 """
@@ -28,11 +30,13 @@ KERNELS = [  # (start offset from T0, duration, name, file)
     (0.500, 0.050, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0),
     (0.530, 0.050, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 1),  # overlaps the one before
     (0.700, 0.010, 'triton_poi_fused_add, "x"_0', 0),
+    (0.720, 0.015, "[memset]", 0),  # memory work: a part of its own, before the name patterns
+    (0.800, 0.005, "[memcpy HtoD]", 1),
     (0.990, 0.020, "_Z16rmsnorm_forward_kernelv", 1),  # starts inside, ends after: counts
     (1.000, 0.030, "_Z16rmsnorm_forward_kernelv", 0),  # starts at the window's end: does not
 ]
 PART = {"flash_backward": "attention.backward", "flash_fprop": "attention.forward",
-        "nvjet": "gemm", "triton": "other", "rmsnorm": "other"}
+        "nvjet": "gemm", "triton": "other", "rmsnorm": "other", "[mem": "memset.memcpy"}
 
 
 def part(name):
@@ -44,7 +48,8 @@ def main(script):
     check = failures.check
 
     inside = [k for k in KERNELS if 0 <= k[0] < STEPS * STEP]
-    want_parts = {"attention.backward": 0.0, "attention.forward": 0.0, "gemm": 0.0, "other": 0.0}
+    want_parts = {"memset.memcpy": 0.0, "attention.backward": 0.0, "attention.forward": 0.0,
+                  "gemm": 0.0, "other": 0.0}
     for _, duration, name, _ in inside:
         want_parts[part(name)] += duration
     spans = sorted((k[0], k[0] + k[1]) for k in inside)
@@ -108,6 +113,20 @@ def main(script):
                             os.path.join(d, "summary-torch.json")], capture_output=True, text=True)
         if r.returncode != 0 or "gemm" not in r.stdout or "+0.000" not in r.stdout:
             failures.append(f"compare: exit {r.returncode}: {r.stdout}{r.stderr}")
+        # A summary from before memsets and copies were recorded: their row shows "-".
+        old = json.load(open(os.path.join(d, "summary-window.json")))
+        old["parts_ms_per_step"].pop("memset.memcpy", None)
+        old_path = os.path.join(d, "summary-old.json")
+        json.dump(old, open(old_path, "w"))
+        new_path = os.path.join(d, "summary-torch.json")
+        for first, second, column in ((old_path, new_path, 1), (new_path, old_path, 2)):
+            r = subprocess.run([sys.executable, script, "compare", first, second],
+                               capture_output=True, text=True)
+            row = next((line.split() for line in r.stdout.splitlines()
+                        if line.startswith("memset.memcpy")), [])
+            if r.returncode != 0 or len(row) != 4 or row[column] != "-" or row[3] != "-":
+                failures.append(f"compare with an older summary in column {column}: exit "
+                                f"{r.returncode}: {r.stdout}{r.stderr}")
 
     return failures.report("bench/kernel_times.py")
 

@@ -1,12 +1,15 @@
-// libringattn_kernel_times.so: every kernel's start and end on the GPU, from CUPTI's activity
-// records, for any CUDA program. The CUDA driver loads it when CUDA_INJECTION64_PATH names it:
+// libringattn_kernel_times.so: every kernel's, memset's and copy's start and end on the GPU, from
+// CUPTI's activity records, for any CUDA program. The CUDA driver loads it when
+// CUDA_INJECTION64_PATH names it:
 //
 //   export CUDA_INJECTION64_PATH=build-gpu/libringattn_kernel_times.so
 //   RINGATTN_KERNEL_TIMES=out/ours build-gpu/ringattn-train configs/small-32k.yaml ...
 //
-// At exit it writes <RINGATTN_KERNEL_TIMES>.<pid>.csv, a line a kernel:
+// At exit it writes <RINGATTN_KERNEL_TIMES>.<pid>.csv, a line a record:
 // "unix_start,unix_end,device,stream,name" (seconds since the Unix epoch, from CUPTI's clock and
-// the offset to the wall clock taken at load; the name as the driver gives it, mangled). So
+// the offset to the wall clock taken at load; a kernel's name as the driver gives it, mangled; a
+// memset "[memset]", a copy "[memcpy HtoD]", "[memcpy DtoH]", "[memcpy DtoD]" or "[memcpy other]",
+// so that the GPU's time between kernels is accounted for where it went to memory work). So
 // ringattn-train and PyTorch (torch.profiler reads the same records) are measured the same way,
 // and bench/kernel_times.py sums the kernels of a run's timed steps (by their wall-clock window).
 #include <cupti.h>
@@ -19,6 +22,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -54,9 +58,20 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
   CUpti_Activity* record = nullptr;
   std::vector<KernelRecord> kernels;
   while (cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
-    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    kernels.push_back({k->start, k->end, k->deviceId, k->streamId, k->name ? k->name : "?"});
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      kernels.push_back({k->start, k->end, k->deviceId, k->streamId, k->name ? k->name : "?"});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      kernels.push_back({m->start, m->end, m->deviceId, m->streamId, "[memset]"});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      const char* name = c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "[memcpy HtoD]"
+                         : c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "[memcpy DtoH]"
+                         : c->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "[memcpy DtoD]"
+                                                                          : "[memcpy other]";
+      kernels.push_back({c->start, c->end, c->deviceId, c->streamId, name});
+    }
   }
   std::size_t dropped = 0;
   cuptiActivityGetNumDroppedRecords(context, stream, &dropped);
@@ -95,7 +110,7 @@ void write_records() {
                  k.device, k.stream, name.c_str());
   }
   std::fclose(out);
-  std::fprintf(stderr, "ringattn kernel_times: %zu kernels -> %s\n", records.size(),
+  std::fprintf(stderr, "ringattn kernel_times: %zu records -> %s\n", records.size(),
                path.c_str());
 }
 
@@ -126,6 +141,17 @@ extern "C" int InitializeInjection(void) {
       r != CUPTI_SUCCESS) {
     report("cuptiActivityEnable(CONCURRENT_KERNEL)", r);
     return 0;
+  }
+  // Memsets and copies are worth having but not essential: without them, kernels alone.
+  for (const auto& [kind, label] : {std::pair{CUPTI_ACTIVITY_KIND_MEMSET, "MEMSET"},
+                                    std::pair{CUPTI_ACTIVITY_KIND_MEMCPY, "MEMCPY"}}) {
+    if (const CUptiResult r = cuptiActivityEnable(kind); r != CUPTI_SUCCESS) {
+      const char* text = nullptr;
+      cuptiGetResultString(r, &text);
+      std::fprintf(stderr,
+                   "ringattn kernel_times: cuptiActivityEnable(%s) failed: %s; kernels only\n",
+                   label, text ? text : "unknown CUPTI error");
+    }
   }
   std::atexit(write_records);
   return 1;
