@@ -1,5 +1,9 @@
 #include "src/thread_pool.hpp"
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -16,6 +20,19 @@
 namespace ringattn {
 namespace {
 
+// The CPUs this process may run on: its affinity mask where the system has one (mpirun's binding
+// and taskset narrow it; a pool wider than the mask would time-share its cores), else the
+// hardware's count.
+int available_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return hardware == 0 ? 1 : static_cast<int>(hardware);
+}
+
 int threads_from_environment() {
   if (const char* text = std::getenv("RINGATTN_NUM_THREADS"); text != nullptr && *text != '\0') {
     char* end = nullptr;
@@ -25,8 +42,7 @@ int threads_from_environment() {
     }
     return static_cast<int>(value);
   }
-  const unsigned hardware = std::thread::hardware_concurrency();
-  return hardware == 0 ? 1 : static_cast<int>(hardware);
+  return available_cpus();
 }
 
 // Workers wait for a job (a generation number changes), claim indices from a shared counter and

@@ -13,8 +13,6 @@ fi
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 # A progress bar when this script writes to a terminal, plain lines otherwise.
 if [[ -t 1 ]]; then export RINGATTN_PROGRESS=1; else export RINGATTN_PROGRESS=0; fi
-# One thread a rank: the two ranks share the machine's cores.
-export RINGATTN_NUM_THREADS="${RINGATTN_NUM_THREADS:-$(( ($(nproc) + 1) / 2 ))}"
 ranks=2
 if command -v nvidia-smi >/dev/null 2>&1; then
   gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
@@ -23,4 +21,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
   fi
 fi
-exec mpiexec -n "$ranks" --oversubscribe build/ringattn-train "$@"
+# Unbound ranks: OpenMPI would hold each of two ranks to one core, with all of its threads (the
+# CPU backend's, CUDA's, NCCL's). Each CPU rank takes its part of the cores
+# (train/host_threads.hpp).
+exec mpiexec -n "$ranks" --oversubscribe --bind-to none build/ringattn-train "$@"

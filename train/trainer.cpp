@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "train/checkpoint.hpp"
@@ -61,6 +62,11 @@ std::string format_double(double value, int decimals = -1) {
     std::snprintf(buffer, sizeof buffer, "%.9g", value);
   }
   return buffer;
+}
+
+// "1 thread a rank", "8 threads a rank": the CPU backend's pool, for the startup line.
+std::string threads_phrase(int threads) {
+  return std::to_string(threads) + (threads == 1 ? " thread a rank" : " threads a rank");
 }
 
 // run.backend auto: cuda where this ringattn has it and a GPU is visible, else cpu.
@@ -274,6 +280,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
           std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
           std::string(layout_name(config.parallel.layout)) + "), backend " +
           s.model->backend_name() +
+          (s.backend == Backend::cpu ? " (" + threads_phrase(ringattn::cpu::num_threads()) + ")"
+                                     : std::string()) +
           (config.train.recompute
                ? (config.train.recompute_attention ? " (recompute, attention included)"
                                                    : " (recompute)")

@@ -101,7 +101,8 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
                             const TensorView* dq_to_zero = nullptr);
 void flash_backward(const BackwardArgs& args);
 
-// Worker threads of the CPU backend: RINGATTN_NUM_THREADS, else the hardware's count.
+// Worker threads of the CPU backend: RINGATTN_NUM_THREADS, else the CPUs the process may run on
+// (its affinity mask: one core for a rank that mpirun bound to a core; else the hardware's count).
 int num_threads();
 void set_num_threads(int threads);
 }  // namespace cpu
