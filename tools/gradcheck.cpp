@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "parallel/communicator.hpp"
+#include "parallel/host_threads.hpp"
 #include "parallel/local_block.hpp"
+#include "parallel/mpi_communicator.hpp"
 #include "parallel/performance_model.hpp"
 #include "ringattn/attention.hpp"
 #include "ringattn/config.h"
@@ -268,6 +270,8 @@ int run(const Options& opt) {
   const bool cuda_backend = opt.backend == "cuda";
   const Memory memory = cuda_backend ? Memory::device : Memory::host;
   std::shared_ptr<Communicator> comm = cuda_backend ? nccl_world_communicator() : mpi_world_communicator();
+  // The CPU backend's threads: at most this rank's part of its node.
+  if (!cuda_backend) use_rank_threads(dynamic_cast<const MpiCommunicator&>(*comm));
   RingAttention ring(comm, parse_sequence_layout(opt.layout));
   const int rank = ring.rank(), size = ring.size();
   const Shapes s{opt.batch, opt.seq, opt.heads, opt.kv_heads > 0 ? opt.kv_heads : opt.heads, opt.head_dim};

@@ -23,5 +23,5 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 # Unbound ranks: OpenMPI would hold each of two ranks to one core, with all of its threads (the
 # CPU backend's, CUDA's, NCCL's). Each CPU rank takes its part of the cores
-# (train/host_threads.hpp).
+# (parallel/host_threads.hpp).
 exec mpiexec -n "$ranks" --oversubscribe --bind-to none build/ringattn-train "$@"

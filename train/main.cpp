@@ -13,25 +13,21 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "parallel/communicator.hpp"
+#include "parallel/host_threads.hpp"
 #include "parallel/mpi_communicator.hpp"
-#include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "ringattn/runtime.hpp"
 #include "train/config.hpp"
-#include "train/host_threads.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -78,15 +74,9 @@ int main(int argc, char** argv) {
       if (rank == 0) std::cout << ringattn::train::dump_config(config);
     } else {
       std::shared_ptr<ringattn::Communicator> world = ringattn::mpi_world_communicator();
-      // The CPU backend's threads, unless RINGATTN_NUM_THREADS says: the CPUs this rank may run
-      // on, at most its equal part of the node (train/host_threads.hpp).
-      if (const char* set = std::getenv("RINGATTN_NUM_THREADS"); set == nullptr || *set == '\0') {
-        const auto& mpi = dynamic_cast<const ringattn::MpiCommunicator&>(*world);
-        ringattn::cpu::set_num_threads(ringattn::train::rank_threads(
-            ringattn::cpu::num_threads(),
-            std::max(1, static_cast<int>(std::thread::hardware_concurrency())),
-            ringattn::node_local_size(mpi)));
-      }
+      // The CPU backend's threads: at most this rank's part of its node
+      // (parallel/host_threads.hpp).
+      ringattn::use_rank_threads(dynamic_cast<const ringattn::MpiCommunicator&>(*world));
       ringattn::train::TrainerOptions options;
       options.log = &std::cout;
       options.stop_requested = &g_stop;

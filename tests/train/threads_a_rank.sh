@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU backend's threads a rank as ringattn-train's startup line states them
-# (train/host_threads.hpp), against counts worked out here from the machine:
+# (parallel/host_threads.hpp), against counts worked out here from the machine:
 #   unbound, 2 ranks          max(1, min(CPUs this shell may use, online CPUs / 2))
 #   taskset to one CPU        1 (the rank's affinity mask)
 #   RINGATTN_NUM_THREADS=3    3 (the variable wins)

@@ -1,10 +1,10 @@
-// train::rank_threads against counts worked out by hand for the launch layouts it serves.
+// rank_threads against counts worked out by hand for the launch layouts it serves.
 #include <gtest/gtest.h>
 
 #include "tests/train/expect_error.hpp"
-#include "train/host_threads.hpp"
+#include "parallel/host_threads.hpp"
 
-namespace ringattn::train {
+namespace ringattn {
 namespace {
 
 using test::throws_error_with;
@@ -31,12 +31,12 @@ TEST(RankThreads, TakesTheMaskButNoMoreThanAnEqualPartOfTheNode) {
 
 TEST(RankThreads, RejectsCountsBelowOneByName) {
   EXPECT_TRUE(throws_error_with([] { rank_threads(0, 16, 2); },
-                                {"train::rank_threads", "allowed_cpus is 0; expected >= 1"}));
+                                {"rank_threads", "allowed_cpus is 0; expected >= 1"}));
   EXPECT_TRUE(throws_error_with([] { rank_threads(4, -1, 2); },
-                                {"train::rank_threads", "online_cpus is -1"}));
+                                {"rank_threads", "online_cpus is -1"}));
   EXPECT_TRUE(throws_error_with([] { rank_threads(4, 16, 0); },
-                                {"train::rank_threads", "node_ranks is 0"}));
+                                {"rank_threads", "node_ranks is 0"}));
 }
 
 }  // namespace
-}  // namespace ringattn::train
+}  // namespace ringattn

@@ -1,4 +1,4 @@
-// How many threads the CPU backend of one rank uses when RINGATTN_NUM_THREADS does not say.
+// How many threads the CPU backend of one MPI rank uses when RINGATTN_NUM_THREADS does not say.
 //
 // mpirun decides where ranks may run: OpenMPI binds each of up to two ranks to one core, more
 // ranks to a socket, and `--bind-to none` leaves every CPU to every rank. A rank takes the CPUs it
@@ -7,9 +7,15 @@
 // CPU and time-share the cores.
 #pragma once
 
-namespace ringattn::train {
+#include "parallel/mpi_communicator.hpp"
+
+namespace ringattn {
 
 // max(1, min(allowed_cpus, online_cpus / node_ranks)); each argument >= 1, or an error naming it.
 int rank_threads(int allowed_cpus, int online_cpus, int node_ranks);
 
-}  // namespace ringattn::train
+// Sets cpu::num_threads to rank_threads(the CPUs this process may run on, the online CPUs, the
+// ranks of `comm` on this node) unless RINGATTN_NUM_THREADS is set; collective over `comm`.
+void use_rank_threads(const MpiCommunicator& comm);
+
+}  // namespace ringattn
