@@ -17,8 +17,10 @@
 # Writes OUTDIR/trainer.json: for each run its tokens/s, MFU and peak device memory, PyTorch's
 # for the same shape and the ratio; where nvidia-smi samples the GPUs (OUTDIR/power.csv, every
 # 100 ms), also each run's and PyTorch's energy a token, mean power and SM clock over the timed
-# steps (bench/power.py: at the power cap, tokens/s follows the energy a token). The exit status
-# is non-zero when a ringattn-train run failed (the others still run and are written).
+# steps (bench/power.py: at the power cap, tokens/s follows the energy a token); and how mpiexec
+# bound the ranks (mpi_binding: unbound, "none", unless the caller set
+# OMPI_MCA_hwloc_base_binding_policy). The exit status is non-zero when a ringattn-train run failed
+# (the others still run and are written).
 set -uo pipefail
 out="${1:?usage: bench/trainer.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -141,7 +141,11 @@ def main(argv):
     with open(out_path, "w") as f:
         json.dump({"gpu": gpu[0] if gpu else "", "gpus": int(visible),
                    "date": datetime.date.today().isoformat(), "revision": rev,
-                   "config": "configs/small-32k.yaml on synthetic tokens", "results": results},
+                   "config": "configs/small-32k.yaml on synthetic tokens",
+                   # How mpiexec bound the ranks (bench/launch_env.sh leaves them unbound).
+                   "mpi_binding": os.environ.get("OMPI_MCA_hwloc_base_binding_policy")
+                   or "OpenMPI's default",
+                   "results": results},
                   f, indent=1)
     return 0
 

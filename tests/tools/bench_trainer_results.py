@@ -80,14 +80,17 @@ def main(script):
             for k in range(int((t + 10.0 - base) / 0.1)):
                 f.write(f"{stamp(base + 0.1 * k)}, 0, {WATTS:.2f}, 1700, 0x0000000000000004\n")
         out = os.path.join(d, "trainer.json")
-        env = dict(os.environ, RINGATTN_REVISION="test")
+        env = dict(os.environ, RINGATTN_REVISION="test", OMPI_MCA_hwloc_base_binding_policy="none")
         env.pop("CUDA_VISIBLE_DEVICES", None)
         r = subprocess.run([sys.executable, script, runs, d, out, "1", power_csv],
                            capture_output=True, text=True, env=env)
         if r.returncode != 0:
             print(f"exit {r.returncode}: {r.stdout}{r.stderr}")
             return 1
-        rows = {row["run"]: row for row in json.load(open(out))["results"]}
+        written = json.load(open(out))
+        if written.get("mpi_binding") != "none":
+            failures.append(f"the ranks' binding: {written.get('mpi_binding')!r} (expected 'none')")
+        rows = {row["run"]: row for row in written["results"]}
         if sorted(rows) != ["1gpu-131072x1", "1gpu-32768x1", "1gpu-8192x4"]:
             print(f"rows {sorted(rows)} (expected 1gpu-131072x1, 1gpu-32768x1, 1gpu-8192x4)")
             return 1
