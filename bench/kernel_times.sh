@@ -38,13 +38,10 @@ rm -rf "${kt:?}"
 mkdir -p "$kt"
 
 echo "=== ringattn-train, seq $seq x batch $batch, recompute $recompute"
+small_model_args "$seq" "$batch" "$recompute" 1 "$steps" "$kt/run"
 RINGATTN_KERNEL_TIMES="$kt/ringattn" CUDA_INJECTION64_PATH="$lib" \
   mpiexec -n 1 -x RINGATTN_KERNEL_TIMES -x CUDA_INJECTION64_PATH "$build/ringattn-train" \
-  configs/small-32k.yaml --set data.source=retrieval --set train.seq_len="$seq" \
-  --set train.batch_size="$batch" --set train.recompute="$recompute" --set parallel.cp=1 \
-  --set train.steps="$steps" --set train.warmup_steps=2 --set train.log_every=1 \
-  --set train.eval_every=0 --set train.checkpoint_every=0 --set run.dir="$kt/run" \
-  --set run.backend=cuda >"$kt/ringattn.log" 2>&1 || { tail -5 "$kt/ringattn.log"; exit 1; }
+  "${small_model_args[@]}" >"$kt/ringattn.log" 2>&1 || { tail -5 "$kt/ringattn.log"; exit 1; }
 rm -f "$kt/run"/ckpt-*.h5
 records ringattn
 python3 bench/kernel_times.py summary "$kt"/ringattn.*.csv --metrics "$kt/run/metrics.jsonl" \

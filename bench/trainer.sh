@@ -62,11 +62,8 @@ run_ringattn() {  # NAME RANKS SEQ BATCH RECOMPUTE
   local name="$1" ranks="$2" seq="$3" batch="$4" recompute="$5"
   echo "=== ringattn-train $name: seq $seq x batch $batch, $ranks GPU(s), recompute $recompute"
   rm -rf "${runs:?}/$name"
-  mpiexec -n "$ranks" --oversubscribe "$build/ringattn-train" configs/small-32k.yaml \
-    --set data.source=retrieval --set train.seq_len="$seq" --set train.batch_size="$batch" \
-    --set train.recompute="$recompute" --set parallel.cp="$ranks" --set train.steps="$steps" \
-    --set train.warmup_steps=2 --set train.log_every=1 --set train.eval_every=0 \
-    --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
+  small_model_args "$seq" "$batch" "$recompute" "$ranks" "$steps" "$runs/$name"
+  mpiexec -n "$ranks" --oversubscribe "$build/ringattn-train" "${small_model_args[@]}" \
     "${extra[@]}" 2>&1 | tee "$runs/$name.log" | grep -v '^step [0-9]*/' | tail -5
   local status=${PIPESTATUS[0]}
   grep '^step' "$runs/$name.log" | tail -2

@@ -7,9 +7,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tools/build.sh --quiet
-if [[ $(id -u) -eq 0 ]]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+# mpiexec as root where needed, NVLink multicast off, ranks unbound: OpenMPI would hold each of two
+# ranks to one core with all of its threads (the CPU backend's, CUDA's, NCCL's); each CPU rank then
+# takes its part of the cores itself (parallel/host_threads.hpp).
+source bench/launch_env.sh
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 # A progress bar when this script writes to a terminal, plain lines otherwise.
 if [[ -t 1 ]]; then export RINGATTN_PROGRESS=1; else export RINGATTN_PROGRESS=0; fi
@@ -18,10 +19,6 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
   if [[ ${gpus:-0} -gt 0 ]] && grep -q '#define RINGATTN_WITH_CUDA 1' build/include/ringattn/config.h 2>/dev/null; then
     ranks=$gpus
-    export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
   fi
 fi
-# Unbound ranks: OpenMPI would hold each of two ranks to one core, with all of its threads (the
-# CPU backend's, CUDA's, NCCL's). Each CPU rank takes its part of the cores
-# (parallel/host_threads.hpp).
-exec mpiexec -n "$ranks" --oversubscribe --bind-to none build/ringattn-train "$@"
+exec mpiexec -n "$ranks" --oversubscribe build/ringattn-train "$@"
