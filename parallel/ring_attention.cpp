@@ -470,6 +470,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     s = check_forward_args(forward, comm.memory(), kWhere);
     BackwardArgs whole{args.q,  args.k,  args.v,  args.dout,  args.lse, args.lse,
                        args.dq, args.dk, args.dv, args.scale, Mask{},   args.deterministic};
+    whole.overwrite_key_gradients = ranks == 1;  // one block call: dk, dv may be rounded
     check_backward_args(whole, comm.memory(), kWhere);
     check_ring_inputs(s, args.q, comm.memory(), kWhere);
     for (const auto& [name, view] : NamedViews{{"q", &args.q},

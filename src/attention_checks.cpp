@@ -135,8 +135,18 @@ AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, cons
     const TensorView& in = *inputs[i];
     check_shape(*grads[i], grad_names[i], {in.shape[0], in.shape[1], in.shape[2], in.shape[3]},
                 i == 0 ? "the shape of q" : "the shape of k", where);
-    check_dtype(*grads[i], grad_names[i], acc,
-                "gradients accumulate in the accumulator dtype of the inputs", where);
+    // dK and dV may have the input dtype when overwritten: rounded once (both alike).
+    const bool rounded = i > 0 && args.overwrite_key_gradients && args.dk.dtype == args.q.dtype;
+    if (rounded) {
+      check_dtype(*grads[i], grad_names[i], args.q.dtype,
+                  "dk has the dtype of q, so dk and dv are written rounded to it", where);
+    } else {
+      check_dtype(*grads[i], grad_names[i], acc,
+                  i == 0 || !args.overwrite_key_gradients
+                      ? "gradients accumulate in the accumulator dtype of the inputs"
+                      : "the accumulator dtype, or the dtype of q as overwritten key gradients",
+                  where);
+    }
   }
   return s;
 }

@@ -48,7 +48,9 @@ struct ForwardArgs {
 // accumulator-dtype buffers that the block adds into, so blocks over other keys (or other query
 // heads of a GQA group) sum without rounding. With overwrite_key_gradients, dK and dV receive this
 // block's gradients instead (their old contents are never read: no zeroing needed beforehand);
-// dQ is still added into.
+// dQ is still added into. Overwritten dK and dV may also have the dtype of the inputs (both):
+// each key's gradients are then rounded once, which spares a caller that wants them in that
+// dtype a pass over fp32 buffers.
 struct BackwardArgs {
   TensorView q, k, v;
   TensorView dout;

@@ -94,7 +94,8 @@ struct RingForwardArgs {
 // The local shards of one backward call: q, k, v, scale and causal as in the forward, o and lse
 // its outputs, dout the gradient of o (input dtype). dq [batch, Sl, q_heads, head_dim] and dk, dv
 // [batch, Sl, kv_heads, head_dim] are in the accumulator dtype and overwritten with the gradients
-// of this rank's q, k and v over the whole sequence.
+// of this rank's q, k and v over the whole sequence. On one rank dk and dv may instead have the
+// input dtype (both): the local block then writes them rounded once (see BackwardArgs).
 struct RingBackwardArgs {
   TensorView q{}, k{}, v{};
   TensorView o{}, lse{};

@@ -76,7 +76,8 @@ typedef struct ringattn_backward_params {
   int64_t q_start;
   int64_t k_start;
   /* Since 0.2: nonzero writes dk and dv instead of adding into them (never reading them); dq is
-   * still added into. A struct_size that ends before this field (an older caller) means 0. */
+   * still added into. A struct_size that ends before this field (an older caller) means 0.
+   * Overwritten dk and dv may have the dtype of q instead (both): rounded once. */
   int32_t overwrite_key_gradients;
 } ringattn_backward_params_t;
 

@@ -218,8 +218,8 @@ __device__ __forceinline__ void add_dq_atomic(const FlashParams& p, int batch, i
 }
 
 // dK and dV of a thread's two keys belong to its CTA alone: added into the fp32 buffers without
-// atomics (dK scaled by the softmax scale).
-template <int kHeadDim>
+// atomics (dK scaled by the softmax scale), or written: fp32, or rounded to T.
+template <typename T, int kHeadDim>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
                                                   const float (&dk)[kHeadDim / 8][4],
@@ -229,8 +229,24 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
   for (int half = 0; half < 2; ++half) {
     const int key = keys[half];
     if (key >= p.k_len) continue;
-    float* out_k = p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
-    float* out_v = p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
+    const std::int64_t at_k =
+        batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
+    const std::int64_t at_v =
+        batch * p.dv_strides[0] + key * p.dv_strides[1] + kv_head * p.dv_strides[2];
+    if (p.round_key_gradients) {
+      T* out_k = static_cast<T*>(p.dk) + at_k;
+      T* out_v = static_cast<T*>(p.dv) + at_v;
+#pragma unroll
+      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+        *reinterpret_cast<std::uint32_t*>(out_k + dt * 8 + quad_col) =
+            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<std::uint32_t*>(out_v + dt * 8 + quad_col) =
+            pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+      }
+      continue;
+    }
+    float* out_k = static_cast<float*>(p.dk) + at_k;
+    float* out_v = static_cast<float*>(p.dv) + at_v;
     if (p.overwrite_key_gradients && !shared_keys) {
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {
@@ -434,7 +450,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     }
   }
 
-  add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
+  add_key_gradients<T, kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
 }
 
 // Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.

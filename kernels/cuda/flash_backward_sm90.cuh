@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add
   // (but writes its zeros when overwriting); the parts of a split key block add together.
   if (steps > 0 || p.overwrite_key_gradients) {
-    add_key_gradients<kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
+    add_key_gradients<T, kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
                                 kRowSplits && p.row_splits > 1);
   }
 #endif  // sm_90a

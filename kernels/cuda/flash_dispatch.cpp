@@ -224,12 +224,13 @@ void flash_backward(const BackwardArgs& args, void* stream) {
   p.delta = static_cast<float*>(args.delta.data);
   copy_strides(args.delta, p.delta_strides);
   p.dq = static_cast<float*>(args.dq.data);
-  p.dk = static_cast<float*>(args.dk.data);
-  p.dv = static_cast<float*>(args.dv.data);
+  p.dk = args.dk.data;
+  p.dv = args.dv.data;
   copy_strides(args.dq, p.dq_strides);
   copy_strides(args.dk, p.dk_strides);
   copy_strides(args.dv, p.dv_strides);
   p.overwrite_key_gradients = args.overwrite_key_gradients;
+  p.round_key_gradients = args.dk.dtype == args.q.dtype;  // checked: only when overwriting
   kernels.backward(p, args.deterministic, use_hopper_family(), static_cast<cudaStream_t>(stream));
 }
 

@@ -154,10 +154,12 @@ __global__ void zero_key_gradients_kernel(const FlashParams p) {
     const std::int64_t column = 2 * (i % pairs_per_row), head_row = i / pairs_per_row;
     const std::int64_t head = head_row % p.kv_heads, token = head_row / p.kv_heads;
     const std::int64_t key = token % p.k_len, batch = token / p.k_len;
-    *reinterpret_cast<float2*>(p.dk + batch * p.dk_strides[0] + key * p.dk_strides[1] +
-                               head * p.dk_strides[2] + column) = make_float2(0.f, 0.f);
-    *reinterpret_cast<float2*>(p.dv + batch * p.dv_strides[0] + key * p.dv_strides[1] +
-                               head * p.dv_strides[2] + column) = make_float2(0.f, 0.f);
+    *reinterpret_cast<float2*>(static_cast<float*>(p.dk) + batch * p.dk_strides[0] +
+                               key * p.dk_strides[1] + head * p.dk_strides[2] + column) =
+        make_float2(0.f, 0.f);
+    *reinterpret_cast<float2*>(static_cast<float*>(p.dv) + batch * p.dv_strides[0] +
+                               key * p.dv_strides[1] + head * p.dv_strides[2] + column) =
+        make_float2(0.f, 0.f);
   }
 }
 
@@ -208,7 +210,8 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
       }
       if constexpr (atomic_dq.value) {
         if (!causal.value && tma_dq) {
-          p.row_splits = backward_row_splits(
+          // Rounded key gradients are written once, by the CTA that owns the keys: no splits.
+          p.row_splits = p.round_key_gradients ? 1 : backward_row_splits(
               static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
               static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
               65535 / p.batch);

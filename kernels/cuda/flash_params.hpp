@@ -28,8 +28,10 @@ struct FlashParams {
   float* delta = nullptr;  // rowsum(dO * O), laid out like lse
   std::int64_t delta_strides[3] = {};
   float* dq = nullptr;  // fp32 accumulators, added into
-  float* dk = nullptr;  // added into, or overwritten when overwrite_key_gradients
-  float* dv = nullptr;
+  // fp32, added into, or overwritten when overwrite_key_gradients; T (the input dtype) when
+  // round_key_gradients, overwritten
+  void* dk = nullptr;
+  void* dv = nullptr;
   std::int64_t dq_strides[3] = {};
   std::int64_t dk_strides[3] = {};
   std::int64_t dv_strides[3] = {};
@@ -50,6 +52,9 @@ struct FlashParams {
   int schedule_group = 1;
   // dK and dV are written, not added into (every CTA writes its keys, zeros where it saw no row).
   bool overwrite_key_gradients = false;
+  // dK and dV have the input dtype: each CTA rounds its keys' gradients once and writes them
+  // (overwrite_key_gradients too; never with row splits, whose parts add).
+  bool round_key_gradients = false;
 };
 
 }  // namespace ringattn::cuda_detail

@@ -154,7 +154,7 @@ struct DeviceProblem {
   // Forward, prepare and backward with every output poisoned (NaN), dQ too (the prepare zeroes
   // it), and dK and dV zeroed; overwrite: dK and dV poisoned too, and the backward asked to
   // overwrite them.
-  AttentionResult run(bool deterministic, bool overwrite = false) {
+  AttentionResult run(bool deterministic, bool overwrite = false, bool rounded = false) {
     RINGATTN_CUDA_CHECK(cudaMemset(o.data(), 0xff, o.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(lse.data(), 0xff, lse.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(delta.data(), 0xff, delta.bytes()));
@@ -166,14 +166,25 @@ struct DeviceProblem {
     BackwardArgs args{q_view, k_view, v_view, dout_view, lse_view, delta_view,
                       dq_view, dk_view, dv_view, scale(), mask(), deterministic};
     args.overwrite_key_gradients = overwrite;
+    if (rounded) {  // dK and dV in the input dtype, in the front halves of the poisoned buffers
+      args.dk = TensorView::contiguous(dk.data(), c.dtype, {c.batch, c.k_len, c.kv_heads, c.head_dim},
+                                       Memory::device);
+      args.dv = TensorView::contiguous(dv.data(), c.dtype, {c.batch, c.k_len, c.kv_heads, c.head_dim},
+                                       Memory::device);
+    }
     cuda::flash_backward(args);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
     AttentionResult r;
     r.o = widen(c.dtype, download<std::uint16_t>(o, o_view.numel()));
     r.lse = widen(download<float>(lse, lse_view.numel()));
     r.dq = widen(download<float>(dq, dq_view.numel()));
-    r.dk = widen(download<float>(dk, dk_view.numel()));
-    r.dv = widen(download<float>(dv, dv_view.numel()));
+    if (rounded) {
+      r.dk = widen(c.dtype, download<std::uint16_t>(dk, dk_view.numel()));
+      r.dv = widen(c.dtype, download<std::uint16_t>(dv, dv_view.numel()));
+    } else {
+      r.dk = widen(download<float>(dk, dk_view.numel()));
+      r.dv = widen(download<float>(dv, dv_view.numel()));
+    }
     return r;
   }
 
@@ -323,6 +334,55 @@ TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
   }
 }
 
+// Overwritten dK and dV in the input dtype: each element is the fp32 overwrite's rounded once.
+// Bitwise where both runs form it alike (the same products; only the stores differ): causal, and
+// the deterministic mode. Unmasked with atomic dQ, the fp32 run splits long rows over CTAs that
+// add their parts with atomics (the rounded one never splits), so the sums differ in order: there
+// within the rounding, |out - fp32| <= u |fp32| (1 + 2^-10) + 2^-12 max|fp32| (u = 2^-8 for bf16,
+// 2^-11 for f16). The last term covers the fp32 reordering of up to ~64 parts whose sizes exceed
+// the sum's where they cancel (2^-24 per addition); a lost or doubled part is of the order of
+// max|fp32|. The fp32 runs are held to the oracle above.
+TEST(FlashCudaOverwrite, RoundedKeyGradientsAreTheFp32OnesRounded) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(seed_trace());
+  const Case cases[] = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
+                        {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
+                        {DType::f16, 2, 3000, 130, 2, 1, 64, false},
+                        {DType::bf16, 1, 1000, 1000, 8, 8, 128, true}};
+  for (const Case& c : cases) {
+    DeviceProblem problem(c, 5);
+    for (bool deterministic : {false, true}) {
+      SCOPED_TRACE(case_name({c, 0}) + (deterministic ? " deterministic" : ""));
+      const bool bitwise = c.causal || deterministic;
+      const double unit = c.dtype == DType::bf16 ? 0x1p-8 : 0x1p-11;
+      const AttentionResult wide = problem.run(deterministic, true);
+      const AttentionResult rounded = problem.run(deterministic, true, true);
+      const std::pair<const char*, const std::vector<double>*> parts[] = {
+          {"dK", &wide.dk}, {"dV", &wide.dv}};
+      const std::vector<double>* got[] = {&rounded.dk, &rounded.dv};
+      for (int i = 0; i < 2; ++i) {
+        const std::vector<double>& expected = *parts[i].second;
+        ASSERT_EQ(got[i]->size(), expected.size());
+        double largest = 0.0;
+        for (const double x : expected) largest = std::max(largest, std::abs(x));
+        std::size_t wrong = 0, first = expected.size();
+        for (std::size_t e = 0; e < expected.size(); ++e) {
+          const double out = (*got[i])[e];
+          const bool ok =
+              bitwise ? out == round_to(c.dtype, expected[e])
+                      : std::abs(out - expected[e]) <=
+                            unit * std::abs(expected[e]) * (1.0 + 0x1p-10) + 0x1p-12 * largest;
+          if (!ok && wrong++ == 0) first = e;
+        }
+        EXPECT_EQ(wrong, 0u) << parts[i].first
+                             << (bitwise ? ": elements unlike the fp32 result rounded"
+                                         : ": elements beyond one rounding of the fp32 result")
+                             << ", first " << first;
+      }
+    }
+  }
+}
+
 // The prepare's dQ zeroing on a strided view (heads 1 and 2 of 4 in each token's row of a wider
 // fp32 buffer, as a packed dQKV gradient row): the view comes out zero, every other element keeps
 // its value, and delta equals the prepare without zeroing bitwise and a host sum in double to
@@ -414,6 +474,16 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   dq = problem.o_view;
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward_prepare(problem.o_view, problem.dout_view, problem.delta_view, nullptr, &dq); },
                            {"dq has dtype bf16", "f32"}));
+  // Key gradients in the input dtype without overwriting them, and dV's dtype unlike dK's.
+  BackwardArgs backward{problem.q_view,  problem.k_view,  problem.v_view,  problem.dout_view,
+                        problem.lse_view, problem.delta_view, problem.dq_view, problem.k_view,
+                        problem.v_view,  scale,           {},              false};
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward(backward); },
+                           {"cuda::flash_backward", "dk has dtype bf16", "expected f32"}));
+  backward.overwrite_key_gradients = true;
+  backward.dv = problem.dv_view;
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward(backward); },
+                           {"dv has dtype f32", "expected bf16", "dk has the dtype of q"}));
 }
 
 }  // namespace
