@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -181,6 +182,25 @@ class CpuBackend {
                              "the fp64 model is for gradient checks; it has no optimizer");
     }
   }
+  // The CUDA backend's clip without a wait, here at once: the sum of squares and the trainer's
+  // factor, min(1, float(cpu::clip_factor)) (1 without clipping, max_norm <= 0), which
+  // adamw_clipped uses; a sum that is not finite skips the step.
+  void queue_clip(const T* grads, std::int64_t count, double max_norm) {
+    clip_total_ = sum_of_squares(grads, count);
+    clip_factor_ = 1.0f;
+    if (!std::isfinite(clip_total_)) {
+      clip_factor_ = std::numeric_limits<float>::quiet_NaN();
+    } else if (max_norm > 0.0) {
+      clip_factor_ = std::min(1.0f, static_cast<float>(cpu::clip_factor(clip_total_, max_norm)));
+    }
+  }
+  void adamw_clipped(T* params, T* params_copy, const T* grads, T* m, T* v,
+                     std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
+                     std::int64_t step) {
+    if (!std::isfinite(clip_factor_)) return;
+    adamw(params, params_copy, grads, m, v, segments, hyper, step, clip_factor_);
+  }
+  double clip_total() const { return clip_total_; }
 
   // ---- profile ----
   void begin_interval(std::size_t i) {
@@ -217,6 +237,8 @@ class CpuBackend {
   std::vector<T> weights_, losses_;
   cpu::CrossEntropySums pending_sums_;
   std::vector<float> scaled_;
+  double clip_total_ = 0.0;  // queue_clip's
+  float clip_factor_ = 1.0f;
   std::vector<std::int32_t> predictions_;
   std::vector<std::int64_t> positions_, token_positions_;
   double theta_ = 10000.0;

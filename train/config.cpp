@@ -230,6 +230,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.seed),
       RINGATTN_CONFIG_KEY(train.recompute),
       RINGATTN_CONFIG_KEY(train.recompute_attention),
+      RINGATTN_CONFIG_KEY(train.loss_chunk_tokens),
       RINGATTN_CONFIG_KEY(train.deterministic),
       RINGATTN_CONFIG_KEY(train.profile),
       RINGATTN_CONFIG_KEY(train.shard_optimizer),
@@ -668,6 +669,7 @@ void validate(const TrainConfig& config, int world_size) {
         "recomputed only as part of recomputation: set train.recompute to true or "
         "train.recompute_attention to false");
   }
+  p.at_least("train.loss_chunk_tokens", t.loss_chunk_tokens, 1);
   p.at_least("train.log_every", t.log_every, 1);
   p.at_least("train.eval_every", t.eval_every, 0);
   p.at_least("train.eval_batches", t.eval_batches, 1);

@@ -8,8 +8,9 @@
 //   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim ffn_hidden tied_embeddings
 //             rope_theta norm_eps init_std
 //   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
-//             adam_eps grad_clip seed recompute recompute_attention deterministic profile
-//             shard_optimizer log_every eval_every eval_batches checkpoint_every keep_checkpoints
+//             adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
+//             deterministic profile shard_optimizer log_every eval_every eval_batches
+//             checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
 //   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
 //   run:      dir backend resume
@@ -68,6 +69,10 @@ struct TrainingConfig {
   // With recompute: the ring attention's forward runs again too, instead of keeping each block's
   // attention output and LSE (the least memory, at the price of the costliest part).
   bool recompute_attention = false;
+  // The output head and the loss over this many tokens of a rank's batch at a time: the logits
+  // held at once are [loss_chunk_tokens, vocab_size] in the activation dtype (512 MiB of bf16 at
+  // 8192 x 32768). Fewer, larger chunks keep the head's GEMMs larger.
+  int loss_chunk_tokens = 8192;
   bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
   // Time every step's ops by phase (train/model.hpp); at the end of the run rank 0 prints the
   // table and writes <run.dir>/profile.json. The results are the same either way.

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <string>
@@ -112,6 +113,12 @@ class TrainModel {
   // activations recomputation dropped are skipped), or "" when every tensor kept is finite.
   virtual std::string first_non_finite_tensor() = 0;
   virtual void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) = 0;
+  // gradient_sum_of_squares and adamw with the trainer's clip factor, min(1, float(
+  // cpu::clip_factor(sum, max_norm))) (1 for max_norm <= 0), formed where the gradients are: on a
+  // GPU nothing waits between the two. Returns the sum; when it is not finite the step is skipped
+  // (every parameter and moment as it was).
+  virtual double clip_and_adamw(const cpu::AdamWHyper& hyper, std::int64_t step,
+                                double max_norm) = 0;
 
   // Host copies of the parameters and the AdamW moments (parameter_count() floats each). With
   // ModelOptions::shard_optimizer, export_state is collective over the gradient communicator (every
@@ -185,6 +192,7 @@ class Model final : public TrainModel {
   std::string first_non_finite_gradient() override;
   std::string first_non_finite_tensor() override;
   void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) override;
+  double clip_and_adamw(const cpu::AdamWHyper& hyper, std::int64_t step, double max_norm) override;
   void export_state(std::vector<float>& params, std::vector<float>& m,
                     std::vector<float>& v) override;
   void import_state(const std::vector<float>& params, const std::vector<float>& m,
@@ -231,6 +239,9 @@ class Model final : public TrainModel {
   // Runs op(); within a profiled step, as one interval of `phase` on the backend's clock.
   template <class Op>
   void timed(const char* phase, Op&& op);
+  // adamw's step, with grad_scale or (none) the factor of the backend's queue_clip.
+  void step_parameters(const cpu::AdamWHyper& hyper, std::int64_t step,
+                       std::optional<float> grad_scale);
 
   ModelShape shape_;
   ModelConfig config_;

@@ -8,7 +8,9 @@
 //              fill_zero, copy, to_act (Acc or Master -> Act where they differ), stream()
 //   ops        embedding, rmsnorm, matmul, rope (set_rope once; where Acc and Act differ, also
 //              rope_backward(Act*, const Acc*, shape): the rotation from Acc, rounded once, with
-//              the rest of each token row converted), swiglu, cross_entropy, sum_of_squares,
+//              the rest of each token row converted, and rope_backward(Act*, const Acc*,
+//              acc_heads, shape): the first acc_heads heads from Acc, the others in place, the
+//              rest of the rows left alone), swiglu, cross_entropy, sum_of_squares,
 //              adamw (one call over consecutive tensors, a cpu::AdamWSegment each), memory_mib
 //   profile    begin_interval(i), end_interval(i) around interval i (0, 1, ...) of a step, and
 //              intervals_ms(count, ms): waits for the end of interval count - 1 and gives the
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -454,8 +457,16 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.lse = fwd.lse;
     args.dout = view(dout_.data(), B::act_dtype, hq, hq * hd);
     args.dq = view(dqkv_acc, B::acc_dtype, hq, row);
-    args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, row);
-    args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, row);
+    // One cp rank where Act is narrower: the ring's one block call writes dK and dV rounded
+    // straight into dqkv_, which spares the rotation a pass over their fp32 copies.
+    const bool rounded_keys = !std::is_same_v<Act, Acc> && cp_->size() == 1;
+    if (rounded_keys) {
+      args.dk = view(dqkv_.data() + hq * hd, B::act_dtype, hkv, row);
+      args.dv = view(dqkv_.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
+    } else {
+      args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, row);
+      args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, row);
+    }
     args.scale = fwd.scale;
     args.causal = true;
     args.deterministic = options_.deterministic || B::memory == Memory::host;
@@ -464,6 +475,11 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     timed("attention.backward", [&] { ring_.backward(args); });
     if constexpr (std::is_same_v<Act, Acc>) {
       timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), {n, hq + hkv, hd, row}); });
+    } else if (rounded_keys) {
+      // q's heads from Acc, k's in place; v's are final.
+      timed("rope.backward", [&] {
+        be.rope_backward(dqkv_.data(), dqkv_acc, hq, {n, hq + hkv, hd, row});
+      });
     } else {
       // One rotation over q's and k's hq + hkv heads, with v's converted to Act in the same pass.
       timed("rope.backward", [&] {
@@ -579,12 +595,33 @@ std::pair<std::int64_t, std::int64_t> Model<B>::share_of(int rank) const {
 
 template <class B>
 void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
+  step_parameters(hyper, step, grad_scale);
+}
+
+template <class B>
+double Model<B>::clip_and_adamw(const cpu::AdamWHyper& hyper, std::int64_t step,
+                                double max_norm) {
+  timed("grad.norm", [&] { backend_->queue_clip(grads_.data(), offsets_.back(), max_norm); });
+  step_parameters(hyper, step, std::nullopt);
+  return backend_->clip_total();
+}
+
+template <class B>
+void Model<B>::step_parameters(const cpu::AdamWHyper& hyper, std::int64_t step,
+                               std::optional<float> grad_scale) {
   timed("adamw", [&] {
     if (shard_segments_.empty()) return;
     Act* copy = nullptr;
     if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + shard_first_;
-    backend_->adamw(params_.data() + shard_first_, copy, grads_.data() + shard_first_,
-                    adam_m_.data(), adam_v_.data(), shard_segments_, hyper, step, grad_scale);
+    Master* params = params_.data() + shard_first_;
+    const Master* grads = grads_.data() + shard_first_;
+    if (grad_scale) {
+      backend_->adamw(params, copy, grads, adam_m_.data(), adam_v_.data(), shard_segments_, hyper,
+                      step, *grad_scale);
+    } else {
+      backend_->adamw_clipped(params, copy, grads, adam_m_.data(), adam_v_.data(), shard_segments_,
+                              hyper, step);
+    }
   });
   if (!sharded()) return;
   // Each rank zeroes the weights outside its share; their sum over the ranks is then every

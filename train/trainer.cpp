@@ -231,6 +231,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   ModelOptions model_options;
   model_options.recompute = config.train.recompute;
   model_options.recompute_attention = config.train.recompute_attention;
+  model_options.loss_chunk_tokens = config.train.loss_chunk_tokens;
   model_options.shard_optimizer = config.train.shard_optimizer;
   model_options.deterministic = config.train.deterministic;
   model_options.local_attention = config.parallel.local_attention;
@@ -394,7 +395,15 @@ StepMetrics Trainer::step() {
                                          : " (first non-finite: " + where + ")");
   }
   model.all_reduce_gradients();
-  const double sum_sq = model.gradient_sum_of_squares();
+  cpu::AdamWHyper hyper;
+  hyper.lr = learning_rate(t, step);
+  hyper.beta1 = t.beta1;
+  hyper.beta2 = t.beta2;
+  hyper.eps = t.adam_eps;
+  hyper.weight_decay = t.weight_decay;
+  // The clip factor is formed beside the gradients, so that on a GPU AdamW follows the norm
+  // without waiting for the host; a norm that is not finite leaves the parameters as they were.
+  const double sum_sq = model.clip_and_adamw(hyper, step + 1, t.grad_clip);
   const double grad_norm = std::sqrt(sum_sq);
   if (!std::isfinite(grad_norm)) {
     const std::string where = model.first_non_finite_gradient();
@@ -402,15 +411,6 @@ StepMetrics Trainer::step() {
                            step + 1, " (first in the gradient of ", where.empty() ? "?" : where,
                            ")");
   }
-  float factor = 1.0f;
-  if (t.grad_clip > 0.0) factor = std::min(1.0f, static_cast<float>(cpu::clip_factor(sum_sq, t.grad_clip)));
-  cpu::AdamWHyper hyper;
-  hyper.lr = learning_rate(t, step);
-  hyper.beta1 = t.beta1;
-  hyper.beta2 = t.beta2;
-  hyper.eps = t.adam_eps;
-  hyper.weight_decay = t.weight_decay;
-  model.adamw(hyper, step + 1, factor);
   // The profile waits for the step's last op, so its wall time holds all of the step's work.
   if (profiled) model.finish_profiled_step();
   s.steps_done = step + 1;

@@ -30,10 +30,10 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 48u);
+  EXPECT_EQ(keys.size(), 49u);
   for (const char* key :
-       {"model.head_dim", "train.lr", "train.shard_optimizer", "parallel.layout",
-        "data.retrieval.pairs", "run.resume"}) {
+       {"model.head_dim", "train.lr", "train.shard_optimizer", "train.loss_chunk_tokens",
+        "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -63,6 +63,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.seed = rng();
   c.train.recompute = true;
   c.train.recompute_attention = true;
+  c.train.loss_chunk_tokens = integer(1, 99999);
   c.train.deterministic = true;
   c.train.profile = true;
   c.train.shard_optimizer = true;
@@ -376,6 +377,10 @@ INSTANTIATE_TEST_SUITE_P(
                      2,
                      {"train.recompute_attention is true but train.recompute is false",
                       "set train.recompute to true or train.recompute_attention to false"}},
+        ValidateCase{"loss_chunk",
+                     [](TrainConfig& c) { c.train.loss_chunk_tokens = 0; },
+                     2,
+                     {"train.loss_chunk_tokens is 0; expected at least 1"}},
         ValidateCase{"keep",
                      [](TrainConfig& c) { c.train.keep_checkpoints = 0; },
                      2,

@@ -709,6 +709,62 @@ TEST(CudaLayerOps, RopeBackwardFromFp32MatchesTwinRoundedOnce) {
   }
 }
 
+// rope_backward with only dQ in fp32 (acc_heads = q_heads): q's heads rotated from dx_acc, whose
+// k and v columns are NaN (never read); k's heads rotated in place from dx's bf16 values; v's
+// left bitwise as they were. The twin rotates an fp32 row of dx_acc's q and dx's k; the same bound
+// as above.
+void check_rope_split(const RopeFromAccCase& rc, std::mt19937_64& rng, cudaStream_t stream) {
+  SCOPED_TRACE(rc.name + ", dQ alone in fp32");
+  const std::int64_t heads = rc.q_heads + rc.kv_heads, d = rc.head_dim;
+  const std::int64_t token_stride = (rc.q_heads + 2 * rc.kv_heads) * d;
+  const std::int64_t count = rc.tokens * token_stride;
+  const std::vector<std::int64_t> positions =
+      random_positions(rc.table_rows, rc.first_position, rc.position_span, rng);
+  const cuda::RopeTable table = cuda::rope_table(positions, d, kTheta);
+
+  std::vector<float> dx_acc = test::normal_vector<float>(rc.acc_offset + count, rng);
+  const Bits dx_in = random_bf16(rc.dx_offset + count, rng, 1.0);
+  std::vector<float> ref(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    const bool q_column = i % token_stride < rc.q_heads * d;
+    float& acc = dx_acc[rc.acc_offset + i];
+    ref[i] = q_column ? acc : bf16_to_float(dx_in[rc.dx_offset + i]);
+    if (!q_column) acc = std::numeric_limits<float>::quiet_NaN();
+  }
+  const DeviceBuffer d_acc = to_device(dx_acc, stream);
+  const DeviceBuffer d_dx = to_device(dx_in, stream);
+  const DeviceBuffer d_cos = to_device(table.cos, stream);
+  const DeviceBuffer d_sin = to_device(table.sin, stream);
+  const cpu::RopeShape shape{rc.tokens, heads, d, token_stride};
+  cuda::rope_backward(as_bf16(d_dx, rc.dx_offset), d_acc.as<float>() + rc.acc_offset, rc.q_heads,
+                      d_cos.as<float>(), d_sin.as<float>(), rc.table_rows, shape, stream);
+  const Bits out = download<std::uint16_t>(as_bf16(d_dx, rc.dx_offset), count, stream);
+  cpu::rope_backward<float>(ref, positions_of_tokens(positions, rc.tokens), shape, kTheta);
+
+  std::vector<float> out_rotated, ref_rotated;
+  Bits out_kept, in_kept;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (i % token_stride < heads * d) {
+      out_rotated.push_back(bf16_to_float(out[i]));
+      ref_rotated.push_back(ref[i]);
+    } else {
+      out_kept.push_back(out[i]);
+      in_kept.push_back(dx_in[rc.dx_offset + i]);
+    }
+  }
+  EXPECT_TRUE(WithinBf16Rounding("rotated elements (q from fp32, k in place)", out_rotated,
+                                 ref_rotated));
+  EXPECT_TRUE(BitwiseEqual("v's elements, untouched", out_kept, in_kept));
+}
+
+TEST(CudaLayerOps, RopeBackwardWithDqAloneInFp32MatchesTwin) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(15);
+  CudaStream stream;
+  for (const RopeFromAccCase& rc : rope_from_acc_cases()) check_rope_split(rc, rng, stream.get());
+}
+
 // ---- SwiGLU ---------------------------------------------------------------------------------
 
 const cpu::SwigluShape kSwigluShapes[] = {{37, 200}, {37, 203}, {1, 1}, {512, 1024}, {64, 2816}};
@@ -869,6 +925,16 @@ TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
         cuda::rope_backward(b, nullptr, f, f, 1, {1, 1, 8, 24}, stream);
       },
       {"train::cuda::rope_backward", "dx_acc is null"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(b, f, 3, f, f, 1, {1, 2, 8, 24}, stream);
+      },
+      {"train::cuda::rope_backward", "dx_acc holds 3 heads", "at most shape.heads = 2"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::rope_backward(b, f, 0, f, f, 1, {1, 2, 8, 24}, stream);
+      },
+      {"train::cuda::rope_backward", "acc_heads is 0"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
         cuda::rope_backward(nullptr, f, f, f, 1, {1, 1, 8, 24}, stream);

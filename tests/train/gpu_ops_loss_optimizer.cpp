@@ -10,7 +10,9 @@
 //   sum_of_squares against a long-double sum, and bitwise the same twice;
 //   adamw_step     five steps with and without decay, grad_scale != 1, against the twin fed the
 //                  scaled gradient; the bf16 copy; one call over 70 consecutive tensors against
-//                  the twin tensor by tensor;
+//                  the twin tensor by tensor; the clip formed on the device
+//                  (queue_clip_factor, adamw_step_clipped) against the host's, bitwise, and
+//                  skipped on a NaN;
 //   the argument checks (on the host: no GPU needed).
 //
 // Tolerances:
@@ -547,6 +549,103 @@ TEST(CudaAdamW, SegmentsMatchCpuTwinTensorByTensor) {
   EXPECT_EQ(mismatches, 0u);
 }
 
+// The clip formed on the device (queue_clip_factor, then adamw_step_clipped) against the host's
+// (sum_of_squares, the trainer's min(1, float(cpu::clip_factor)), adamw_step with that factor):
+// the same total and factor, bitwise, and the same params, moments and bf16 copy, bitwise (the
+// same kernel and scalars). A clip that bites, one that does not, none (max_norm 0), and a NaN
+// gradient: total NaN, and every tensor left as it was.
+TEST(CudaAdamW, ClipOnTheDeviceMatchesTheHostsBitwise) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(10);
+  const std::vector<cpu::AdamWSegment> segments = {{40000, cpu::WeightDecay::apply},
+                                                   {3, cpu::WeightDecay::skip},
+                                                   {60000, cpu::WeightDecay::apply}};
+  const std::int64_t n = 100003;  // 7 partial sums
+  const auto size = static_cast<std::size_t>(n);
+  const cpu::AdamWHyper h{
+      .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  CudaStream stream;
+  const cudaStream_t st = stream.get();
+  constexpr auto kPartials = static_cast<std::size_t>(cuda::SumOfSquaresScratch::kPartials);
+  const DeviceBuffer d_partials(kPartials * sizeof(double)), d_total(sizeof(double));
+  const DeviceBuffer d_factor(sizeof(float));
+  PinnedArray<double> h_partials(kPartials);
+  const cuda::SumOfSquaresScratch scratch{d_partials.as<double>(), h_partials.data(),
+                                          d_total.as<double>(), d_factor.as<float>()};
+  const std::vector<float> p0 = test::normal_vector<float>(size, rng);
+  const std::vector<float> m0 = test::normal_vector<float>(size, rng, 0.01);
+  std::vector<float> v0 = test::normal_vector<float>(size, rng, 0.001);
+  for (float& x : v0) x = x * x;
+  std::vector<float> g = test::normal_vector<float>(size, rng, 0.1);
+  double norm = 0.0;
+  for (const float x : g) norm += static_cast<double>(x) * x;
+  norm = std::sqrt(norm);
+  struct Case {
+    const char* name;
+    double max_norm;
+    bool nan_gradient;
+  };
+  for (const Case& c : {Case{"clipped", 0.3 * norm, false}, Case{"not clipped", 2.0 * norm, false},
+                        Case{"no clip", 0.0, false}, Case{"NaN gradient", 1.0, true}}) {
+    SCOPED_TRACE(c.name);
+    if (c.nan_gradient) g[77777] = std::numeric_limits<float>::quiet_NaN();
+    const DeviceBuffer d_grads = to_device(g, st);
+    // [0]: the host's clip, [1]: the device's.
+    DeviceBuffer d_params[2], d_m[2], d_v[2], d_bf16[2];
+    for (int k = 0; k < 2; ++k) {
+      d_params[k] = to_device(p0, st);
+      d_m[k] = to_device(m0, st);
+      d_v[k] = to_device(v0, st);
+      d_bf16[k] = DeviceBuffer(size * sizeof(bf16));
+      poison(d_bf16[k].data(), size * sizeof(bf16), st);
+    }
+    const double total = cuda::sum_of_squares(d_grads.as<float>(), n, st);
+    const float factor =
+        c.max_norm > 0.0 ? std::min(1.0f, static_cast<float>(cpu::clip_factor(total, c.max_norm)))
+                         : 1.0f;
+    if (!c.nan_gradient) {
+      cuda::adamw_step(d_params[0].as<float>(), d_bf16[0].as<bf16>(), d_grads.as<float>(),
+                       d_m[0].as<float>(), d_v[0].as<float>(), segments, h, 4, factor, st);
+    }
+    h_partials.data()[0] = -1.0;
+    cuda::queue_clip_factor(d_grads.as<float>(), n, c.max_norm, scratch, st);
+    cuda::adamw_step_clipped(d_params[1].as<float>(), d_bf16[1].as<bf16>(), d_grads.as<float>(),
+                             d_m[1].as<float>(), d_v[1].as<float>(), segments, h, 4,
+                             d_factor.as<float>(), st);
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(st));
+    const double device_total = h_partials.data()[0];
+    const float device_factor = download<float>(d_factor.data(), 1, st)[0];
+    if (c.nan_gradient) {
+      EXPECT_TRUE(std::isnan(total) && std::isnan(device_total)) << total << ", " << device_total;
+      EXPECT_TRUE(std::isnan(device_factor)) << device_factor;
+    } else {
+      EXPECT_EQ(std::memcmp(&total, &device_total, sizeof(double)), 0)
+          << total << " on the host, " << device_total << " on the device";
+      EXPECT_EQ(std::memcmp(&factor, &device_factor, sizeof(float)), 0)
+          << factor << " on the host, " << device_factor << " on the device";
+      if (c.max_norm > 0.0 && c.max_norm < norm) {
+        EXPECT_LT(factor, 0.31f);
+      }
+    }
+    // With a NaN gradient neither side steps: the device's tensors are the starting ones.
+    const auto same = [&](const char* what, const DeviceBuffer (&buffers)[2], std::size_t bytes) {
+      const std::vector<unsigned char> a = download<unsigned char>(buffers[0].data(), bytes, st);
+      const std::vector<unsigned char> b = download<unsigned char>(buffers[1].data(), bytes, st);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), bytes), 0) << what << " differ";
+    };
+    same("params", d_params, size * sizeof(float));
+    same("m", d_m, size * sizeof(float));
+    same("v", d_v, size * sizeof(float));
+    same("bf16 copies", d_bf16, size * sizeof(bf16));
+    if (c.nan_gradient) {
+      EXPECT_EQ(download<float>(d_params[1].data(), size, st), p0) << "params stepped";
+    } else {
+      EXPECT_NE(download<float>(d_params[1].data(), size, st), p0) << "params not stepped";
+    }
+  }
+}
+
 // ---- argument checks ------------------------------------------------------------------------
 
 // The checks run on the host before anything is launched, so they need no GPU: the pointers
@@ -648,6 +747,23 @@ TEST(CudaLossOptimizerOps, ArgumentErrorsNameTheArgument) {
   const cuda::SumOfSquaresScratch no_device{nullptr, &host_partial};
   EXPECT_TRUE(throws_error_with([&] { cuda::sum_of_squares(f, 4, stream, &no_device); },
                                 {kSum, "scratch->device is null"}));
+  constexpr const char* kClip = "train::cuda::queue_clip_factor";
+  double* d = reinterpret_cast<double*>(f);
+  const cuda::SumOfSquaresScratch no_total{d, &host_partial, nullptr, f};
+  EXPECT_TRUE(throws_error_with([&] { cuda::queue_clip_factor(f, 4, 1.0, no_total, stream); },
+                                {kClip, "scratch.total is null"}));
+  const cuda::SumOfSquaresScratch full{d, &host_partial, d, f};
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::queue_clip_factor(f, 4, std::numeric_limits<double>::quiet_NaN(), full, stream);
+      },
+      {kClip, "max_norm is nan"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        cuda::adamw_step_clipped(f, nullptr, f, f, f, std::span<const cpu::AdamWSegment>{},
+                                 cpu::AdamWHyper{.lr = 1e-3}, 1, nullptr, stream);
+      },
+      {"train::cuda::adamw_step_clipped", "factor is null"}));
 
   constexpr const char* kAdamW = "train::cuda::adamw_step";
   const cpu::AdamWHyper h{.lr = 1e-3};

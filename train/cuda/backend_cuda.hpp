@@ -90,6 +90,8 @@ class CudaBackend {
   void rope_backward(Act* dx, const cpu::RopeShape& s);
   // dx = bf16(R^T dx_acc) over the heads of s, the rest of each token row converted as it is.
   void rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s);
+  // Only the first acc_heads heads from dx_acc, the others in place, the rest of the rows alone.
+  void rope_backward(Act* dx, const float* dx_acc, std::int64_t acc_heads, const cpu::RopeShape& s);
   void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);
   void swiglu_backward(Act* dgu, const Act* dout, const Act* gu, const cpu::SwigluShape& s);
   // The loaded batch's tokens [first, first + s.tokens), queued: their losses come back to the
@@ -111,6 +113,14 @@ class CudaBackend {
   void adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
              std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
              std::int64_t step, float grad_scale);
+  // The clip without a wait: queue_clip queues the sum of squares and the clip factor on the
+  // device (cuda::queue_clip_factor), adamw_clipped a step with that factor (none if it is not
+  // finite), and clip_total waits for the sum alone and returns it.
+  void queue_clip(const float* grads, std::int64_t count, double max_norm);
+  void adamw_clipped(float* params, Act* params_bf16, const float* grads, float* m, float* v,
+                     std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
+                     std::int64_t step);
+  double clip_total();
 
   // ---- profile ----
   // A pair of timing events per interval, recorded on the stream: the pool grows to the most
@@ -133,7 +143,10 @@ class CudaBackend {
   // sum_of_squares's partials, kept: the gradient norm is summed every step.
   DeviceArray<double> norm_partials_;
   PinnedArray<double> host_norm_partials_;
+  DeviceArray<double> clip_total_;
+  DeviceArray<float> clip_factor_;
   cuda::SumOfSquaresScratch norm_scratch_;
+  CudaEvent clip_total_copied_;
   std::vector<std::pair<std::int64_t, std::int64_t>> pending_losses_;  // (first, tokens) a call
   CudaEvent losses_copied_;
   std::int64_t rope_rows_ = 0;

@@ -26,9 +26,13 @@ void ensure(DeviceArray<E>& array, std::int64_t count) {
 CudaBackend::CudaBackend()
     : gemm_(stream_.get()),
       norm_partials_(cuda::SumOfSquaresScratch::kPartials),
-      host_norm_partials_(cuda::SumOfSquaresScratch::kPartials) {
+      host_norm_partials_(cuda::SumOfSquaresScratch::kPartials),
+      clip_total_(1),
+      clip_factor_(1) {
   norm_scratch_.device = norm_partials_.data();
   norm_scratch_.host = host_norm_partials_.data();
+  norm_scratch_.total = clip_total_.data();
+  norm_scratch_.factor = clip_factor_.data();
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -171,6 +175,12 @@ void CudaBackend::rope_backward(Act* dx, const float* dx_acc, const cpu::RopeSha
   cuda::rope_backward(dx, dx_acc, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
 }
 
+void CudaBackend::rope_backward(Act* dx, const float* dx_acc, std::int64_t acc_heads,
+                                const cpu::RopeShape& s) {
+  cuda::rope_backward(dx, dx_acc, acc_heads, rope_cos_.data(), rope_sin_.data(), rope_rows_, s,
+                      stream_.get());
+}
+
 void CudaBackend::swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s) {
   cuda::swiglu_forward(out, gu, s, stream_.get());
 }
@@ -228,6 +238,23 @@ bool CudaBackend::all_finite(const Act* data, std::int64_t count) {
 
 double CudaBackend::sum_of_squares(const float* grads, std::int64_t count) {
   return cuda::sum_of_squares(grads, count, stream_.get(), &norm_scratch_);
+}
+
+void CudaBackend::queue_clip(const float* grads, std::int64_t count, double max_norm) {
+  cuda::queue_clip_factor(grads, count, max_norm, norm_scratch_, stream_.get());
+  clip_total_copied_.record(stream_.get());
+}
+
+void CudaBackend::adamw_clipped(float* params, Act* params_bf16, const float* grads, float* m,
+                                float* v, std::span<const cpu::AdamWSegment> segments,
+                                const cpu::AdamWHyper& hyper, std::int64_t step) {
+  cuda::adamw_step_clipped(params, params_bf16, grads, m, v, segments, hyper, step,
+                           clip_factor_.data(), stream_.get());
+}
+
+double CudaBackend::clip_total() {
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(clip_total_copied_.get()));
+  return host_norm_partials_.data()[0];
 }
 
 void CudaBackend::adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,

@@ -91,6 +91,12 @@ void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t ta
 // backward of q's and k's rotations in one pass.
 void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
                    std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream);
+// The same where only dQ arrives in fp32: heads [0, acc_heads) rotated from dx_acc, the other heads
+// of shape (dK, written in bf16 by a one-rank ring) rotated in place in dx, and the rest of each
+// token row (dV) left alone. acc_heads == shape.heads is the call above.
+void rope_backward(bf16* dx, const float* dx_acc, std::int64_t acc_heads, const float* cos,
+                   const float* sin, std::int64_t table_rows, const cpu::RopeShape& shape,
+                   cudaStream_t stream);
 
 // ---- SwiGLU --------------------------------------------------------------------------------
 
@@ -143,9 +149,19 @@ struct SumOfSquaresScratch {
   static constexpr std::int64_t kPartials = 1024;  // the most block partials of a call
   double* device = nullptr;                         // kPartials doubles of device memory
   double* host = nullptr;                           // kPartials doubles of page-locked memory
+  double* total = nullptr;  // queue_clip_factor's: one double of device memory
+  float* factor = nullptr;  // queue_clip_factor's: one float of device memory
 };
 double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t stream,
                       const SumOfSquaresScratch* scratch = nullptr);
+
+// The gradient clip without the host in the loop: queues sum_of_squares's partials, then sums
+// them on the device in the same order (the same double) into *scratch.total, copied to
+// scratch.host[0] behind it, and writes *scratch.factor = min(1, float(cpu::clip_factor(total,
+// max_norm))), the trainer's factor (1 when max_norm <= 0; NaN when the total is not finite).
+// Returns at once: the total is on the host once the stream has passed the copy.
+void queue_clip_factor(const float* grads, std::int64_t count, double max_norm,
+                       const SumOfSquaresScratch& scratch, cudaStream_t stream);
 
 // One AdamW step (cpu::adamw_step's update) on `count` elements, with the gradient multiplied by
 // grad_scale first (the clip factor); writes the updated params and their bf16 copy
@@ -159,5 +175,10 @@ void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, 
 void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
                 std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
                 std::int64_t step, float grad_scale, cudaStream_t stream);
+// The same with the gradient's multiplier read on the device, from *factor (queue_clip_factor's),
+// as the kernels start: a factor that is not finite leaves every tensor as it was.
+void adamw_step_clipped(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                        std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
+                        std::int64_t step, const float* factor, cudaStream_t stream);
 
 }  // namespace ringattn::train::cuda

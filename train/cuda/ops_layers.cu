@@ -170,11 +170,12 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
-// 1 / (1 + e^-a) from ex2.approx (__expf) and a correctly rounded reciprocal: a few instructions
-// where expf and a division take some twenty, which SwiGLU's passes feel; ~1e-6 relative against
-// the twin's std::exp, far under the bf16 rounding of the outputs. a -> -inf gives 0, +inf 1.
+// 1 / (1 + e^-a) from ex2.approx (__expf) and rcp.approx (__fdividef): four instructions where
+// expf and a division take some twenty, and a correctly rounded reciprocal about ten, which the
+// forward, bound by its instruction issue, feels; ~1e-6 relative against the twin's std::exp,
+// far under the bf16 rounding of the outputs. a -> -inf gives 0 (1 / inf), +inf 1.
 __device__ __forceinline__ float sigmoid(float a) {
-  return __frcp_rn(1.0f + __expf(-a));
+  return __fdividef(1.0f, 1.0f + __expf(-a));
 }
 
 // ---- conversions and the residual stream ------------------------------------------------------
@@ -590,13 +591,14 @@ __device__ __forceinline__ void load_values(const float* p, float (&v)[V]) {
 
 // One block per token (blockIdx.x), its threads over the token's groups of V consecutive pairs
 // (i, i + half) of a head; half % V == 0. Backward (inverse = true) rotates by -angle. The pairs
-// are read from src and written to x (src == x: in place). Then the `tail` elements that follow
-// the heads in the token's row are written to x as src holds them, in groups of V (tail % V == 0;
-// 0 when in place). Within a token the indices are 32-bit: one division a group, where a grid
-// over every group of every token divided 64-bit numbers three times a group.
+// of the first src_heads heads are read from src, those of the others from x, and all are written
+// to x (src == x: in place). Then the `tail` elements that follow the heads in the token's row
+// are written to x as src holds them, in groups of V (tail % V == 0; 0 when in place). Within a
+// token the indices are 32-bit: one division a group, where a grid over every group of every
+// token divided 64-bit numbers three times a group.
 template <int V, bool inverse, typename Src>
 __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, const float* sin_table,
-                            std::int64_t table_rows, int heads, int head_dim,
+                            std::int64_t table_rows, int heads, int src_heads, int head_dim,
                             std::int64_t token_stride, int tail) {
   const std::int64_t t = blockIdx.x;
   const int half = head_dim / 2;
@@ -611,8 +613,13 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
     const std::int64_t lo = row + h * head_dim + i;
     const std::int64_t hi = lo + half;
     float a[V], b[V];
-    load_values<V>(src + lo, a);
-    load_values<V>(src + hi, b);
+    if (h < src_heads) {
+      load_values<V>(src + lo, a);
+      load_values<V>(src + hi, b);
+    } else {
+      load_values<V>(x + lo, a);
+      load_values<V>(x + hi, b);
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float c = cos_row[i + k];
@@ -635,11 +642,12 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
 // The rotation of x's heads by the tables, read from src (named src_name in errors). src == x
 // rotates in place and leaves the rest of each token row alone; another src (fp32, not
 // overlapping x) also writes that rest, src's values as they are: every element of x's token rows
-// is then written once, rounded once.
+// is then written once, rounded once. src_heads < s.heads (another src): only the first
+// src_heads heads come from src, the others are rotated in place, and the rest is left alone.
 template <bool inverse, typename Src>
 void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_view src_name,
           const Src* src, const float* cos, const float* sin, std::int64_t table_rows,
-          const cpu::RopeShape& s, cudaStream_t stream) {
+          const cpu::RopeShape& s, cudaStream_t stream, std::int64_t src_heads = -1) {
   detail::check_positive(where, "shape.tokens", s.tokens);
   detail::check_positive(where, "shape.heads", s.heads);
   detail::check_positive(where, "shape.head_dim", s.head_dim);
@@ -656,9 +664,15 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
   check_pointer(where, "cos", cos);
   check_pointer(where, "sin", sin);
 
+  if (src_heads < 0) src_heads = s.heads;
+  if (src_heads > s.heads) {
+    ringattn::detail::fail(where, src_name, " holds ", src_heads, " heads; expected at most ",
+                           "shape.heads = ", s.heads);
+  }
   const std::int64_t half = s.head_dim / 2;
   const bool in_place = static_cast<const void*>(src) == static_cast<const void*>(x);
-  const std::int64_t tail = in_place ? 0 : s.token_stride - s.heads * s.head_dim;
+  const std::int64_t tail =
+      in_place || src_heads < s.heads ? 0 : s.token_stride - s.heads * s.head_dim;
   // The widest access every pair group allows: its offset t * token_stride + h * head_dim + i
   // (and + half) is a multiple of V when token_stride, head_dim and half are; so are the tail's
   // groups, from t * token_stride + heads * head_dim.
@@ -682,8 +696,8 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
     const std::int64_t groups = std::max(s.heads * half, tail) / V;
     const int threads = static_cast<int>(std::min<std::int64_t>(kThreads, (groups + 31) / 32 * 32));
     rope_kernel<V, inverse, Src><<<static_cast<unsigned>(s.tokens), threads, 0, stream>>>(
-        x, src, cos, sin, table_rows, static_cast<int>(s.heads), static_cast<int>(s.head_dim),
-        s.token_stride, static_cast<int>(tail));
+        x, src, cos, sin, table_rows, static_cast<int>(s.heads), static_cast<int>(src_heads),
+        static_cast<int>(s.head_dim), s.token_stride, static_cast<int>(tail));
   };
   if (fits(4)) {
     launch(std::integral_constant<int, 4>{});
@@ -697,22 +711,24 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
 
 // ---- SwiGLU ----------------------------------------------------------------------------------
 
-// Groups of V columns of one row; hidden % V == 0.
-template <int V>
-__global__ void swiglu_forward_kernel(bf16* out, const bf16* gate_up, std::int64_t rows,
-                                      std::int64_t hidden) {
-  const std::int64_t groups_per_row = hidden / V;
-  const std::int64_t groups = rows * groups_per_row;
-  for (std::int64_t g = global_thread(); g < groups; g += grid_threads()) {
-    const std::int64_t r = g / groups_per_row;
-    const std::int64_t c = (g - r * groups_per_row) * V;
-    const bf16* a_row = gate_up + r * 2 * hidden;
+// Groups of V columns of one row; hidden % V == 0. Index: 32-bit where rows * hidden (and the
+// grid's stride past it) fits, which spares the forward a 64-bit division a group, a quarter of
+// its instructions.
+template <int V, typename Index>
+__global__ void swiglu_forward_kernel(bf16* out, const bf16* gate_up, Index rows, Index hidden) {
+  const Index groups_per_row = hidden / V;
+  const Index groups = rows * groups_per_row;
+  const Index stride = static_cast<Index>(grid_threads());
+  for (Index g = static_cast<Index>(global_thread()); g < groups; g += stride) {
+    const Index r = g / groups_per_row;
+    const std::int64_t c = static_cast<std::int64_t>(g - r * groups_per_row) * V;
+    const bf16* a_row = gate_up + static_cast<std::int64_t>(r) * 2 * hidden;
     float a[V], b[V], o[V];
     load_bf16<V>(a_row + c, a);
     load_bf16<V>(a_row + hidden + c, b);
 #pragma unroll
     for (int k = 0; k < V; ++k) o[k] = a[k] * sigmoid(a[k]) * b[k];
-    store_bf16<V>(out + r * hidden + c, o);
+    store_bf16<V>(out + static_cast<std::int64_t>(r) * hidden + c, o);
   }
 }
 
@@ -1006,6 +1022,14 @@ void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float*
              stream);
 }
 
+void rope_backward(bf16* dx, const float* dx_acc, std::int64_t acc_heads, const float* cos,
+                   const float* sin, std::int64_t table_rows, const cpu::RopeShape& shape,
+                   cudaStream_t stream) {
+  detail::check_positive("train::cuda::rope_backward", "acc_heads", acc_heads);
+  rope<true>("train::cuda::rope_backward", "dx", dx, "dx_acc", dx_acc, cos, sin, table_rows, shape,
+             stream, acc_heads);
+}
+
 // ---- SwiGLU ----------------------------------------------------------------------------------
 
 void swiglu_forward(bf16* out, const bf16* gate_up, const cpu::SwigluShape& s,
@@ -1015,12 +1039,22 @@ void swiglu_forward(bf16* out, const bf16* gate_up, const cpu::SwigluShape& s,
   detail::check_positive(kWhere, "shape.hidden", s.hidden);
   check_pointer(kWhere, "out", out);
   check_pointer(kWhere, "gate_up", gate_up);
+  const auto launch = [&](auto width, auto index) {
+    constexpr int V = decltype(width)::value;
+    using Index = decltype(index);
+    swiglu_forward_kernel<V, Index><<<blocks_for(s.rows * s.hidden / V), kThreads, 0, stream>>>(
+        out, gate_up, static_cast<Index>(s.rows), static_cast<Index>(s.hidden));
+  };
+  // The groups, plus one grid stride past the last (at most kMaxBlocks * kThreads), in 32 bits.
+  const bool narrow = s.rows * s.hidden + kMaxBlocks * kThreads <= std::int64_t{UINT32_MAX};
   if (s.hidden % 8 == 0 && aligned(out, 16) && aligned(gate_up, 16)) {
-    swiglu_forward_kernel<8><<<blocks_for(s.rows * s.hidden / 8), kThreads, 0, stream>>>(
-        out, gate_up, s.rows, s.hidden);
+    if (narrow) {
+      launch(std::integral_constant<int, 8>{}, std::uint32_t{});
+    } else {
+      launch(std::integral_constant<int, 8>{}, std::int64_t{});
+    }
   } else {
-    swiglu_forward_kernel<1>
-        <<<blocks_for(s.rows * s.hidden), kThreads, 0, stream>>>(out, gate_up, s.rows, s.hidden);
+    launch(std::integral_constant<int, 1>{}, std::int64_t{});
   }
   RINGATTN_CUDA_CHECK_LAUNCH();
 }

@@ -430,6 +430,24 @@ __global__ void __launch_bounds__(kSumThreads)
   }
 }
 
+// One thread: the partials summed in order in double, as sum_of_squares sums them on the host
+// (the same additions: the same total), and the trainer's clip factor of that total,
+// min(1, float(cpu::clip_factor)), or 1 without clipping (max_norm <= 0); NaN for a total that
+// is not finite.
+__global__ void clip_factor_kernel(double* total, float* factor, const double* partials,
+                                   std::int64_t blocks, double max_norm) {
+  double sum = 0.0;
+  for (std::int64_t b = 0; b < blocks; ++b) sum += partials[b];
+  *total = sum;
+  float f = 1.0f;
+  if (!isfinite(sum)) {
+    f = __int_as_float(0x7fc00000);
+  } else if (max_norm > 0.0) {
+    f = fminf(1.0f, static_cast<float>(fmin(1.0, max_norm / (sqrt(sum) + 1e-6))));
+  }
+  *factor = f;
+}
+
 // ---- AdamW -----------------------------------------------------------------------------------
 
 constexpr int kStepThreads = 256;
@@ -453,13 +471,17 @@ template <int V>
 __global__ void __launch_bounds__(kStepThreads)
     adamw_kernel(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
                  std::int64_t count, StepSegments segments, cpu::AdamWScalars decayed,
-                 cpu::AdamWScalars undecayed) {
+                 cpu::AdamWScalars undecayed, const float* device_grad_scale) {
+  // The two sets of scalars differ in `keep` only: one copy in registers, its keep chosen per
+  // element. A multiplier on the device replaces theirs; one that is not finite skips the step.
+  cpu::AdamWScalars s = decayed;
+  if (device_grad_scale != nullptr) {
+    s.grad_scale = *device_grad_scale;
+    if (!isfinite(s.grad_scale)) return;
+  }
   __shared__ std::int64_t end[kStepSegments];
   for (int j = threadIdx.x; j < segments.count; j += kStepThreads) end[j] = segments.end[j];
   __syncthreads();
-  // The two sets of scalars differ in `keep` only: one copy in registers, its keep chosen per
-  // element.
-  cpu::AdamWScalars s = decayed;
   for (std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kStepTile; first < count;
        first += static_cast<std::int64_t>(gridDim.x) * kStepTile) {
     // The segment of the tile's first element: the first whose end lies past it.
@@ -701,6 +723,28 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
   return total;
 }
 
+void queue_clip_factor(const float* grads, std::int64_t count, double max_norm,
+                       const SumOfSquaresScratch& scratch, cudaStream_t stream) {
+  constexpr const char* kWhere = "train::cuda::queue_clip_factor";
+  check_pointer(kWhere, "grads", grads);
+  train::detail::check_positive(kWhere, "count", count);
+  check_pointer(kWhere, "scratch.device", scratch.device);
+  check_pointer(kWhere, "scratch.host", scratch.host, "page-locked host");
+  check_pointer(kWhere, "scratch.total", scratch.total);
+  check_pointer(kWhere, "scratch.factor", scratch.factor);
+  if (std::isnan(max_norm)) ringattn::detail::fail(kWhere, "max_norm is nan; expected a number");
+  const std::int64_t blocks = sum_of_squares_blocks(count);
+  const std::int64_t chunk = (count + blocks - 1) / blocks;
+  sum_of_squares_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
+      scratch.device, grads, count, chunk);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+  clip_factor_kernel<<<1, 1, 0, stream>>>(scratch.total, scratch.factor, scratch.device, blocks,
+                                          max_norm);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpyAsync(scratch.host, scratch.total, sizeof(double), cudaMemcpyDeviceToHost, stream));
+}
+
 void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
                 std::int64_t count, const cpu::AdamWHyper& h, std::int64_t step,
                 cpu::WeightDecay decay, float grad_scale, cudaStream_t stream) {
@@ -709,26 +753,28 @@ void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, 
   adamw_step(params, params_bf16, grads, m, v, {&whole, 1}, h, step, grad_scale, stream);
 }
 
-void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
-                std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& h,
-                std::int64_t step, float grad_scale, cudaStream_t stream) {
-  constexpr const char* kWhere = "train::cuda::adamw_step";
-  check_pointer(kWhere, "params", params);
-  check_pointer(kWhere, "grads", grads);
-  check_pointer(kWhere, "m", m);
-  check_pointer(kWhere, "v", v);
-  if (segments.empty()) ringattn::detail::fail(kWhere, "segments is empty; expected one or more");
+namespace {
+
+void launch_adamw(const char* where, float* params, bf16* params_bf16, const float* grads,
+                  float* m, float* v, std::span<const cpu::AdamWSegment> segments,
+                  const cpu::AdamWHyper& h, std::int64_t step, float grad_scale,
+                  const float* device_grad_scale, cudaStream_t stream) {
+  check_pointer(where, "params", params);
+  check_pointer(where, "grads", grads);
+  check_pointer(where, "m", m);
+  check_pointer(where, "v", v);
+  if (segments.empty()) ringattn::detail::fail(where, "segments is empty; expected one or more");
   for (std::size_t j = 0; j < segments.size(); ++j) {
     if (segments[j].count <= 0) {
-      ringattn::detail::fail(kWhere, "segments[", j, "].count is ", segments[j].count,
+      ringattn::detail::fail(where, "segments[", j, "].count is ", segments[j].count,
                              "; expected > 0");
     }
   }
   // The scalars exactly as cpu::adamw_step forms them (the same function), checks included.
   const cpu::AdamWScalars decayed =
-      cpu::adamw_scalars(kWhere, h, step, cpu::WeightDecay::apply, grad_scale);
+      cpu::adamw_scalars(where, h, step, cpu::WeightDecay::apply, grad_scale);
   const cpu::AdamWScalars undecayed =
-      cpu::adamw_scalars(kWhere, h, step, cpu::WeightDecay::skip, grad_scale);
+      cpu::adamw_scalars(where, h, step, cpu::WeightDecay::skip, grad_scale);
   std::int64_t offset = 0;
   for (std::size_t first = 0; first < segments.size(); first += kStepSegments) {
     StepSegments launch{};
@@ -750,15 +796,32 @@ void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, 
         aligned(v + offset, 16) && aligned(copy, 8)) {
       adamw_kernel<4><<<static_cast<unsigned>(blocks), kStepThreads, 0, stream>>>(
           params + offset, copy, grads + offset, m + offset, v + offset, count, launch, decayed,
-          undecayed);
+          undecayed, device_grad_scale);
     } else {
       adamw_kernel<1><<<static_cast<unsigned>(blocks), kStepThreads, 0, stream>>>(
           params + offset, copy, grads + offset, m + offset, v + offset, count, launch, decayed,
-          undecayed);
+          undecayed, device_grad_scale);
     }
     RINGATTN_CUDA_CHECK_LAUNCH();
     offset += count;
   }
+}
+
+}  // namespace
+
+void adamw_step(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& h,
+                std::int64_t step, float grad_scale, cudaStream_t stream) {
+  launch_adamw("train::cuda::adamw_step", params, params_bf16, grads, m, v, segments, h, step,
+               grad_scale, nullptr, stream);
+}
+
+void adamw_step_clipped(float* params, bf16* params_bf16, const float* grads, float* m, float* v,
+                        std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& h,
+                        std::int64_t step, const float* factor, cudaStream_t stream) {
+  check_pointer("train::cuda::adamw_step_clipped", "factor", factor);
+  launch_adamw("train::cuda::adamw_step_clipped", params, params_bf16, grads, m, v, segments, h,
+               step, 1.0f, factor, stream);
 }
 
 }  // namespace ringattn::train::cuda
