@@ -1,7 +1,8 @@
 // The CPU optimizer (train/op_adamw): AdamW steps against the fp64 textbook update (bias
 // correction, decoupled decay only where applied), the first step's size, the clipping helpers
 // (sum of squares against fp64 and bitwise across thread counts, the factor, the scaling), and
-// the argument checks.
+// the argument checks; the CPU backend's clip without a wait (CpuBackend::queue_clip,
+// adamw_clipped, clip_total) against the same steps with the factor formed by hand.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/op_testing.hpp"
 #include "tests/common/random.hpp"
+#include "train/backend_cpu.hpp"
 #include "train/op_adamw.hpp"
 
 namespace ringattn::train {
@@ -135,6 +137,62 @@ TEST(AdamW, RejectsBadArguments) {
                          {"step is 0", "expected > 0"}));
   EXPECT_TRUE(test::ThrowsNaming([&] { cpu::clip_factor(1.0, 0.0); },
                                  {"train::cpu::clip_factor", "max_norm is 0"}));
+}
+
+// The backend's clip: its total is cpu::sum_of_squares's, and adamw_clipped steps exactly as
+// adamw does with min(1, float(clip_factor)) (bitwise: the same code), or with 1 for max_norm 0;
+// a NaN gradient gives a NaN total and leaves params and moments bitwise as they were.
+TEST(AdamW, BackendClipStepsWithTheTrainersFactor) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(31);
+  const std::vector<cpu::AdamWSegment> segments = {{700, WeightDecay::apply},
+                                                   {3, WeightDecay::skip},
+                                                   {300, WeightDecay::apply}};
+  const std::size_t n = 1003;
+  const AdamWHyper h{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const std::vector<float> p0 = test::normal_vector<float>(n, rng);
+  const std::vector<float> m0 = test::normal_vector<float>(n, rng, 0.01);
+  std::vector<float> v0 = test::normal_vector<float>(n, rng, 0.001);
+  for (float& x : v0) x *= x;
+  std::vector<float> g = test::normal_vector<float>(n, rng, 0.1);
+  const std::span<const float> all[] = {g};
+  const double norm = std::sqrt(cpu::sum_of_squares(all));
+  struct Case {
+    const char* name;
+    double max_norm;
+    bool nan_gradient;
+  };
+  for (const Case& c : {Case{"clipped", 0.3 * norm, false}, Case{"not clipped", 2.0 * norm, false},
+                        Case{"no clip", 0.0, false}, Case{"NaN gradient", 1.0, true}}) {
+    SCOPED_TRACE(c.name);
+    if (c.nan_gradient) g[555] = std::numeric_limits<float>::quiet_NaN();
+    CpuBackend<float> by_hand, queued;
+    std::vector<float> p[2] = {p0, p0}, m[2] = {m0, m0}, v[2] = {v0, v0};
+    const std::span<const float> grads[] = {g};
+    const double total = cpu::sum_of_squares(grads);
+    if (!c.nan_gradient) {
+      const float factor =
+          c.max_norm > 0.0 ? std::min(1.0f, static_cast<float>(cpu::clip_factor(total, c.max_norm)))
+                           : 1.0f;
+      if (c.max_norm > 0.0 && c.max_norm < norm) {
+        EXPECT_LT(factor, 0.31f);
+      }
+      by_hand.adamw(p[0].data(), nullptr, g.data(), m[0].data(), v[0].data(), segments, h, 4,
+                    factor);
+    }
+    queued.queue_clip(g.data(), static_cast<std::int64_t>(n), c.max_norm);
+    queued.adamw_clipped(p[1].data(), nullptr, g.data(), m[1].data(), v[1].data(), segments, h, 4);
+    const double queued_total = queued.clip_total();
+    if (c.nan_gradient) {
+      EXPECT_TRUE(std::isnan(queued_total)) << queued_total;
+    } else {
+      EXPECT_EQ(queued_total, total);
+      EXPECT_NE(p[1], p0) << "params not stepped";
+    }
+    EXPECT_EQ(p[1], p[0]) << "params";
+    EXPECT_EQ(m[1], m[0]) << "m";
+    EXPECT_EQ(v[1], v[0]) << "v";
+  }
 }
 
 }  // namespace
