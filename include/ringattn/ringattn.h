@@ -122,7 +122,8 @@ typedef struct ringattn_ring_forward_params {
 typedef struct ringattn_ring_backward_params {
   size_t struct_size; /* sizeof(ringattn_ring_backward_params_t) */
   ringattn_tensor_t q, k, v, o, lse, dout;
-  ringattn_tensor_t dq, dk, dv; /* accumulator dtype, overwritten */
+  /* accumulator dtype, overwritten; on one rank dk and dv may have the dtype of q (both) */
+  ringattn_tensor_t dq, dk, dv;
   double scale;
   int32_t causal;
   int32_t deterministic;
