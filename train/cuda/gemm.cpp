@@ -45,6 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string_view>
@@ -56,9 +57,23 @@
 namespace ringattn::train::cuda {
 namespace {
 
-// 32 MiB: the workspace NVIDIA recommends for cuBLAS on Hopper (split-K and stream-K kernels
-// reduce through it).
-constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+// The cuBLASLt workspace: 32 MiB, the size NVIDIA recommends for cuBLAS on Hopper (split-K and
+// stream-K kernels reduce through it), or RINGATTN_GEMM_WORKSPACE_MIB from the environment (0 to
+// 1024; 0 keeps cuBLASLt to algorithms that need none), read once.
+std::size_t workspace_bytes() {
+  static const std::size_t bytes = [] {
+    const char* text = std::getenv("RINGATTN_GEMM_WORKSPACE_MIB");
+    if (text == nullptr || *text == '\0') return std::size_t{32} << 20;
+    char* end = nullptr;
+    const long mib = std::strtol(text, &end, 10);
+    if (*end != '\0' || mib < 0 || mib > 1024) {
+      ringattn::detail::fail("RINGATTN_GEMM_WORKSPACE_MIB", "value '", text,
+                             "' is not a whole number of MiB in [0, 1024]");
+    }
+    return static_cast<std::size_t>(mib) << 20;
+  }();
+  return bytes;
+}
 constexpr std::uintptr_t kMinAlignment = 16;
 constexpr std::uintptr_t kMaxAlignment = 256;
 
@@ -141,7 +156,7 @@ class Plan {
            float beta, void* workspace, cudaStream_t stream, const char* where) const {
     const float alpha = 1.0f;
     check(cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, d_, d, d_, &algo_,
-                         workspace, kWorkspaceBytes, stream),
+                         workspace, workspace_bytes(), stream),
           "cublasLtMatmul", where);
   }
 
@@ -160,7 +175,7 @@ class Plan {
     d_ = make_layout(p.d, where);
 
     Preference preference(where);
-    const std::uint64_t workspace = kWorkspaceBytes;
+    const std::uint64_t workspace = workspace_bytes();
     check(cublasLtMatmulPreferenceSetAttribute(preference.get(),
                                                CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                sizeof(workspace)),
@@ -289,7 +304,7 @@ std::uintptr_t common_alignment(const void* a, const void* b, const void* d, con
 }  // namespace
 
 struct Gemm::Impl {
-  explicit Impl(cudaStream_t s) : stream(s), workspace(kWorkspaceBytes) {}
+  explicit Impl(cudaStream_t s) : stream(s), workspace(workspace_bytes()) {}
 
   // D (+)= the product: A and B as in problem_of, D the output; Write::add is cuBLASLt's
   // beta = 1 with C = the residual where one is given, else C = D.
