@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -182,17 +181,11 @@ class CpuBackend {
                              "the fp64 model is for gradient checks; it has no optimizer");
     }
   }
-  // The CUDA backend's clip without a wait, here at once: the sum of squares and the trainer's
-  // factor, min(1, float(cpu::clip_factor)) (1 without clipping, max_norm <= 0), which
-  // adamw_clipped uses; a sum that is not finite skips the step.
+  // The CUDA backend's clip without a wait, here at once: the sum of squares and
+  // cpu::step_clip_factor of it, which adamw_clipped uses (no step when it is not finite).
   void queue_clip(const T* grads, std::int64_t count, double max_norm) {
     clip_total_ = sum_of_squares(grads, count);
-    clip_factor_ = 1.0f;
-    if (!std::isfinite(clip_total_)) {
-      clip_factor_ = std::numeric_limits<float>::quiet_NaN();
-    } else if (max_norm > 0.0) {
-      clip_factor_ = std::min(1.0f, static_cast<float>(cpu::clip_factor(clip_total_, max_norm)));
-    }
+    clip_factor_ = cpu::step_clip_factor(clip_total_, max_norm);
   }
   void adamw_clipped(T* params, T* params_copy, const T* grads, T* m, T* v,
                      std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,

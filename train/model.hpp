@@ -35,7 +35,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <utility>
 #include <string>
@@ -103,20 +102,18 @@ class TrainModel {
                                                  std::span<std::int32_t> predictions = {}) = 0;
 
   // The optimizer step's pieces: sum the gradients over `world` (every rank that holds the same
-  // parameters), their squared norm, the name of the first parameter whose gradient is not
-  // finite ("" when all are), and AdamW on every tensor with the gradients scaled by grad_scale.
+  // parameters), the name of the first parameter whose gradient is not finite ("" when all are),
+  // and the clipped AdamW step below.
   virtual void all_reduce_gradients() = 0;
-  virtual double gradient_sum_of_squares() = 0;
   virtual std::string first_non_finite_gradient() = 0;
   // After a forward whose loss is not finite: where the first non-finite value is, in the order
   // the forward made them ("parameter layers.0.wqkv", "layers.1.attention output", ...; the
   // activations recomputation dropped are skipped), or "" when every tensor kept is finite.
   virtual std::string first_non_finite_tensor() = 0;
-  virtual void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) = 0;
-  // gradient_sum_of_squares and adamw with the trainer's clip factor, min(1, float(
-  // cpu::clip_factor(sum, max_norm))) (1 for max_norm <= 0), formed where the gradients are: on a
-  // GPU nothing waits between the two. Returns the sum; when it is not finite the step is skipped
-  // (every parameter and moment as it was).
+  // The gradients' sum of squares, then AdamW on every tensor with the gradients scaled by
+  // cpu::step_clip_factor of it, formed where the gradients are: on a GPU nothing waits between
+  // the two. Returns the sum; when it is not finite the step is skipped (every parameter and
+  // moment as it was).
   virtual double clip_and_adamw(const cpu::AdamWHyper& hyper, std::int64_t step,
                                 double max_norm) = 0;
 
@@ -188,10 +185,8 @@ class Model final : public TrainModel {
   double loss_and_gradients(const ShardBatch& batch);
 
   void all_reduce_gradients() override;
-  double gradient_sum_of_squares() override;
   std::string first_non_finite_gradient() override;
   std::string first_non_finite_tensor() override;
-  void adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) override;
   double clip_and_adamw(const cpu::AdamWHyper& hyper, std::int64_t step, double max_norm) override;
   void export_state(std::vector<float>& params, std::vector<float>& m,
                     std::vector<float>& v) override;
@@ -239,9 +234,6 @@ class Model final : public TrainModel {
   // Runs op(); within a profiled step, as one interval of `phase` on the backend's clock.
   template <class Op>
   void timed(const char* phase, Op&& op);
-  // adamw's step, with grad_scale or (none) the factor of the backend's queue_clip.
-  void step_parameters(const cpu::AdamWHyper& hyper, std::int64_t step,
-                       std::optional<float> grad_scale);
 
   ModelShape shape_;
   ModelConfig config_;

@@ -11,7 +11,10 @@
 //              the rest of each token row converted, and rope_backward(Act*, const Acc*,
 //              acc_heads, shape): the first acc_heads heads from Acc, the others in place, the
 //              rest of the rows left alone), swiglu, cross_entropy, sum_of_squares,
-//              adamw (one call over consecutive tensors, a cpu::AdamWSegment each), memory_mib
+//              queue_clip (the sum of squares and its cpu::step_clip_factor, not waited for),
+//              adamw_clipped (one call over consecutive tensors, a cpu::AdamWSegment each, with
+//              that factor; none when it is not finite), clip_total (waits for the sum),
+//              memory_mib
 //   profile    begin_interval(i), end_interval(i) around interval i (0, 1, ...) of a step, and
 //              intervals_ms(count, ms): waits for the end of interval count - 1 and gives the
 //              durations of intervals 0 .. count - 1
@@ -20,7 +23,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -526,13 +528,6 @@ void Model<B>::all_reduce_gradients() {
 }
 
 template <class B>
-double Model<B>::gradient_sum_of_squares() {
-  double sum = 0.0;
-  timed("grad.norm", [&] { sum = backend_->sum_of_squares(grads_.data(), offsets_.back()); });
-  return sum;
-}
-
-template <class B>
 std::string Model<B>::first_non_finite_gradient() {
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     if (!std::isfinite(backend_->sum_of_squares(grad(i), infos_[i].elements))) {
@@ -594,45 +589,28 @@ std::pair<std::int64_t, std::int64_t> Model<B>::share_of(int rank) const {
 }
 
 template <class B>
-void Model<B>::adamw(const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
-  step_parameters(hyper, step, grad_scale);
-}
-
-template <class B>
 double Model<B>::clip_and_adamw(const cpu::AdamWHyper& hyper, std::int64_t step,
                                 double max_norm) {
   timed("grad.norm", [&] { backend_->queue_clip(grads_.data(), offsets_.back(), max_norm); });
-  step_parameters(hyper, step, std::nullopt);
-  return backend_->clip_total();
-}
-
-template <class B>
-void Model<B>::step_parameters(const cpu::AdamWHyper& hyper, std::int64_t step,
-                               std::optional<float> grad_scale) {
   timed("adamw", [&] {
     if (shard_segments_.empty()) return;
     Act* copy = nullptr;
     if constexpr (!std::is_same_v<Act, Master>) copy = weights_.data() + shard_first_;
-    Master* params = params_.data() + shard_first_;
-    const Master* grads = grads_.data() + shard_first_;
-    if (grad_scale) {
-      backend_->adamw(params, copy, grads, adam_m_.data(), adam_v_.data(), shard_segments_, hyper,
-                      step, *grad_scale);
-    } else {
-      backend_->adamw_clipped(params, copy, grads, adam_m_.data(), adam_v_.data(), shard_segments_,
-                              hyper, step);
-    }
+    backend_->adamw_clipped(params_.data() + shard_first_, copy, grads_.data() + shard_first_,
+                            adam_m_.data(), adam_v_.data(), shard_segments_, hyper, step);
   });
-  if (!sharded()) return;
-  // Each rank zeroes the weights outside its share; their sum over the ranks is then every
-  // share's update everywhere (x + 0 is x, but for the sign of a zero).
-  timed("adamw.gather", [&] {
-    const std::int64_t count = offsets_.back();
-    backend_->fill_zero(params_.data(), shard_first_);
-    backend_->fill_zero(params_.data() + shard_end_, count - shard_end_);
-    grad_comm_->all_reduce_sum(params_.data(), count, B::master_dtype, backend_->stream());
-    refresh_weights();
-  });
+  if (sharded()) {
+    // Each rank zeroes the weights outside its share; their sum over the ranks is then every
+    // share's update everywhere (x + 0 is x, but for the sign of a zero).
+    timed("adamw.gather", [&] {
+      const std::int64_t count = offsets_.back();
+      backend_->fill_zero(params_.data(), shard_first_);
+      backend_->fill_zero(params_.data() + shard_end_, count - shard_end_);
+      grad_comm_->all_reduce_sum(params_.data(), count, B::master_dtype, backend_->stream());
+      refresh_weights();
+    });
+  }
+  return backend_->clip_total();
 }
 
 template <class B>

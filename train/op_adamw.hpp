@@ -106,6 +106,10 @@ double sum_of_squares(std::span<const std::span<const float>> buffers);
 // non-finite factor, for the caller's NaN check to catch.
 double clip_factor(double global_sum_of_squares, double max_norm);
 
+// The multiplier a training step applies to its gradients: min(1, float(clip_factor)), 1 without
+// clipping (max_norm <= 0), NaN for a sum that is not finite (the step is then skipped).
+float step_clip_factor(double global_sum_of_squares, double max_norm);
+
 // buffers[i][j] *= factor.
 void scale_buffers(std::span<const std::span<float>> buffers, float factor);
 

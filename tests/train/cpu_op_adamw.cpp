@@ -115,6 +115,12 @@ TEST(AdamW, ClipFactorAndScale) {
   EXPECT_EQ(cpu::clip_factor(0.0, 1.0), 1.0);
   EXPECT_TRUE(std::isnan(cpu::clip_factor(std::numeric_limits<double>::quiet_NaN(), 1.0)));
   EXPECT_TRUE(std::isnan(cpu::clip_factor(std::numeric_limits<double>::infinity(), 1.0)));
+  // A step's multiplier: the factor in float, 1 without clipping, NaN for a sum not finite.
+  EXPECT_EQ(cpu::step_clip_factor(100.0, 1.0), static_cast<float>(cpu::clip_factor(100.0, 1.0)));
+  EXPECT_EQ(cpu::step_clip_factor(0.25, 1.0), 1.0f);
+  EXPECT_EQ(cpu::step_clip_factor(100.0, 0.0), 1.0f);
+  EXPECT_TRUE(std::isnan(cpu::step_clip_factor(std::numeric_limits<double>::infinity(), 0.0)));
+  EXPECT_TRUE(std::isnan(cpu::step_clip_factor(std::numeric_limits<double>::quiet_NaN(), 1.0)));
 
   std::vector<float> a{1.0f, -2.0f, 4.0f}, b(70000, 3.0f);
   const std::vector<std::span<float>> buffers{a, b};
@@ -140,8 +146,8 @@ TEST(AdamW, RejectsBadArguments) {
 }
 
 // The backend's clip: its total is cpu::sum_of_squares's, and adamw_clipped steps exactly as
-// adamw does with min(1, float(clip_factor)) (bitwise: the same code), or with 1 for max_norm 0;
-// a NaN gradient gives a NaN total and leaves params and moments bitwise as they were.
+// adamw does with cpu::step_clip_factor (bitwise: the same code), 1 for max_norm 0; a NaN
+// gradient gives a NaN total and leaves params and moments bitwise as they were.
 TEST(AdamW, BackendClipStepsWithTheTrainersFactor) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(31);
@@ -171,9 +177,7 @@ TEST(AdamW, BackendClipStepsWithTheTrainersFactor) {
     const std::span<const float> grads[] = {g};
     const double total = cpu::sum_of_squares(grads);
     if (!c.nan_gradient) {
-      const float factor =
-          c.max_norm > 0.0 ? std::min(1.0f, static_cast<float>(cpu::clip_factor(total, c.max_norm)))
-                           : 1.0f;
+      const float factor = cpu::step_clip_factor(total, c.max_norm);
       if (c.max_norm > 0.0 && c.max_norm < norm) {
         EXPECT_LT(factor, 0.31f);
       }

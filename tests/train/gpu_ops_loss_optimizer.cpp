@@ -550,7 +550,7 @@ TEST(CudaAdamW, SegmentsMatchCpuTwinTensorByTensor) {
 }
 
 // The clip formed on the device (queue_clip_factor, then adamw_step_clipped) against the host's
-// (sum_of_squares, the trainer's min(1, float(cpu::clip_factor)), adamw_step with that factor):
+// (sum_of_squares, cpu::step_clip_factor, adamw_step with that factor):
 // the same total and factor, bitwise, and the same params, moments and bf16 copy, bitwise (the
 // same kernel and scalars). A clip that bites, one that does not, none (max_norm 0), and a NaN
 // gradient: total NaN, and every tensor left as it was.
@@ -601,9 +601,7 @@ TEST(CudaAdamW, ClipOnTheDeviceMatchesTheHostsBitwise) {
       poison(d_bf16[k].data(), size * sizeof(bf16), st);
     }
     const double total = cuda::sum_of_squares(d_grads.as<float>(), n, st);
-    const float factor =
-        c.max_norm > 0.0 ? std::min(1.0f, static_cast<float>(cpu::clip_factor(total, c.max_norm)))
-                         : 1.0f;
+    const float factor = cpu::step_clip_factor(total, c.max_norm);
     if (!c.nan_gradient) {
       cuda::adamw_step(d_params[0].as<float>(), d_bf16[0].as<bf16>(), d_grads.as<float>(),
                        d_m[0].as<float>(), d_v[0].as<float>(), segments, h, 4, factor, st);

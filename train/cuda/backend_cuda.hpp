@@ -109,13 +109,10 @@ class CudaBackend {
 
   // ---- optimizer ----
   double sum_of_squares(const float* grads, std::int64_t count);
-  // One step over consecutive tensors (cpu::AdamWSegment each), from the pointers on.
-  void adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
-             std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,
-             std::int64_t step, float grad_scale);
   // The clip without a wait: queue_clip queues the sum of squares and the clip factor on the
-  // device (cuda::queue_clip_factor), adamw_clipped a step with that factor (none if it is not
-  // finite), and clip_total waits for the sum alone and returns it.
+  // device (cuda::queue_clip_factor), adamw_clipped a step over consecutive tensors
+  // (cpu::AdamWSegment each, from the pointers on) with that factor (none if it is not finite),
+  // and clip_total waits for the sum alone and returns it.
   void queue_clip(const float* grads, std::int64_t count, double max_norm);
   void adamw_clipped(float* params, Act* params_bf16, const float* grads, float* m, float* v,
                      std::span<const cpu::AdamWSegment> segments, const cpu::AdamWHyper& hyper,

@@ -257,12 +257,6 @@ double CudaBackend::clip_total() {
   return host_norm_partials_.data()[0];
 }
 
-void CudaBackend::adamw(float* params, Act* params_bf16, const float* grads, float* m, float* v,
-                        std::span<const cpu::AdamWSegment> segments,
-                        const cpu::AdamWHyper& hyper, std::int64_t step, float grad_scale) {
-  cuda::adamw_step(params, params_bf16, grads, m, v, segments, hyper, step, grad_scale,
-                   stream_.get());
-}
 
 void CudaBackend::begin_interval(std::size_t i) {
   while (interval_events_.size() < 2 * (i + 1)) {

@@ -157,8 +157,8 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
 
 // The gradient clip without the host in the loop: queues sum_of_squares's partials, then sums
 // them on the device in the same order (the same double) into *scratch.total, copied to
-// scratch.host[0] behind it, and writes *scratch.factor = min(1, float(cpu::clip_factor(total,
-// max_norm))), the trainer's factor (1 when max_norm <= 0; NaN when the total is not finite).
+// scratch.host[0] behind it, and writes *scratch.factor = cpu::step_clip_factor(total, max_norm)
+// (the same operations, on the device).
 // Returns at once: the total is on the host once the stream has passed the copy.
 void queue_clip_factor(const float* grads, std::int64_t count, double max_norm,
                        const SumOfSquaresScratch& scratch, cudaStream_t stream);
