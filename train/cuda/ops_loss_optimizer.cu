@@ -431,9 +431,8 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 // One thread: the partials summed in order in double, as sum_of_squares sums them on the host
-// (the same additions: the same total), and the trainer's clip factor of that total,
-// min(1, float(cpu::clip_factor)), or 1 without clipping (max_norm <= 0); NaN for a total that
-// is not finite.
+// (the same additions: the same total), and cpu::step_clip_factor of that total, repeated here
+// operation for operation (the test holds the two to the bit).
 __global__ void clip_factor_kernel(double* total, float* factor, const double* partials,
                                    std::int64_t blocks, double max_norm) {
   double sum = 0.0;
@@ -656,6 +655,17 @@ std::int64_t sum_of_squares_blocks(std::int64_t count) {
   return std::clamp<std::int64_t>(blocks, 1, kSumMaxBlocks);
 }
 
+// sum_of_squares_kernel's partials of grads[0, count) into `partials`, queued; returns how many.
+std::int64_t queue_sum_partials(double* partials, const float* grads, std::int64_t count,
+                                cudaStream_t stream) {
+  const std::int64_t blocks = sum_of_squares_blocks(count);
+  const std::int64_t chunk = (count + blocks - 1) / blocks;
+  sum_of_squares_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
+      partials, grads, count, chunk);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+  return blocks;
+}
+
 }  // namespace
 
 cpu::CrossEntropySums cross_entropy_forward(float* losses, std::int32_t* predictions,
@@ -696,7 +706,6 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
   }
 
   const std::int64_t blocks = sum_of_squares_blocks(count);
-  const std::int64_t chunk = (count + blocks - 1) / blocks;
   const auto bytes = static_cast<std::size_t>(blocks) * sizeof(double);
   std::vector<double> pageable;
   double* partials = scratch != nullptr ? scratch->host : nullptr;
@@ -705,9 +714,7 @@ double sum_of_squares(const float* grads, std::int64_t count, cudaStream_t strea
     partials = pageable.data();
   }
   const auto queue = [&](double* device_partials) {
-    sum_of_squares_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
-        device_partials, grads, count, chunk);
-    RINGATTN_CUDA_CHECK_LAUNCH();
+    queue_sum_partials(device_partials, grads, count, stream);
     RINGATTN_CUDA_CHECK(
         cudaMemcpyAsync(partials, device_partials, bytes, cudaMemcpyDeviceToHost, stream));
   };
@@ -733,11 +740,7 @@ void queue_clip_factor(const float* grads, std::int64_t count, double max_norm,
   check_pointer(kWhere, "scratch.total", scratch.total);
   check_pointer(kWhere, "scratch.factor", scratch.factor);
   if (std::isnan(max_norm)) ringattn::detail::fail(kWhere, "max_norm is nan; expected a number");
-  const std::int64_t blocks = sum_of_squares_blocks(count);
-  const std::int64_t chunk = (count + blocks - 1) / blocks;
-  sum_of_squares_kernel<<<static_cast<unsigned>(blocks), kSumThreads, 0, stream>>>(
-      scratch.device, grads, count, chunk);
-  RINGATTN_CUDA_CHECK_LAUNCH();
+  const std::int64_t blocks = queue_sum_partials(scratch.device, grads, count, stream);
   clip_factor_kernel<<<1, 1, 0, stream>>>(scratch.total, scratch.factor, scratch.device, blocks,
                                           max_norm);
   RINGATTN_CUDA_CHECK_LAUNCH();
