@@ -2,7 +2,7 @@
 // on the same bf16 values, widened exactly to fp32: the three products, overwriting and adding,
 // at shapes from 8 x 8 x 8 to 1000 x 1024 x 3072 and with a row count that is not a multiple of
 // 8; again on pointers aligned to 16 bytes only (another cached algorithm); repeated calls bitwise
-// equal; the argument checks.
+// equal; the argument checks; RINGATTN_GEMM_WORKSPACE_MIB's values (on the host).
 //
 // Tolerance, per element, with rms the root mean square of the reference output:
 //
@@ -297,6 +297,23 @@ TEST(Gemm, ForwardWithResidual) {
     gemm.forward(dr.as<bf16>(), dx.as<bf16>(), dw.as<bf16>(), s, Write::add, dr.as<bf16>());
     EXPECT_TRUE(Matches("forward (residual == y)", download_bf16(dr.data(), n.out, stream.get()),
                         ref, kBf16Unit, kSumSlack, widen(r)));
+  }
+}
+
+// RINGATTN_GEMM_WORKSPACE_MIB's values (parsed on the host: no GPU needed): unset or empty is
+// 32 MiB, whole numbers 0 to 1024 are MiB, anything else is named in the error.
+TEST(GemmWorkspace, VariableIsReadOrNamed) {
+  using test::throws_error_with;
+  EXPECT_EQ(cuda::gemm_workspace_bytes(nullptr), std::size_t{32} << 20);
+  EXPECT_EQ(cuda::gemm_workspace_bytes(""), std::size_t{32} << 20);
+  EXPECT_EQ(cuda::gemm_workspace_bytes("0"), 0u);
+  EXPECT_EQ(cuda::gemm_workspace_bytes("64"), std::size_t{64} << 20);
+  EXPECT_EQ(cuda::gemm_workspace_bytes("1024"), std::size_t{1024} << 20);
+  for (const char* bad : {"abc", "-1", "1025", "12x"}) {
+    EXPECT_TRUE(throws_error_with([&] { cuda::gemm_workspace_bytes(bad); },
+                                  {"RINGATTN_GEMM_WORKSPACE_MIB", std::string("'") + bad + "'",
+                                   "[0, 1024]"}))
+        << bad;
   }
 }
 

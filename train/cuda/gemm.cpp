@@ -57,21 +57,10 @@
 namespace ringattn::train::cuda {
 namespace {
 
-// The cuBLASLt workspace: 32 MiB, the size NVIDIA recommends for cuBLAS on Hopper (split-K and
-// stream-K kernels reduce through it), or RINGATTN_GEMM_WORKSPACE_MIB from the environment (0 to
-// 1024; 0 keeps cuBLASLt to algorithms that need none), read once.
+// RINGATTN_GEMM_WORKSPACE_MIB's workspace (gemm_workspace_bytes), read once.
 std::size_t workspace_bytes() {
-  static const std::size_t bytes = [] {
-    const char* text = std::getenv("RINGATTN_GEMM_WORKSPACE_MIB");
-    if (text == nullptr || *text == '\0') return std::size_t{32} << 20;
-    char* end = nullptr;
-    const long mib = std::strtol(text, &end, 10);
-    if (*end != '\0' || mib < 0 || mib > 1024) {
-      ringattn::detail::fail("RINGATTN_GEMM_WORKSPACE_MIB", "value '", text,
-                             "' is not a whole number of MiB in [0, 1024]");
-    }
-    return static_cast<std::size_t>(mib) << 20;
-  }();
+  static const std::size_t bytes =
+      gemm_workspace_bytes(std::getenv("RINGATTN_GEMM_WORKSPACE_MIB"));
   return bytes;
 }
 constexpr std::uintptr_t kMinAlignment = 16;
@@ -302,6 +291,19 @@ std::uintptr_t common_alignment(const void* a, const void* b, const void* d, con
 }
 
 }  // namespace
+
+// 32 MiB by default: the workspace NVIDIA recommends for cuBLAS on Hopper (split-K and stream-K
+// kernels reduce through it).
+std::size_t gemm_workspace_bytes(const char* mib) {
+  if (mib == nullptr || *mib == '\0') return std::size_t{32} << 20;
+  char* end = nullptr;
+  const long value = std::strtol(mib, &end, 10);
+  if (*end != '\0' || value < 0 || value > 1024) {
+    ringattn::detail::fail("RINGATTN_GEMM_WORKSPACE_MIB", "value '", mib,
+                           "' is not a whole number of MiB in [0, 1024]");
+  }
+  return static_cast<std::size_t>(value) << 20;
+}
 
 struct Gemm::Impl {
   explicit Impl(cudaStream_t s) : stream(s), workspace(workspace_bytes()) {}

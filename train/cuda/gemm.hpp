@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -49,5 +50,10 @@ class Gemm {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The cuBLASLt workspace for a value of RINGATTN_GEMM_WORKSPACE_MIB (null or empty: unset):
+// 32 MiB when unset, else that many MiB (0 to 1024; 0 keeps cuBLASLt to algorithms that need
+// none); another value throws, naming the variable and the value. Gemm reads the variable once.
+std::size_t gemm_workspace_bytes(const char* mib);
 
 }  // namespace ringattn::train::cuda
