@@ -471,6 +471,11 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     BackwardArgs whole{args.q,  args.k,  args.v,  args.dout,  args.lse, args.lse,
                        args.dq, args.dk, args.dv, args.scale, Mask{},   args.deterministic};
     whole.overwrite_key_gradients = ranks == 1;  // one block call: dk, dv may be rounded
+    whole.key_rotation = args.key_rotation;
+    if (args.key_rotation.active() && ranks > 1) {
+      detail::fail(kWhere, "key_rotation is given on a ring of ", ranks,
+                   " ranks; expected one rank (its dK is written by one block call)");
+    }
     check_backward_args(whole, comm.memory(), kWhere);
     check_ring_inputs(s, args.q, comm.memory(), kWhere);
     for (const auto& [name, view] : NamedViews{{"q", &args.q},
@@ -519,6 +524,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
                          delta,   args.dq, args.dk, args.dv,    args.scale,
                          Mask{args.causal, 0, 0}, args.deterministic};
       block.overwrite_key_gradients = true;
+      block.key_rotation = args.key_rotation;
       flash_backward(block, stream);
     }
     return;

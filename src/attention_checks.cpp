@@ -2,6 +2,7 @@
 // bad call gets the same message whichever backend it reaches.
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
@@ -146,6 +147,22 @@ AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, cons
                       ? "gradients accumulate in the accumulator dtype of the inputs"
                       : "the accumulator dtype, or the dtype of q as overwritten key gradients",
                   where);
+    }
+  }
+  if (args.key_rotation.active()) {
+    if (s.head_dim % 2 != 0) {
+      detail::fail(where, "key_rotation needs an even head_dim; q has head_dim ", s.head_dim);
+    }
+    const std::pair<const TensorView*, const char*> tables[] = {
+        {&args.key_rotation.cos, "key_rotation.cos"}, {&args.key_rotation.sin, "key_rotation.sin"}};
+    for (const auto& [table, name] : tables) {
+      check_view(*table, name, 2, memory, where);
+      check_shape(*table, name, {s.k_len, s.head_dim / 2}, "[k_len, head_dim / 2]", where);
+      check_dtype(*table, name, acc, "the accumulator dtype of the inputs", where);
+      if (table->shape[1] > 1 && table->strides[1] != 1) {
+        detail::fail(where, name, " has stride ", table->strides[1],
+                     " along its last axis; expected 1");
+      }
     }
   }
   return s;

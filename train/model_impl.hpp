@@ -10,7 +10,8 @@
 //              rope_backward(Act*, const Acc*, shape): the rotation from Acc, rounded once, with
 //              the rest of each token row converted, and rope_backward(Act*, const Acc*,
 //              acc_heads, shape): the first acc_heads heads from Acc, the others in place, the
-//              rest of the rows left alone), swiglu, cross_entropy, sum_of_squares,
+//              rest of the rows left alone; and key_rotation(): the tables of the local tokens'
+//              rotation as the attention's KeyRotation), swiglu, cross_entropy, sum_of_squares,
 //              queue_clip (the sum of squares and its cpu::step_clip_factor, not waited for),
 //              adamw_clipped (one call over consecutive tensors, a cpu::AdamWSegment each, with
 //              that factor; none when it is not finite), clip_total (waits for the sum),
@@ -460,11 +461,13 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.dout = view(dout_.data(), B::act_dtype, hq, hq * hd);
     args.dq = view(dqkv_acc, B::acc_dtype, hq, row);
     // One cp rank where Act is narrower: the ring's one block call writes dK and dV rounded
-    // straight into dqkv_, which spares the rotation a pass over their fp32 copies.
+    // straight into dqkv_, with k's rotation already undone, which spares the RoPE backward a
+    // pass over dK and its fp32 copies.
     const bool rounded_keys = !std::is_same_v<Act, Acc> && cp_->size() == 1;
     if (rounded_keys) {
       args.dk = view(dqkv_.data() + hq * hd, B::act_dtype, hkv, row);
       args.dv = view(dqkv_.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
+      if constexpr (!std::is_same_v<Act, Acc>) args.key_rotation = be.key_rotation();
     } else {
       args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, row);
       args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, row);
@@ -478,10 +481,8 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     if constexpr (std::is_same_v<Act, Acc>) {
       timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), {n, hq + hkv, hd, row}); });
     } else if (rounded_keys) {
-      // q's heads from Acc, k's in place; v's are final.
-      timed("rope.backward", [&] {
-        be.rope_backward(dqkv_.data(), dqkv_acc, hq, {n, hq + hkv, hd, row});
-      });
+      // q's heads from Acc; k's and v's are final.
+      timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), dqkv_acc, hq, {n, hq, hd, row}); });
     } else {
       // One rotation over q's and k's hq + hkv heads, with v's converted to Act in the same pass.
       timed("rope.backward", [&] {

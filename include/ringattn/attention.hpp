@@ -51,6 +51,19 @@ struct ForwardArgs {
 // dQ is still added into. Overwritten dK and dV may also have the dtype of the inputs (both):
 // each key's gradients are then rounded once, which spares a caller that wants them in that
 // dtype a pass over fp32 buffers.
+//
+// key_rotation: K holds keys rotated by RoPE, and dK is to receive (or have added) the gradient
+// with respect to the keys before their rotation. The rotation pairs elements i and i + D / 2 of
+// each head (D = head_dim, even): k'_i = k_i c - k_{i+D/2} s, k'_{i+D/2} = k_i s + k_{i+D/2} c,
+// with c = cos[j, i] and s = sin[j, i] for K row j; each key's gradient is rotated back (by the
+// transpose) before it is written or added. This spares a caller that rotates its keys a pass
+// over dK. cos and sin: [k_len, D / 2] in the accumulator dtype and the inputs' memory, unit
+// stride along the last axis; a default (rank 0) pair means no rotation.
+struct KeyRotation {
+  TensorView cos, sin;
+  bool active() const { return cos.rank != 0 || sin.rank != 0; }
+};
+
 struct BackwardArgs {
   TensorView q, k, v;
   TensorView dout;
@@ -61,6 +74,7 @@ struct BackwardArgs {
   Mask mask;
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
   bool overwrite_key_gradients = false;
+  KeyRotation key_rotation;
 };
 
 // Reads the shapes from the views and checks everything a kernel relies on (ranks, matching

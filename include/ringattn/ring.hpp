@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ringattn/attention.hpp"
 #include "ringattn/tensor.hpp"
 
 namespace ringattn {
@@ -95,7 +96,9 @@ struct RingForwardArgs {
 // its outputs, dout the gradient of o (input dtype). dq [batch, Sl, q_heads, head_dim] and dk, dv
 // [batch, Sl, kv_heads, head_dim] are in the accumulator dtype and overwritten with the gradients
 // of this rank's q, k and v over the whole sequence. On one rank dk and dv may instead have the
-// input dtype (both): the local block then writes them rounded once (see BackwardArgs).
+// input dtype (both): the local block then writes them rounded once (see BackwardArgs). Also on
+// one rank only, key_rotation (tables [Sl, head_dim / 2]) undoes the keys' RoPE on dk in the same
+// call (see BackwardArgs); a ring of more ranks names it as an error.
 struct RingBackwardArgs {
   TensorView q{}, k{}, v{};
   TensorView o{}, lse{};
@@ -106,6 +109,7 @@ struct RingBackwardArgs {
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
   void* stream = nullptr;
   std::vector<ScratchRegion> scratch;  // optional: see ScratchRegion
+  KeyRotation key_rotation{};
 };
 
 // The ring schedule over one communicator. Its workspace (two K/V buffers, the running output,

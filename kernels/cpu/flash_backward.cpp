@@ -91,6 +91,25 @@ void add_rows(const TensorView& t, std::int64_t b, std::int64_t h, std::int64_t 
   }
 }
 
+// The gradients of K rows key_first.. (count rows of d, in `rows`) with respect to the keys before
+// their rotation: each pair (i, i + d / 2) by the transpose of its rotation.
+template <typename T>
+void rotate_back(const KeyRotation& rotation, std::int64_t key_first, std::int64_t count,
+                 std::int64_t d, T* rows) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const T* c = rotation.cos.as<T>() + (key_first + r) * rotation.cos.strides[0];
+    const T* s = rotation.sin.as<T>() + (key_first + r) * rotation.sin.strides[0];
+    T* lo = rows + r * d;
+    T* hi = lo + half;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const T x = lo[i], y = hi[i];
+      lo[i] = x * c[i] + y * s[i];
+      hi[i] = y * c[i] - x * s[i];
+    }
+  }
+}
+
 template <typename T>
 void key_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int64_t b,
                         std::int64_t kv_h, std::int64_t key_first) {
@@ -112,6 +131,7 @@ void key_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int
     }
   }
   for (T& value : dk) value *= scale;
+  if (a.key_rotation.active()) rotate_back(a.key_rotation, key_first, keys, d, dk.data());
   add_rows(a.dk, b, kv_h, key_first, keys, d, dk.data(), a.overwrite_key_gradients);
   add_rows(a.dv, b, kv_h, key_first, keys, d, dv.data(), a.overwrite_key_gradients);
 }

@@ -217,8 +217,38 @@ __device__ __forceinline__ void add_dq_atomic(const FlashParams& p, int batch, i
   }
 }
 
+// A thread's dK of one key (row `key`, element pair j of n-tile dt at column 8 dt + quad_col + j)
+// times the softmax scale: as the block computed it, or with the keys' RoPE undone (p.key_cos).
+// Column i pairs with i + kHeadDim / 2, n-tile dt with dt + kHeadDim / 16: both in this thread.
+template <int kHeadDim>
+__device__ __forceinline__ void scaled_key_gradient(const FlashParams& p, int key, int half,
+                                                    int quad_col,
+                                                    const float (&dk)[kHeadDim / 8][4],
+                                                    float (&out)[kHeadDim / 8][2]) {
+#pragma unroll
+  for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+    out[dt][0] = dk[dt][2 * half] * p.scale;
+    out[dt][1] = dk[dt][2 * half + 1] * p.scale;
+  }
+  if (p.key_cos == nullptr) return;
+  constexpr int kPairTiles = kHeadDim / 16;
+  const float* cos_row = p.key_cos + key * p.key_cos_stride;
+  const float* sin_row = p.key_sin + key * p.key_sin_stride;
+#pragma unroll
+  for (int dt = 0; dt < kPairTiles; ++dt) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float c = cos_row[dt * 8 + quad_col + j], s = sin_row[dt * 8 + quad_col + j];
+      const float x = out[dt][j], y = out[dt + kPairTiles][j];
+      out[dt][j] = x * c + y * s;
+      out[dt + kPairTiles][j] = y * c - x * s;
+    }
+  }
+}
+
 // dK and dV of a thread's two keys belong to its CTA alone: added into the fp32 buffers without
-// atomics (dK scaled by the softmax scale), or written: fp32, or rounded to T.
+// atomics (dK scaled by the softmax scale, its RoPE undone where asked), or written: fp32, or
+// rounded to T.
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
@@ -229,6 +259,8 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
   for (int half = 0; half < 2; ++half) {
     const int key = keys[half];
     if (key >= p.k_len) continue;
+    float k[kHeadDim / 8][2];
+    scaled_key_gradient<kHeadDim>(p, key, half, quad_col, dk, k);
     const std::int64_t at_k =
         batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
     const std::int64_t at_v =
@@ -238,8 +270,7 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
       T* out_v = static_cast<T*>(p.dv) + at_v;
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        *reinterpret_cast<std::uint32_t*>(out_k + dt * 8 + quad_col) =
-            pack2<T>(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<std::uint32_t*>(out_k + dt * 8 + quad_col) = pack2<T>(k[dt][0], k[dt][1]);
         *reinterpret_cast<std::uint32_t*>(out_v + dt * 8 + quad_col) =
             pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
@@ -250,8 +281,7 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (p.overwrite_key_gradients && !shared_keys) {
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        *reinterpret_cast<float2*>(out_k + dt * 8 + quad_col) =
-            make_float2(dk[dt][2 * half] * p.scale, dk[dt][2 * half + 1] * p.scale);
+        *reinterpret_cast<float2*>(out_k + dt * 8 + quad_col) = make_float2(k[dt][0], k[dt][1]);
         *reinterpret_cast<float2*>(out_v + dt * 8 + quad_col) =
             make_float2(dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
@@ -260,8 +290,7 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (shared_keys) {  // other CTAs add into the same keys
 #pragma unroll
       for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        add_pair_atomic(out_k + dt * 8 + quad_col, dk[dt][2 * half] * p.scale,
-                        dk[dt][2 * half + 1] * p.scale);
+        add_pair_atomic(out_k + dt * 8 + quad_col, k[dt][0], k[dt][1]);
         add_pair_atomic(out_v + dt * 8 + quad_col, dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
       continue;
@@ -271,8 +300,8 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
       float2* gk = reinterpret_cast<float2*>(out_k + dt * 8 + quad_col);
       float2* gv = reinterpret_cast<float2*>(out_v + dt * 8 + quad_col);
       float2 vk = *gk, vv = *gv;
-      vk.x += dk[dt][2 * half] * p.scale;
-      vk.y += dk[dt][2 * half + 1] * p.scale;
+      vk.x += k[dt][0];
+      vk.y += k[dt][1];
       vv.x += dv[dt][2 * half];
       vv.y += dv[dt][2 * half + 1];
       *gk = vk;

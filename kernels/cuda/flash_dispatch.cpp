@@ -231,6 +231,15 @@ void flash_backward(const BackwardArgs& args, void* stream) {
   copy_strides(args.dv, p.dv_strides);
   p.overwrite_key_gradients = args.overwrite_key_gradients;
   p.round_key_gradients = args.dk.dtype == args.q.dtype;  // checked: only when overwriting
+  if (args.key_rotation.active()) {
+    const KeyRotation& rotation = args.key_rotation;
+    check_device_pointer(rotation.cos, "key_rotation.cos", kWhere);
+    check_device_pointer(rotation.sin, "key_rotation.sin", kWhere);
+    p.key_cos = static_cast<const float*>(rotation.cos.data);
+    p.key_sin = static_cast<const float*>(rotation.sin.data);
+    p.key_cos_stride = rotation.cos.strides[0];
+    p.key_sin_stride = rotation.sin.strides[0];
+  }
   kernels.backward(p, args.deterministic, use_hopper_family(), static_cast<cudaStream_t>(stream));
 }
 

@@ -55,6 +55,11 @@ struct FlashParams {
   // dK and dV have the input dtype: each CTA rounds its keys' gradients once and writes them
   // (overwrite_key_gradients too; never with row splits, whose parts add).
   bool round_key_gradients = false;
+  // RoPE of the keys, undone on each key's gradient before it is written or added: fp32 tables
+  // [k_len, head_dim / 2] (row strides below, unit stride along a row); null for none.
+  const float* key_cos = nullptr;
+  const float* key_sin = nullptr;
+  std::int64_t key_cos_stride = 0, key_sin_stride = 0;
 };
 
 }  // namespace ringattn::cuda_detail

@@ -320,6 +320,51 @@ void naive_backward(const AttentionShape& s, const std::vector<double>& q,
 }
 
 // ---------------------------------------------------------------------------------------------
+// RoPE of the keys (BackwardArgs::key_rotation): tables of random angles, and the transpose of the
+// rotation applied in double to gradients of contiguous [batch, k_len, kv_heads, head_dim].
+
+template <typename T>
+struct KeyRotationTables {
+  std::int64_t rows = 0, half = 0;
+  std::vector<T> cos, sin;  // [rows, half]
+};
+
+template <typename T>
+KeyRotationTables<T> random_key_rotation(std::int64_t rows, std::int64_t head_dim,
+                                         std::mt19937_64& rng) {
+  KeyRotationTables<T> t{rows, head_dim / 2, {}, {}};
+  std::uniform_real_distribution<double> angle(-4.0, 4.0);
+  for (std::int64_t i = 0; i < rows * t.half; ++i) {
+    const double a = angle(rng);
+    t.cos.push_back(static_cast<T>(std::cos(a)));
+    t.sin.push_back(static_cast<T>(std::sin(a)));
+  }
+  return t;
+}
+
+// dk (the gradient with respect to rotated keys) -> the gradient with respect to the keys before
+// the rotation; also |x c| + |y s| of each element (the scale of its rounding in a kernel).
+template <typename T>
+void rotate_keys_back(const std::vector<double>& dk, const AttentionShape& s,
+                      const KeyRotationTables<T>& t, std::vector<double>& out,
+                      std::vector<double>& magnitude) {
+  const std::int64_t d = s.head_dim, half = d / 2;
+  out.assign(dk.size(), 0.0);
+  magnitude.assign(dk.size(), 0.0);
+  for (std::size_t at = 0; at < dk.size(); at += static_cast<std::size_t>(d)) {
+    const std::int64_t key = static_cast<std::int64_t>(at) / (d * s.kv_heads) % s.k_len;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double c = t.cos[key * half + i], sn = t.sin[key * half + i];
+      const double x = dk[at + i], y = dk[at + i + half];
+      out[at + i] = x * c + y * sn;
+      out[at + i + half] = y * c - x * sn;
+      magnitude[at + i] = magnitude[at + i + half] = std::abs(x * c) + std::abs(y * sn) +
+                                                     std::abs(x * sn) + std::abs(y * c);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Error measures.
 
 // ||out - ref|| / ||ref|| over the finite entries of `ref`; infinite entries must match exactly

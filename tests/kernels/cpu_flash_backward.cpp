@@ -299,6 +299,39 @@ void run_overwrite() {
 TEST(FlashBackwardContract, OverwritesKeyGradientsF64) { run_overwrite<double>(); }
 TEST(FlashBackwardContract, OverwritesKeyGradientsF32) { run_overwrite<float>(); }
 
+// key_rotation: dK receives (added, or overwritten) the oracle's gradient rotated back in double by
+// the tables' transposes (test::rotate_keys_back); dQ and dV are those of the call without it.
+template <typename T>
+void run_key_rotation() {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(25);
+  Problem<T> p(Case{"", {2, 70, 90, 4, 2, 32}, {true, 30, 0}}, rng);
+  p.forward();
+  p.prepare();
+  test::KeyRotationTables<T> tables = test::random_key_rotation<T>(p.s.k_len, p.s.head_dim, rng);
+  const auto ref = p.oracle();
+  std::vector<double> ref_k, magnitude;
+  test::rotate_keys_back(ref.dk, p.s, tables, ref_k, magnitude);
+  for (const bool overwrite : {false, true}) {
+    SCOPED_TRACE(overwrite ? "overwrite" : "add");
+    GradBuffers<T> grads(p.s, Layout::contiguous, rng);
+    BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+    args.overwrite_key_gradients = overwrite;
+    args.key_rotation = {
+        TensorView::contiguous(tables.cos.data(), test::dtype_of<T>(), {p.s.k_len, tables.half}),
+        TensorView::contiguous(tables.sin.data(), test::dtype_of<T>(), {p.s.k_len, tables.half})};
+    cpu::flash_backward(args);
+    const std::vector<double> dk = overwrite ? read_view(grads.buffers.k) : grads.added_k();
+    const std::vector<double> dv = overwrite ? read_view(grads.buffers.v) : grads.added_v();
+    EXPECT_TRUE(test::Close("dK (rotated back)", dk, ref_k, kTolerance<T>));
+    EXPECT_TRUE(test::Close("dV", dv, ref.dv, kTolerance<T>));
+    EXPECT_TRUE(test::Close("dQ (R + dQ)", grads.added_q(), ref.dq, kTolerance<T>));
+  }
+}
+
+TEST(FlashBackwardContract, KeyRotationIsUndoneOnKeyGradientsF64) { run_key_rotation<double>(); }
+TEST(FlashBackwardContract, KeyRotationIsUndoneOnKeyGradientsF32) { run_key_rotation<float>(); }
+
 // ---------------------------------------------------------------------------------------------
 // The ring's use: the final O/LSE of the whole row, K/V in chunks; each chunk's dK/dV lands in
 // its own slice, dQ sums over the chunks. Together: the one-shot gradient.
@@ -441,6 +474,26 @@ TEST_F(FlashBackwardValidation, ShapesAndPointers) {
   args = good();
   args.scale = std::numeric_limits<double>::quiet_NaN();
   EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); }, {"scale is", "nan"}));
+}
+
+TEST_F(FlashBackwardValidation, KeyRotationTables) {
+  std::vector<double> table(6 * 4, 0.5);
+  std::vector<float> table32(6 * 4, 0.5f);
+  const TensorView good_table = TensorView::contiguous(table.data(), DType::f64, {6, 4});
+  BackwardArgs args = good();
+  args.key_rotation = {good_table, TensorView::contiguous(table.data(), DType::f64, {5, 4})};
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"key_rotation.sin has shape [5, 4]", "expected [6, 4]"}));
+  args.key_rotation = {TensorView::contiguous(table32.data(), DType::f32, {6, 4}), good_table};
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"key_rotation.cos has dtype f32", "expected f64"}));
+  args.key_rotation = {good_table, TensorView::contiguous(table.data(), DType::f64, {6, 4})
+                                       .with_strides({1, 6})};
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"key_rotation.sin has stride 6 along its last axis"}));
+  args.key_rotation = {good_table, TensorView{}};
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
+                                 {"key_rotation.sin has rank 0", "expected rank 2"}));
 }
 
 TEST_F(FlashBackwardValidation, Prepare) {

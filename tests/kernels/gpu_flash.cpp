@@ -154,7 +154,8 @@ struct DeviceProblem {
   // Forward, prepare and backward with every output poisoned (NaN), dQ too (the prepare zeroes
   // it), and dK and dV zeroed; overwrite: dK and dV poisoned too, and the backward asked to
   // overwrite them.
-  AttentionResult run(bool deterministic, bool overwrite = false, bool rounded = false) {
+  AttentionResult run(bool deterministic, bool overwrite = false, bool rounded = false,
+                      const KeyRotation& rotation = {}) {
     RINGATTN_CUDA_CHECK(cudaMemset(o.data(), 0xff, o.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(lse.data(), 0xff, lse.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(delta.data(), 0xff, delta.bytes()));
@@ -166,6 +167,7 @@ struct DeviceProblem {
     BackwardArgs args{q_view, k_view, v_view, dout_view, lse_view, delta_view,
                       dq_view, dk_view, dv_view, scale(), mask(), deterministic};
     args.overwrite_key_gradients = overwrite;
+    args.key_rotation = rotation;
     if (rounded) {  // dK and dV in the input dtype, in the front halves of the poisoned buffers
       args.dk = TensorView::contiguous(dk.data(), c.dtype, {c.batch, c.k_len, c.kv_heads, c.head_dim},
                                        Memory::device);
@@ -378,6 +380,70 @@ TEST(FlashCudaOverwrite, RoundedKeyGradientsAreTheFp32OnesRounded) {
                              << (bitwise ? ": elements unlike the fp32 result rounded"
                                          : ": elements beyond one rounding of the fp32 result")
                              << ", first " << first;
+      }
+    }
+  }
+}
+
+// key_rotation: dK's RoPE undone in the kernel equals the call without it rotated back in double
+// (test::rotate_keys_back), in the three ways dK is written: added into zeros (row splits with
+// atomics where unmasked), overwritten in fp32, rounded to the input dtype. Where both calls form
+// the same fp32 sums (causal, or deterministic) the only differences are the rotation's rounding,
+// |err| <= 2^-22 (|x c| + |y s| + |x s| + |y c|), and the output's, u |exact| (1 + 2^-10) with
+// u = 2^-8 (bf16), 2^-11 (f16), 0 (fp32). Unmasked with atomics the sums differ in order: there
+// the bound of RoundedKeyGradientsAreTheFp32OnesRounded's reordering, 2^-12 max|dK|, is added.
+// dV is bitwise the call's without rotation where the sums are formed alike.
+TEST(FlashCudaKeyRotation, KeyGradientsAreRotatedBack) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(seed_trace());
+  const Case cases[] = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
+                        {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
+                        {DType::f16, 2, 3000, 130, 2, 1, 64, false},
+                        {DType::bf16, 2, 1000, 1000, 8, 8, 128, true}};
+  for (const Case& c : cases) {
+    DeviceProblem problem(c, 6);
+    std::mt19937_64 rng = make_rng(11);
+    const test::KeyRotationTables<float> tables =
+        test::random_key_rotation<float>(c.k_len, c.head_dim, rng);
+    DeviceBuffer cos_buffer(tables.cos.size() * sizeof(float));
+    DeviceBuffer sin_buffer(tables.sin.size() * sizeof(float));
+    RINGATTN_CUDA_CHECK(cudaMemcpy(cos_buffer.data(), tables.cos.data(), cos_buffer.bytes(),
+                                   cudaMemcpyHostToDevice));
+    RINGATTN_CUDA_CHECK(cudaMemcpy(sin_buffer.data(), tables.sin.data(), sin_buffer.bytes(),
+                                   cudaMemcpyHostToDevice));
+    const KeyRotation rotation{
+        TensorView::contiguous(cos_buffer.data(), DType::f32, {c.k_len, tables.half}, Memory::device),
+        TensorView::contiguous(sin_buffer.data(), DType::f32, {c.k_len, tables.half}, Memory::device)};
+    for (bool deterministic : {false, true}) {
+      for (int mode = 0; mode < 3; ++mode) {  // added, overwritten fp32, rounded
+        const bool overwrite = mode > 0, rounded = mode == 2;
+        SCOPED_TRACE(case_name({c, 0}) + (deterministic ? " deterministic" : "") +
+                     (mode == 0 ? " added" : mode == 1 ? " overwritten" : " rounded"));
+        const bool same_sums = c.causal || deterministic;
+        const double unit = !rounded ? 0.0 : c.dtype == DType::bf16 ? 0x1p-8 : 0x1p-11;
+        const AttentionResult plain = problem.run(deterministic, overwrite);
+        const AttentionResult turned = problem.run(deterministic, overwrite, rounded, rotation);
+        std::vector<double> expected, magnitude;
+        test::rotate_keys_back(plain.dk, problem.s, tables, expected, magnitude);
+        ASSERT_EQ(turned.dk.size(), expected.size());
+        double largest = 0.0;
+        for (const double x : expected) largest = std::max(largest, std::abs(x));
+        std::size_t wrong = 0, first = expected.size();
+        for (std::size_t e = 0; e < expected.size(); ++e) {
+          const double bound = unit * std::abs(expected[e]) * (1.0 + 0x1p-10) +
+                               0x1p-22 * magnitude[e] + (same_sums ? 0.0 : 0x1p-12 * largest);
+          if (!(std::abs(turned.dk[e] - expected[e]) <= bound) && wrong++ == 0) first = e;
+        }
+        EXPECT_EQ(wrong, 0u) << "dK elements beyond the bound, first " << first << ": "
+                             << (first < expected.size() ? turned.dk[first] : 0.0) << " against "
+                             << (first < expected.size() ? expected[first] : 0.0);
+        if (same_sums) {
+          std::size_t unlike = 0;
+          for (std::size_t e = 0; e < plain.dv.size(); ++e) {
+            unlike += turned.dv[e] != (rounded ? round_to(c.dtype, plain.dv[e]) : plain.dv[e]);
+          }
+          EXPECT_EQ(unlike, 0u) << "dV elements unlike the call's without rotation";
+        }
       }
     }
   }

@@ -150,6 +150,32 @@ TEST_F(MpiRingErrors, BadArgumentOnOneRankOnly) {
       {"RingAttention::forward: ", ranks_ > 1 ? "rank 0: " : "", "o is a null pointer"});
 }
 
+// key_rotation reaches the one block call of a one-rank ring: dK is the call's without it rotated
+// back (test::rotate_keys_back), to f64 rounding; a ring of more ranks names it.
+TEST_F(MpiRingErrors, KeyRotationOnOneRankOnly) {
+  Shards shards;
+  std::mt19937_64 rng = test::make_rng(61);
+  test::KeyRotationTables<double> tables = test::random_key_rotation<double>(32, 16, rng);
+  RingBackwardArgs args = shards.backward_args();
+  args.key_rotation = {TensorView::contiguous(tables.cos.data(), DType::f64, {32, 8}),
+                       TensorView::contiguous(tables.sin.data(), DType::f64, {32, 8})};
+  RingAttention ring(comm_, SequenceLayoutKind::zigzag);
+  if (ranks_ > 1) {
+    expect_same_error_everywhere(
+        [&] { ring.backward(args); },
+        {"RingAttention::backward", "key_rotation is given on a ring of " +
+                                        std::to_string(ranks_) + " ranks; expected one rank"});
+    return;
+  }
+  ring.forward(shards.forward_args());
+  ring.backward(shards.backward_args());
+  const std::vector<double> plain = test::read_view(shards.dk.view);
+  ring.backward(args);
+  std::vector<double> expected, magnitude;
+  test::rotate_keys_back(plain, {2, 32, 32, 4, 2, 16}, tables, expected, magnitude);
+  EXPECT_TRUE(test::Close("dK (rotated back)", test::read_view(shards.dk.view), expected, 1e-12));
+}
+
 TEST_F(MpiRingErrors, ZigzagNeedsAMultipleOfTwiceTheRanks) {
   Shards shards(33);  // S = 33 N is not a multiple of 2N
   RingAttention ring(comm_, SequenceLayoutKind::zigzag);

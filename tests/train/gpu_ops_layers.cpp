@@ -710,12 +710,13 @@ TEST(CudaLayerOps, RopeBackwardFromFp32MatchesTwinRoundedOnce) {
 }
 
 // rope_backward with only dQ in fp32 (acc_heads = q_heads): q's heads rotated from dx_acc, whose
-// k and v columns are NaN (never read); k's heads rotated in place from dx's bf16 values; v's
-// left bitwise as they were. The twin rotates an fp32 row of dx_acc's q and dx's k; the same bound
-// as above.
-void check_rope_split(const RopeFromAccCase& rc, std::mt19937_64& rng, cudaStream_t stream) {
-  SCOPED_TRACE(rc.name + ", dQ alone in fp32");
-  const std::int64_t heads = rc.q_heads + rc.kv_heads, d = rc.head_dim;
+// k and v columns are NaN (never read); k's heads rotated in place from dx's bf16 values (or, with
+// shape.heads = q_heads, left alone as a dK rotated back by the attention); v's left bitwise as
+// they were. The twin rotates an fp32 row of dx_acc's q and dx's k; the same bound as above.
+void check_rope_split(const RopeFromAccCase& rc, bool rotate_k, std::mt19937_64& rng,
+                      cudaStream_t stream) {
+  SCOPED_TRACE(rc.name + (rotate_k ? ", dQ alone in fp32" : ", dQ alone in fp32, k left alone"));
+  const std::int64_t heads = rc.q_heads + (rotate_k ? rc.kv_heads : 0), d = rc.head_dim;
   const std::int64_t token_stride = (rc.q_heads + 2 * rc.kv_heads) * d;
   const std::int64_t count = rc.tokens * token_stride;
   const std::vector<std::int64_t> positions =
@@ -754,7 +755,7 @@ void check_rope_split(const RopeFromAccCase& rc, std::mt19937_64& rng, cudaStrea
   }
   EXPECT_TRUE(WithinBf16Rounding("rotated elements (q from fp32, k in place)", out_rotated,
                                  ref_rotated));
-  EXPECT_TRUE(BitwiseEqual("v's elements, untouched", out_kept, in_kept));
+  EXPECT_TRUE(BitwiseEqual("the elements after the rotated heads, untouched", out_kept, in_kept));
 }
 
 TEST(CudaLayerOps, RopeBackwardWithDqAloneInFp32MatchesTwin) {
@@ -762,7 +763,9 @@ TEST(CudaLayerOps, RopeBackwardWithDqAloneInFp32MatchesTwin) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(15);
   CudaStream stream;
-  for (const RopeFromAccCase& rc : rope_from_acc_cases()) check_rope_split(rc, rng, stream.get());
+  for (const RopeFromAccCase& rc : rope_from_acc_cases()) {
+    for (const bool rotate_k : {true, false}) check_rope_split(rc, rotate_k, rng, stream.get());
+  }
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "ringattn/attention.hpp"
 #include "ringattn/tensor.hpp"
 #include "src/cuda/device_buffer.hpp"
 #include "train/cuda/gemm.hpp"
@@ -92,6 +93,8 @@ class CudaBackend {
   void rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s);
   // Only the first acc_heads heads from dx_acc, the others in place, the rest of the rows alone.
   void rope_backward(Act* dx, const float* dx_acc, std::int64_t acc_heads, const cpu::RopeShape& s);
+  // The rotation's tables [local tokens, head_dim / 2] as the attention's KeyRotation (set_rope's).
+  KeyRotation key_rotation() const;
   void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);
   void swiglu_backward(Act* dgu, const Act* dout, const Act* gu, const cpu::SwigluShape& s);
   // The loaded batch's tokens [first, first + s.tokens), queued: their losses come back to the
@@ -146,7 +149,7 @@ class CudaBackend {
   CudaEvent clip_total_copied_;
   std::vector<std::pair<std::int64_t, std::int64_t>> pending_losses_;  // (first, tokens) a call
   CudaEvent losses_copied_;
-  std::int64_t rope_rows_ = 0;
+  std::int64_t rope_rows_ = 0, rope_head_dim_ = 0;
   double peak_mib_ = 0.0;
   std::vector<std::unique_ptr<CudaEvent>> interval_events_;  // interval i: 2 i (begin), 2 i + 1
 };

@@ -157,10 +157,19 @@ void CudaBackend::set_rope(const std::vector<std::int64_t>& positions, std::int6
                            double theta) {
   const cuda::RopeTable table = cuda::rope_table(positions, head_dim, theta);
   rope_rows_ = static_cast<std::int64_t>(positions.size());
+  rope_head_dim_ = head_dim;
   rope_cos_ = DeviceArray<float>(static_cast<std::int64_t>(table.cos.size()));
   rope_sin_ = DeviceArray<float>(static_cast<std::int64_t>(table.sin.size()));
   upload(rope_cos_.data(), table.cos.data(), static_cast<std::int64_t>(table.cos.size()));
   upload(rope_sin_.data(), table.sin.data(), static_cast<std::int64_t>(table.sin.size()));
+}
+
+KeyRotation CudaBackend::key_rotation() const {
+  const std::int64_t half = rope_head_dim_ / 2;
+  return {TensorView::contiguous(rope_cos_.data(), DType::f32,
+                                 {rope_rows_, half}, Memory::device),
+          TensorView::contiguous(rope_sin_.data(), DType::f32,
+                                 {rope_rows_, half}, Memory::device)};
 }
 
 void CudaBackend::rope_forward(Act* x, const cpu::RopeShape& s) {

@@ -93,7 +93,8 @@ void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float*
                    std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream);
 // The same where only dQ arrives in fp32: heads [0, acc_heads) rotated from dx_acc, the other heads
 // of shape (dK, written in bf16 by a one-rank ring) rotated in place in dx, and the rest of each
-// token row (dV) left alone. acc_heads == shape.heads is the call above.
+// token row left alone: dV, and dK too where shape.heads == acc_heads (a dK that the attention
+// wrote rotated back already).
 void rope_backward(bf16* dx, const float* dx_acc, std::int64_t acc_heads, const float* cos,
                    const float* sin, std::int64_t table_rows, const cpu::RopeShape& shape,
                    cudaStream_t stream);

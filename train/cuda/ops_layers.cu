@@ -642,8 +642,8 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
 // The rotation of x's heads by the tables, read from src (named src_name in errors). src == x
 // rotates in place and leaves the rest of each token row alone; another src (fp32, not
 // overlapping x) also writes that rest, src's values as they are: every element of x's token rows
-// is then written once, rounded once. src_heads < s.heads (another src): only the first
-// src_heads heads come from src, the others are rotated in place, and the rest is left alone.
+// is then written once, rounded once. With src_heads (another src): only the first src_heads
+// heads come from src, the others are rotated in place, and the rest is left alone.
 template <bool inverse, typename Src>
 void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_view src_name,
           const Src* src, const float* cos, const float* sin, std::int64_t table_rows,
@@ -664,6 +664,9 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
   check_pointer(where, "cos", cos);
   check_pointer(where, "sin", sin);
 
+  // Only the heads are written when src_heads is given (another src holding just the first of
+  // them); the whole row otherwise.
+  const bool heads_only = src_heads >= 0;
   if (src_heads < 0) src_heads = s.heads;
   if (src_heads > s.heads) {
     ringattn::detail::fail(where, src_name, " holds ", src_heads, " heads; expected at most ",
@@ -671,8 +674,7 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
   }
   const std::int64_t half = s.head_dim / 2;
   const bool in_place = static_cast<const void*>(src) == static_cast<const void*>(x);
-  const std::int64_t tail =
-      in_place || src_heads < s.heads ? 0 : s.token_stride - s.heads * s.head_dim;
+  const std::int64_t tail = in_place || heads_only ? 0 : s.token_stride - s.heads * s.head_dim;
   // The widest access every pair group allows: its offset t * token_stride + h * head_dim + i
   // (and + half) is a multiple of V when token_stride, head_dim and half are; so are the tail's
   // groups, from t * token_stride + heads * head_dim.
