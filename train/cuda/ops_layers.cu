@@ -701,7 +701,9 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
         x, src, cos, sin, table_rows, static_cast<int>(s.heads), static_cast<int>(src_heads),
         static_cast<int>(s.head_dim), s.token_stride, static_cast<int>(tail));
   };
-  if (fits(4)) {
+  if (fits(8)) {
+    launch(std::integral_constant<int, 8>{});
+  } else if (fits(4)) {
     launch(std::integral_constant<int, 4>{});
   } else if (fits(2)) {
     launch(std::integral_constant<int, 2>{});
