@@ -265,7 +265,13 @@ INSTANTIATE_TEST_SUITE_P(Vocabularies, CudaCrossEntropy,
                          ::testing::Values(CrossEntropyCase{64, 256}, CrossEntropyCase{50, 1000},
                                            CrossEntropyCase{33, 1003}, CrossEntropyCase{16, 12296},
                                            CrossEntropyCase{24, 32768}, CrossEntropyCase{8, 65536},
-                                           CrossEntropyCase{3, 131072}),
+                                           CrossEntropyCase{3, 131072},
+                                           // Several rows a block of the staged kernel, whose
+                                           // blocks go through rows with their next rows'
+                                           // copies in flight, and over 512 rows a block (their
+                                           // targets and weights are read 512 at a time).
+                                           CrossEntropyCase{600, 32768}, CrossEntropyCase{1200, 1003},
+                                           CrossEntropyCase{300000, 16}),
                          [](const ::testing::TestParamInfo<CrossEntropyCase>& info) {
                            return "tokens" + std::to_string(info.param.tokens) + "_vocab" +
                                   std::to_string(info.param.vocab);
@@ -308,20 +314,23 @@ TEST(CudaCrossEntropyTargets, OutOfRangeTargetGivesNaN) {
 // Rows with non-finite logits, on both kernels (the staged one where dlogits aligns with the
 // logits, the online one where it is 2 bytes off): a NaN never becomes the maximum and makes the
 // loss NaN; a +inf logit is the prediction and makes the loss non-finite; a row of -inf and NaN
-// predicts its first -inf. Both kernels give the same losses and predictions.
+// predicts its first -inf. Both kernels give the same losses and predictions. Rows 0-2 come again
+// as rows 3000-3002 among 4000 finite ones, which the staged kernel's blocks take after others.
 TEST(CudaCrossEntropyTargets, NonFiniteLogitsOnBothPaths) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(9);
-  const std::int64_t tokens = 4, vocab = 1000;
+  const std::int64_t tokens = 4004, vocab = 1000, again = 3000;
   const cpu::CrossEntropyShape shape{tokens, vocab};
   Bits logits = random_bf16(tokens * vocab, rng);
   const std::uint16_t nan = 0x7fc0u, inf = 0x7f80u, minus_inf = 0xff80u;
-  logits[0 * vocab + 17] = nan;  // row 0: a NaN among finite logits
-  logits[1 * vocab + 5] = inf;   // row 1: one +inf
-  logits[1 * vocab + 900] = nan;
-  for (std::int64_t j = 0; j < vocab; ++j) {  // row 2: -inf, NaN from 600 on
-    logits[2 * vocab + j] = j < 600 ? minus_inf : nan;
+  for (const std::int64_t first : {std::int64_t{0}, again}) {
+    logits[(first + 0) * vocab + 17] = nan;  // row 0: a NaN among finite logits
+    logits[(first + 1) * vocab + 5] = inf;   // row 1: one +inf
+    logits[(first + 1) * vocab + 900] = nan;
+    for (std::int64_t j = 0; j < vocab; ++j) {  // row 2: -inf, NaN from 600 on
+      logits[(first + 2) * vocab + j] = j < 600 ? minus_inf : nan;
+    }
   }
   // Row 3: finite. The expected predictions: the first index of the largest non-NaN logit.
   std::vector<std::int32_t> expected(tokens);
@@ -334,8 +343,13 @@ TEST(CudaCrossEntropyTargets, NonFiniteLogitsOnBothPaths) {
     }
     expected[t] = at;
   }
-  const std::vector<std::int32_t> targets{3, 5, 10, 999};
-  const std::vector<float> weights{1.0f, 1.0f, 1.0f, 1.0f};
+  std::vector<std::int32_t> targets(tokens, 999);
+  const std::vector<float> weights(tokens, 1.0f);
+  for (const std::int64_t first : {std::int64_t{0}, again}) {
+    targets[first] = 3;
+    targets[first + 1] = 5;
+    targets[first + 2] = 10;
+  }
   CudaStream stream;
   const cudaStream_t st = stream.get();
   const DeviceBuffer d_logits = to_device(logits, st);
@@ -361,14 +375,27 @@ TEST(CudaCrossEntropyTargets, NonFiniteLogitsOnBothPaths) {
   }
   EXPECT_EQ(expected[1], 5);
   EXPECT_EQ(expected[2], 0);
-  for (std::int64_t t = 0; t < 3; ++t) {  // the non-finite rows: the same value
-    const bool same =
-        std::isnan(losses[0][t]) ? std::isnan(losses[1][t]) : losses[0][t] == losses[1][t];
-    EXPECT_TRUE(same) << "row " << t << ": " << losses[0][t] << " and " << losses[1][t];
+  for (int offset = 0; offset < 2; ++offset) {
+    for (std::int64_t t = 0; t < 3; ++t) {  // the same rows again: the same losses
+      const float a = losses[offset][t], b = losses[offset][again + t];
+      EXPECT_TRUE(std::isnan(a) ? std::isnan(b) : a == b)
+          << "offset " << offset << ", rows " << t << " and " << again + t << ": " << a
+          << " and " << b;
+    }
   }
-  // The finite row: the two kernels' sums differ in rounding only.
-  const double loss = losses[1][3];
-  EXPECT_NEAR(losses[0][3], loss, kLossTolerance * std::max(1.0, std::fabs(loss)));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const bool special = t % again < 3;
+    if (special) {  // the non-finite rows: the same value on both kernels
+      const bool same =
+          std::isnan(losses[0][t]) ? std::isnan(losses[1][t]) : losses[0][t] == losses[1][t];
+      EXPECT_TRUE(same) << "row " << t << ": " << losses[0][t] << " and " << losses[1][t];
+    } else {  // the finite rows: the two kernels' sums differ in rounding only
+      const double loss = losses[1][t];
+      ASSERT_TRUE(std::isfinite(losses[0][t])) << "row " << t;
+      EXPECT_NEAR(losses[0][t], loss, kLossTolerance * std::max(1.0, std::fabs(loss)))
+          << "row " << t;
+    }
+  }
 }
 
 // ---- sum of squares -------------------------------------------------------------------------
