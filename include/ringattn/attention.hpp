@@ -74,7 +74,7 @@ struct BackwardArgs {
   Mask mask;
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU block always is)
   bool overwrite_key_gradients = false;
-  KeyRotation key_rotation;
+  KeyRotation key_rotation{};
 };
 
 // Reads the shapes from the views and checks everything a kernel relies on (ranks, matching
