@@ -485,19 +485,110 @@ __global__ void rmsnorm_dg_reduce_kernel(float* dg, const float* partial, std::i
   }
 }
 
-// Both at once where dim = 256 kChunks (up to 1024) and g is 16-byte aligned, in one pass over x,
-// dy (and dx, when added to) held in registers, all of a row's loads in flight together: dx as
-// rmsnorm_backward_dx_kernel computes it, and dg's partial sums with rmsnorm_dg_partial_kernel's
-// row ranges and order. Block y owns range y; its warp w takes the range's rows w, w + 8, ...;
-// lane l sums its columns 8 l + 256 j + {0..7} over them in its warp's row of shared memory, and
-// the block adds its warps' sums in warp order into out = dg (`accumulate`, one range) or
-// out = partial[y]. The same sums, bitwise, as the two-kernel path.
-// Two blocks an SM (128 registers): g is read again from L1 for dx rather than held.
+// 8 bf16 as fp32 (exact), as load_bf16<8> converts them.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float (&v)[8]) {
+  const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = bf16_bits_to_float(words[k] & 0xffffu);
+    v[2 * k + 1] = bf16_bits_to_float(words[k] >> 16);
+  }
+}
+
+// The same values by byte permutes. rmsnorm_backward_row's dx pass converts x and dy again from
+// their raw bits rather than keeping the dot pass's 64 fp32 values across the reduction (beside
+// the next row's registers they would spill); a conversion written differently from the dot
+// pass's is one the compiler does not merge with it.
+__device__ __forceinline__ void unpack_bf16x8_prmt(const uint4& raw, float (&v)[8]) {
+  const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    v[2 * k] = __uint_as_float(__byte_perm(words[k], 0u, 0x1044u));
+    v[2 * k + 1] = __uint_as_float(__byte_perm(words[k], 0u, 0x3244u));
+  }
+}
+
+// A row's x and dy as they lie in memory, lane l holding its columns 8 l + 256 j + {0..7} in
+// chunk j (8 bf16 to a uint4), and the row's inv_rms.
 template <int kChunks>
+struct RmsNormRowBits {
+  uint4 x[kChunks], dy[kChunks];
+  float inv;
+};
+
+// Issues the loads of `row` into `bits`; the warp waits for them only where it reads the bits.
+template <int kChunks>
+__device__ __forceinline__ void load_rmsnorm_row(RmsNormRowBits<kChunks>& bits, const bf16* dy,
+                                                 const bf16* x, const float* inv_rms,
+                                                 std::int64_t row, int lane) {
+  constexpr int kDim = 256 * kChunks;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const std::int64_t i = row * kDim + 256 * j + 8 * lane;
+    bits.x[j] = *reinterpret_cast<const uint4*>(x + i);
+    bits.dy[j] = *reinterpret_cast<const uint4*>(dy + i);
+  }
+  bits.inv = inv_rms[row];
+}
+
+// One row of rmsnorm_backward_rows_kernel from its bits and dx's old values (`before`, raw bf16;
+// zeros without kAdd): dx written, dy * x * inv added to the warp's partial sums. As each chunk's
+// old values are read, the load of the `ahead` row's (if has_ahead) is issued into their
+// registers.
+template <int kChunks, bool kAdd>
+__device__ __forceinline__ void rmsnorm_backward_row(bf16* dx, float* partial, const float* g,
+                                                     const RmsNormRowBits<kChunks>& bits,
+                                                     uint4 (&before)[kChunks], std::int64_t row,
+                                                     std::int64_t ahead, bool has_ahead, int lane) {
+  constexpr int V = 8;
+  constexpr int kDim = 32 * V * kChunks;
+  const float inv = bits.inv;
+  float dot = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    float xv[V], dyv[V], gv[V];
+    unpack_bf16x8(bits.x[j], xv);
+    unpack_bf16x8(bits.dy[j], dyv);
+    load_f32<V>(g + 32 * V * j + lane * V, gv);
+    add_rmsnorm_dot<V>(dot, xv, dyv, gv);
+  }
+  dot = warp_sum(dot);
+  const float mean = dot * inv / static_cast<float>(kDim);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int c = 32 * V * j + lane * V;
+    float xv[V], dyv[V], out[V], gv[V], sum[V];
+    unpack_bf16x8_prmt(bits.x[j], xv);
+    unpack_bf16x8_prmt(bits.dy[j], dyv);
+    unpack_bf16x8(before[j], out);
+    if (kAdd && has_ahead) before[j] = *reinterpret_cast<const uint4*>(dx + ahead * kDim + c);
+    load_f32<V>(g + c, gv);
+    write_rmsnorm_dx<V>(dx + row * kDim + c, out, xv, dyv, gv, inv, mean);
+    load_f32<V>(partial + c, sum);
+#pragma unroll
+    for (int k = 0; k < V; ++k) sum[k] += dyv[k] * xv[k] * inv;
+    store_f32<V>(partial + c, sum);
+  }
+}
+
+// Both at once where dim = 256 kChunks (up to 1024) and g is 16-byte aligned, in one pass over x,
+// dy (and dx, when added to: kAdd) held in registers: dx as rmsnorm_backward_dx_kernel computes
+// it, and dg's partial sums with rmsnorm_dg_partial_kernel's row ranges and order. Block y owns
+// range y; its warp w takes the range's rows w, w + 8, ...; lane l sums its columns
+// 8 l + 256 j + {0..7} over them in its warp's row of shared memory, and the block adds its
+// warps' sums in warp order into out = dg (`accumulate`, one range) or out = partial[y]. The same
+// sums, bitwise, as the two-kernel path.
+// A warp's rows are pipelined so that its loads are in flight while it computes: the next row's
+// x and dy are loaded before the current row's arithmetic, as raw bf16 into a second set of
+// registers (the loop takes two rows a turn, the sets alternating without copies), and its old dx
+// values chunk by chunk into the current row's registers as these are read. Each row's
+// arithmetic is the same, in the same order, as with one row at a time.
+// Two blocks an SM (128 registers): g is read again from L1 for dx rather than held.
+template <int kChunks, bool kAdd>
 __global__ void __launch_bounds__(kThreads, 2)
     rmsnorm_backward_rows_kernel(bf16* dx, float* out, const bf16* dy, const bf16* x,
                                  const float* g, const float* inv_rms, std::int64_t rows,
-                                 std::int64_t rows_per_range, bool add, bool accumulate) {
+                                 std::int64_t rows_per_range, bool accumulate) {
   constexpr int V = 8;
   constexpr int kDim = 32 * V * kChunks;
   __shared__ __align__(16) float sums[kWarpsPerBlock][kDim];
@@ -511,39 +602,28 @@ __global__ void __launch_bounds__(kThreads, 2)
     const float zeros[V] = {};
     store_f32<V>(partial + 32 * V * j + lane * V, zeros);
   }
-  for (std::int64_t row = begin + warp; row < end; row += kWarpsPerBlock) {
-    const bf16* xr = x + row * kDim;
-    const bf16* dyr = dy + row * kDim;
-    bf16* dxr = dx + row * kDim;
-    float xv[kChunks][V], dyv[kChunks][V], before[kChunks][V];
+  std::int64_t row = begin + warp;
+  RmsNormRowBits<kChunks> even, odd;
+  uint4 before[kChunks] = {};
+  if (row < end) {
+    load_rmsnorm_row<kChunks>(even, dy, x, inv_rms, row, lane);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
-      const int c = 32 * V * j + lane * V;
-      load_bf16<V>(xr + c, xv[j]);
-      load_bf16<V>(dyr + c, dyv[j]);
-      load_dx_before<V>(dxr + c, add, before[j]);
+      const std::int64_t i = row * kDim + 32 * V * j + lane * V;
+      if (kAdd) before[j] = *reinterpret_cast<const uint4*>(dx + i);
     }
-    const float inv = inv_rms[row];
-    float dot = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float gv[V];
-      load_f32<V>(g + 32 * V * j + lane * V, gv);
-      add_rmsnorm_dot<V>(dot, xv[j], dyv[j], gv);
-    }
-    dot = warp_sum(dot);
-    const float mean = dot * inv / static_cast<float>(kDim);
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int c = 32 * V * j + lane * V;
-      float gv[V], sum[V];
-      load_f32<V>(g + c, gv);
-      write_rmsnorm_dx<V>(dxr + c, before[j], xv[j], dyv[j], gv, inv, mean);
-      load_f32<V>(partial + c, sum);
-#pragma unroll
-      for (int k = 0; k < V; ++k) sum[k] += dyv[j][k] * xv[j][k] * inv;
-      store_f32<V>(partial + c, sum);
-    }
+  }
+  while (row < end) {
+    std::int64_t ahead = row + kWarpsPerBlock;
+    if (ahead < end) load_rmsnorm_row<kChunks>(odd, dy, x, inv_rms, ahead, lane);
+    rmsnorm_backward_row<kChunks, kAdd>(dx, partial, g, even, before, row, ahead, ahead < end,
+                                        lane);
+    row = ahead;
+    if (row >= end) break;
+    ahead = row + kWarpsPerBlock;
+    if (ahead < end) load_rmsnorm_row<kChunks>(even, dy, x, inv_rms, ahead, lane);
+    rmsnorm_backward_row<kChunks, kAdd>(dx, partial, g, odd, before, row, ahead, ahead < end, lane);
+    row = ahead;
   }
   __syncthreads();
   for (int c = threadIdx.x; c < kDim; c += kThreads) {
@@ -950,9 +1030,11 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
   const bool add = dx_write == Write::add;
   const bool vectors = s.dim % 8 == 0 && aligned(dx, 16) && aligned(dy, 16) && aligned(x, 16);
   const auto rows_kernel = [&](auto chunks) {
-    rmsnorm_backward_rows_kernel<decltype(chunks)::value>
-        <<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
-            dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, add, ranges == 1);
+    constexpr int kChunks = decltype(chunks)::value;
+    const auto kernel = add ? rmsnorm_backward_rows_kernel<kChunks, true>
+                            : rmsnorm_backward_rows_kernel<kChunks, false>;
+    kernel<<<static_cast<unsigned>(ranges), kThreads, 0, stream>>>(
+        dx, sums, dy, x, g, inv_rms, s.rows, rows_per_range, ranges == 1);
   };
   const bool rows = vectors && aligned(g, 16);
   if (!(rows && with_row_chunks(s.dim, rows_kernel))) {
