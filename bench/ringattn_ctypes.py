@@ -32,7 +32,8 @@ class BackwardParams(ctypes.Structure):
                 ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
                 ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32),
                 ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64),
-                ("overwrite_key_gradients", ctypes.c_int32)]
+                ("overwrite_key_gradients", ctypes.c_int32),
+                ("key_rotation_cos", Tensor), ("key_rotation_sin", Tensor)]
 
 
 def describe(t):

@@ -123,6 +123,13 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
                           offsetof(ringattn_backward_params_t, overwrite_key_gradients),
                           sizeof(params->overwrite_key_gradients)) &&
         params->overwrite_key_gradients != 0;
+    if (detail::has_field(params->struct_size,
+                          offsetof(ringattn_backward_params_t, key_rotation_sin),
+                          sizeof(params->key_rotation_sin)) &&
+        (params->key_rotation_cos.rank != 0 || params->key_rotation_sin.rank != 0)) {
+      args.key_rotation = {to_view(params->key_rotation_cos, "key_rotation.cos", kWhere),
+                           to_view(params->key_rotation_sin, "key_rotation.sin", kWhere)};
+    }
     flash_backward(args, stream);
   });
 }

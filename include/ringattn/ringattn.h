@@ -47,7 +47,7 @@ typedef struct ringattn_tensor {
   void* data;
   int32_t dtype;  /* ringattn_dtype_t */
   int32_t memory; /* ringattn_memory_t */
-  int32_t rank;   /* 3 or 4 */
+  int32_t rank;   /* 3 or 4 (2 for the key rotation's tables) */
   int64_t shape[4];
   int64_t strides[4]; /* elements, not bytes */
 } ringattn_tensor_t;
@@ -79,6 +79,13 @@ typedef struct ringattn_backward_params {
    * still added into. A struct_size that ends before this field (an older caller) means 0.
    * Overwritten dk and dv may have the dtype of q instead (both): rounded once. */
   int32_t overwrite_key_gradients;
+  /* Since 0.3: k holds keys rotated by RoPE, and dk receives the gradient with respect to the
+   * keys before the rotation (see KeyRotation in ringattn/attention.hpp): key_rotation_cos and
+   * key_rotation_sin [k_len, head_dim / 2] (rank 2), the cosines and sines of key row j's
+   * rotation of the pairs (i, i + head_dim / 2), in the accumulator dtype and q's memory, unit
+   * stride along the last axis. Both left zeroed (rank 0): no rotation, as with a struct_size
+   * that ends before them. */
+  ringattn_tensor_t key_rotation_cos, key_rotation_sin;
 } ringattn_backward_params_t;
 
 /* RINGATTN_VERSION_CODE of the library that is running (major * 10000 + minor * 100 + patch). */

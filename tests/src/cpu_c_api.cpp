@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringattn/attention.hpp"
 #include "ringattn/ringattn.h"
+#include "tests/common/attention_testing.hpp"
 #include "tests/common/c_api_testing.hpp"
 #include "tests/common/random.hpp"
 
@@ -57,6 +59,25 @@ struct Problem {
     bp.scale = p.scale;
     bp.causal = p.causal;
     return bp;
+  }
+
+  // The forward through the C API, then the backward's prepare for a random dO drawn from rng.
+  struct Prepared {
+    ringattn_forward_params_t p{};
+    std::vector<double> dout, delta;
+    ringattn_tensor_t dout_t{}, delta_t{};  // describe dout and delta, filled in place
+  };
+  void forward_and_prepare(Prepared& out, std::mt19937_64& rng) {
+    out.p = params();
+    ASSERT_EQ(ringattn_attention_forward(&out.p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+    out.dout = ringattn::test::normal_vector<double>(o.size(), rng);
+    out.delta.assign(lse.size(), 0.0);
+    ringattn_tensor_t o_t = describe(o, {B, S, Hq, D});
+    out.dout_t = describe(out.dout, {B, S, Hq, D});
+    out.delta_t = describe(out.delta, {B, Hq, S});
+    ASSERT_EQ(ringattn_attention_backward_prepare(&o_t, &out.dout_t, &out.delta_t, nullptr),
+              RINGATTN_SUCCESS)
+        << ringattn_last_error();
   }
 };
 
@@ -114,16 +135,11 @@ TEST(CApi, HostForwardAndBackwardEqualTheCppBlock) {
 TEST(CApi, BackwardOverwritesKeyGradientsWhenTheStructHasTheField) {
   SCOPED_TRACE(ringattn::test::seed_trace());
   Problem problem;
-  ringattn_forward_params_t p = problem.params();
-  ASSERT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
-  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, D = Problem::D;
   std::mt19937_64 rng = ringattn::test::make_rng(9);
-  std::vector<double> dout = ringattn::test::normal_vector<double>(problem.o.size(), rng);
-  std::vector<double> delta(problem.lse.size());
-  ringattn_tensor_t o_t = describe(problem.o, {B, S, Hq, D}), do_t = describe(dout, {B, S, Hq, D});
-  ringattn_tensor_t delta_t = describe(delta, {B, Hq, S});
-  ASSERT_EQ(ringattn_attention_backward_prepare(&o_t, &do_t, &delta_t, nullptr), RINGATTN_SUCCESS)
-      << ringattn_last_error();
+  Problem::Prepared prepared;
+  ASSERT_NO_FATAL_FAILURE(problem.forward_and_prepare(prepared, rng));
+  const ringattn_forward_params_t& p = prepared.p;
+  const ringattn_tensor_t &do_t = prepared.dout_t, &delta_t = prepared.delta_t;
   struct Gradients {
     std::vector<double> dq, dk, dv;
   };
@@ -154,6 +170,60 @@ TEST(CApi, BackwardOverwritesKeyGradientsWhenTheStructHasTheField) {
   bp.struct_size = first_size - 8;
   EXPECT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ringattn_last_error()).find("struct_size is " + std::to_string(first_size - 8)),
+            std::string::npos)
+      << ringattn_last_error();
+}
+
+// key_rotation_cos and key_rotation_sin, appended to the backward's struct in 0.3: dk is the
+// call's without them rotated back (test::rotate_keys_back) to f64 rounding, dq and dv bitwise
+// the same; zeroed fields, or a struct_size of 0.2 (which ends before them) with tables in memory
+// past it, leave dk as without them; a table of the wrong shape is named.
+TEST(CApi, BackwardUndoesTheKeysRotationWhenTheStructHasTheTables) {
+  SCOPED_TRACE(ringattn::test::seed_trace());
+  Problem problem;
+  std::mt19937_64 rng = ringattn::test::make_rng(10);
+  Problem::Prepared prepared;
+  ASSERT_NO_FATAL_FAILURE(problem.forward_and_prepare(prepared, rng));
+  const ringattn_forward_params_t& p = prepared.p;
+  const ringattn_tensor_t &do_t = prepared.dout_t, &delta_t = prepared.delta_t;
+  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, Hkv = Problem::Hkv,
+                     D = Problem::D;
+  ringattn::test::KeyRotationTables<double> tables =
+      ringattn::test::random_key_rotation<double>(S, D, rng);
+  struct Gradients {
+    std::vector<double> dq, dk, dv;
+  };
+  auto run = [&](std::size_t struct_size, bool with_tables, std::int64_t table_rows = Problem::S) {
+    Gradients g{std::vector<double>(problem.o.size(), 0.0),
+                std::vector<double>(problem.k.size(), 0.0),
+                std::vector<double>(problem.k.size(), 0.0)};
+    ringattn_backward_params_t bp = problem.backward_params(p, do_t, delta_t, g.dq, g.dk, g.dv);
+    bp.struct_size = struct_size;
+    bp.overwrite_key_gradients = 1;
+    if (with_tables) {
+      bp.key_rotation_cos = describe(tables.cos, {table_rows, D / 2});
+      bp.key_rotation_sin = describe(tables.sin, {table_rows, D / 2});
+    }
+    const ringattn_status_t status = ringattn_attention_backward(&bp, nullptr);
+    return std::make_pair(status, g);
+  };
+  const auto [plain_status, plain] = run(sizeof(ringattn_backward_params_t), false);
+  ASSERT_EQ(plain_status, RINGATTN_SUCCESS) << ringattn_last_error();
+  const auto [status, turned] = run(sizeof(ringattn_backward_params_t), true);
+  ASSERT_EQ(status, RINGATTN_SUCCESS) << ringattn_last_error();
+  std::vector<double> expected, magnitude;
+  ringattn::test::rotate_keys_back(plain.dk, {B, S, S, Hq, Hkv, D}, tables, expected, magnitude);
+  EXPECT_TRUE(ringattn::test::Close("dk (rotated back)", turned.dk, expected, 1e-12));
+  EXPECT_EQ(turned.dq, plain.dq);
+  EXPECT_EQ(turned.dv, plain.dv);
+  const auto [older_status, older] =
+      run(offsetof(ringattn_backward_params_t, key_rotation_cos), true);
+  ASSERT_EQ(older_status, RINGATTN_SUCCESS) << ringattn_last_error();
+  EXPECT_EQ(older.dk, plain.dk);
+
+  const auto [bad_status, bad] = run(sizeof(ringattn_backward_params_t), true, S - 1);
+  EXPECT_EQ(bad_status, RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("key_rotation.cos has shape [32, 8]"),
             std::string::npos)
       << ringattn_last_error();
 }
