@@ -118,12 +118,6 @@ double clip_factor(double global_sum_of_squares, double max_norm) {
   return std::min(1.0, max_norm / (std::sqrt(global_sum_of_squares) + 1e-6));
 }
 
-float step_clip_factor(double global_sum_of_squares, double max_norm) {
-  if (!std::isfinite(global_sum_of_squares)) return std::numeric_limits<float>::quiet_NaN();
-  if (!(max_norm > 0.0)) return 1.0f;
-  return std::min(1.0f, static_cast<float>(clip_factor(global_sum_of_squares, max_norm)));
-}
-
 void scale_buffers(std::span<const std::span<float>> buffers, float factor) {
   constexpr const char* kWhere = "train::cpu::scale_buffers";
   for (std::size_t b = 0; b < buffers.size(); ++b) {

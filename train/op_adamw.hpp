@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string_view>
 
@@ -90,6 +91,24 @@ RINGATTN_TRAIN_HOST_DEVICE inline float adamw_update(float* params, const float*
   return p;
 }
 
+// The multiplier a training step applies to its gradients: min(1, float(clip_factor)), 1 without
+// clipping (max_norm <= 0), NaN for a sum that is not finite (the step is then skipped). The
+// same operations on the host and on the device (cuda::queue_clip_factor's kernel).
+RINGATTN_TRAIN_HOST_DEVICE inline float step_clip_factor(double global_sum_of_squares,
+                                                         double max_norm) {
+#if defined(__CUDA_ARCH__)
+  if (!isfinite(global_sum_of_squares)) return __int_as_float(0x7fc00000);
+  const double root = sqrt(global_sum_of_squares);
+#else
+  if (!std::isfinite(global_sum_of_squares)) return std::numeric_limits<float>::quiet_NaN();
+  const double root = std::sqrt(global_sum_of_squares);
+#endif
+  if (!(max_norm > 0.0)) return 1.0f;
+  const double factor = max_norm / (root + 1e-6);  // then min(1, .), as clip_factor forms it
+  const float rounded = static_cast<float>(factor < 1.0 ? factor : 1.0);
+  return rounded < 1.0f ? rounded : 1.0f;
+}
+
 #undef RINGATTN_TRAIN_HOST_DEVICE
 
 // One step on one tensor: params, m, v updated in place; step counts steps taken including this
@@ -105,10 +124,6 @@ double sum_of_squares(std::span<const std::span<const float>> buffers);
 // min(1, max_norm / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_). A non-finite sum gives a
 // non-finite factor, for the caller's NaN check to catch.
 double clip_factor(double global_sum_of_squares, double max_norm);
-
-// The multiplier a training step applies to its gradients: min(1, float(clip_factor)), 1 without
-// clipping (max_norm <= 0), NaN for a sum that is not finite (the step is then skipped).
-float step_clip_factor(double global_sum_of_squares, double max_norm);
 
 // buffers[i][j] *= factor.
 void scale_buffers(std::span<const std::span<float>> buffers, float factor);

@@ -87,4 +87,37 @@ class ThreadCountGuard {
 template <typename T>
 constexpr double kTolerance = sizeof(T) == sizeof(double) ? 1e-12 : 1e-5;
 
+// The inputs of the clip-and-step tests (the CPU backend's and the CUDA ops'): a random AdamW
+// state of n elements and its gradients, with the gradients' norm; and the clips against that
+// norm: one that bites, one that does not, none (max_norm 0), and a NaN gradient.
+struct AdamWState {
+  std::vector<float> params, m, v, grads;
+  double norm = 0.0;
+};
+
+inline AdamWState random_adamw_state(std::size_t n, std::mt19937_64& rng) {
+  AdamWState s;
+  s.params = normal_vector<float>(n, rng);
+  s.m = normal_vector<float>(n, rng, 0.01);
+  s.v = normal_vector<float>(n, rng, 0.001);
+  for (float& x : s.v) x *= x;
+  s.grads = normal_vector<float>(n, rng, 0.1);
+  for (const float x : s.grads) s.norm += static_cast<double>(x) * x;
+  s.norm = std::sqrt(s.norm);
+  return s;
+}
+
+struct ClipCase {
+  const char* name;
+  double max_norm;
+  bool nan_gradient;
+};
+
+inline std::vector<ClipCase> clip_cases(double norm) {
+  return {{"clipped", 0.3 * norm, false},
+          {"not clipped", 2.0 * norm, false},
+          {"no clip", 0.0, false},
+          {"NaN gradient", 1.0, true}};
+}
+
 }  // namespace ringattn::test

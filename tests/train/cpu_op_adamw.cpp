@@ -156,20 +156,13 @@ TEST(AdamW, BackendClipStepsWithTheTrainersFactor) {
                                                    {300, WeightDecay::apply}};
   const std::size_t n = 1003;
   const AdamWHyper h{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  const std::vector<float> p0 = test::normal_vector<float>(n, rng);
-  const std::vector<float> m0 = test::normal_vector<float>(n, rng, 0.01);
-  std::vector<float> v0 = test::normal_vector<float>(n, rng, 0.001);
-  for (float& x : v0) x *= x;
-  std::vector<float> g = test::normal_vector<float>(n, rng, 0.1);
-  const std::span<const float> all[] = {g};
-  const double norm = std::sqrt(cpu::sum_of_squares(all));
-  struct Case {
-    const char* name;
-    double max_norm;
-    bool nan_gradient;
-  };
-  for (const Case& c : {Case{"clipped", 0.3 * norm, false}, Case{"not clipped", 2.0 * norm, false},
-                        Case{"no clip", 0.0, false}, Case{"NaN gradient", 1.0, true}}) {
+  test::AdamWState state = test::random_adamw_state(n, rng);
+  const std::vector<float>& p0 = state.params;
+  const std::vector<float>& m0 = state.m;
+  const std::vector<float>& v0 = state.v;
+  std::vector<float>& g = state.grads;
+  const double norm = state.norm;
+  for (const test::ClipCase& c : test::clip_cases(norm)) {
     SCOPED_TRACE(c.name);
     if (c.nan_gradient) g[555] = std::numeric_limits<float>::quiet_NaN();
     CpuBackend<float> by_hand, queued;

@@ -52,6 +52,7 @@
 #include "ringattn/error.hpp"
 #include "src/cuda/device_buffer.hpp"
 #include "tests/common/bf16_testing.hpp"
+#include "tests/common/op_testing.hpp"
 #include "tests/common/random.hpp"
 #include "tests/train/expect_error.hpp"
 #include "train/cuda/ops.hpp"
@@ -600,21 +601,12 @@ TEST(CudaAdamW, ClipOnTheDeviceMatchesTheHostsBitwise) {
   PinnedArray<double> h_partials(kPartials);
   const cuda::SumOfSquaresScratch scratch{d_partials.as<double>(), h_partials.data(),
                                           d_total.as<double>(), d_factor.as<float>()};
-  const std::vector<float> p0 = test::normal_vector<float>(size, rng);
-  const std::vector<float> m0 = test::normal_vector<float>(size, rng, 0.01);
-  std::vector<float> v0 = test::normal_vector<float>(size, rng, 0.001);
-  for (float& x : v0) x = x * x;
-  std::vector<float> g = test::normal_vector<float>(size, rng, 0.1);
-  double norm = 0.0;
-  for (const float x : g) norm += static_cast<double>(x) * x;
-  norm = std::sqrt(norm);
-  struct Case {
-    const char* name;
-    double max_norm;
-    bool nan_gradient;
-  };
-  for (const Case& c : {Case{"clipped", 0.3 * norm, false}, Case{"not clipped", 2.0 * norm, false},
-                        Case{"no clip", 0.0, false}, Case{"NaN gradient", 1.0, true}}) {
+  test::AdamWState state = test::random_adamw_state(size, rng);
+  const std::vector<float>& p0 = state.params;
+  const std::vector<float>& m0 = state.m;
+  const std::vector<float>& v0 = state.v;
+  std::vector<float>& g = state.grads;
+  for (const test::ClipCase& c : test::clip_cases(state.norm)) {
     SCOPED_TRACE(c.name);
     if (c.nan_gradient) g[77777] = std::numeric_limits<float>::quiet_NaN();
     const DeviceBuffer d_grads = to_device(g, st);
@@ -649,7 +641,7 @@ TEST(CudaAdamW, ClipOnTheDeviceMatchesTheHostsBitwise) {
           << total << " on the host, " << device_total << " on the device";
       EXPECT_EQ(std::memcmp(&factor, &device_factor, sizeof(float)), 0)
           << factor << " on the host, " << device_factor << " on the device";
-      if (c.max_norm > 0.0 && c.max_norm < norm) {
+      if (c.max_norm > 0.0 && c.max_norm < state.norm) {
         EXPECT_LT(factor, 0.31f);
       }
     }

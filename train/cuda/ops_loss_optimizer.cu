@@ -431,20 +431,14 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 // One thread: the partials summed in order in double, as sum_of_squares sums them on the host
-// (the same additions: the same total), and cpu::step_clip_factor of that total, repeated here
-// operation for operation (the test holds the two to the bit).
+// (the same additions: the same total), and cpu::step_clip_factor of that total (the host's
+// function, compiled for the device: the test holds the two to the bit).
 __global__ void clip_factor_kernel(double* total, float* factor, const double* partials,
                                    std::int64_t blocks, double max_norm) {
   double sum = 0.0;
   for (std::int64_t b = 0; b < blocks; ++b) sum += partials[b];
   *total = sum;
-  float f = 1.0f;
-  if (!isfinite(sum)) {
-    f = __int_as_float(0x7fc00000);
-  } else if (max_norm > 0.0) {
-    f = fminf(1.0f, static_cast<float>(fmin(1.0, max_norm / (sqrt(sum) + 1e-6))));
-  }
-  *factor = f;
+  *factor = cpu::step_clip_factor(sum, max_norm);
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------
