@@ -8,10 +8,10 @@
 //              fill_zero, copy, to_act (Acc or Master -> Act where they differ), stream()
 //   ops        embedding, rmsnorm, matmul, rope (set_rope once; where Acc and Act differ, also
 //              rope_backward(Act*, const Acc*, shape): the rotation from Acc, rounded once, with
-//              the rest of each token row converted, and rope_backward(Act*, const Acc*,
-//              acc_heads, shape): the first acc_heads heads from Acc, the others in place, the
-//              rest of the rows left alone; and key_rotation(): the tables of the local tokens'
-//              rotation as the attention's KeyRotation), swiglu, cross_entropy, sum_of_squares,
+//              the rest of each token row converted, and rope_backward_heads(Act*, const Acc*,
+//              shape): the same over the heads alone, the rest of the rows left as they are; and
+//              key_rotation(): the tables of the local tokens' rotation as the attention's
+//              KeyRotation), swiglu, cross_entropy, sum_of_squares,
 //              queue_clip (the sum of squares and its cpu::step_clip_factor, not waited for),
 //              adamw_clipped (one call over consecutive tensors, a cpu::AdamWSegment each, with
 //              that factor; none when it is not finite), clip_total (waits for the sum),
@@ -482,7 +482,8 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
       timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), {n, hq + hkv, hd, row}); });
     } else if (rounded_keys) {
       // q's heads from Acc; k's and v's are final.
-      timed("rope.backward", [&] { be.rope_backward(dqkv_.data(), dqkv_acc, hq, {n, hq, hd, row}); });
+      timed("rope.backward",
+            [&] { be.rope_backward_heads(dqkv_.data(), dqkv_acc, {n, hq, hd, row}); });
     } else {
       // One rotation over q's and k's hq + hkv heads, with v's converted to Act in the same pass.
       timed("rope.backward", [&] {

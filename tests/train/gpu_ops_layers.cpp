@@ -709,14 +709,12 @@ TEST(CudaLayerOps, RopeBackwardFromFp32MatchesTwinRoundedOnce) {
   }
 }
 
-// rope_backward with only dQ in fp32 (acc_heads = q_heads): q's heads rotated from dx_acc, whose
-// k and v columns are NaN (never read); k's heads rotated in place from dx's bf16 values (or, with
-// shape.heads = q_heads, left alone as a dK rotated back by the attention); v's left bitwise as
-// they were. The twin rotates an fp32 row of dx_acc's q and dx's k; the same bound as above.
-void check_rope_split(const RopeFromAccCase& rc, bool rotate_k, std::mt19937_64& rng,
-                      cudaStream_t stream) {
-  SCOPED_TRACE(rc.name + (rotate_k ? ", dQ alone in fp32" : ", dQ alone in fp32, k left alone"));
-  const std::int64_t heads = rc.q_heads + (rotate_k ? rc.kv_heads : 0), d = rc.head_dim;
+// rope_backward_heads with only dQ in fp32 (shape.heads = q_heads): q's heads rotated from dx_acc,
+// whose k and v columns are NaN (never read); k's and v's left bitwise as they were (as the
+// attention wrote them). The twin rotates an fp32 row of dx_acc's q; the same bound as above.
+void check_rope_heads(const RopeFromAccCase& rc, std::mt19937_64& rng, cudaStream_t stream) {
+  SCOPED_TRACE(rc.name + ", dQ alone in fp32");
+  const std::int64_t heads = rc.q_heads, d = rc.head_dim;
   const std::int64_t token_stride = (rc.q_heads + 2 * rc.kv_heads) * d;
   const std::int64_t count = rc.tokens * token_stride;
   const std::vector<std::int64_t> positions =
@@ -737,8 +735,8 @@ void check_rope_split(const RopeFromAccCase& rc, bool rotate_k, std::mt19937_64&
   const DeviceBuffer d_cos = to_device(table.cos, stream);
   const DeviceBuffer d_sin = to_device(table.sin, stream);
   const cpu::RopeShape shape{rc.tokens, heads, d, token_stride};
-  cuda::rope_backward(as_bf16(d_dx, rc.dx_offset), d_acc.as<float>() + rc.acc_offset, rc.q_heads,
-                      d_cos.as<float>(), d_sin.as<float>(), rc.table_rows, shape, stream);
+  cuda::rope_backward_heads(as_bf16(d_dx, rc.dx_offset), d_acc.as<float>() + rc.acc_offset,
+                            d_cos.as<float>(), d_sin.as<float>(), rc.table_rows, shape, stream);
   const Bits out = download<std::uint16_t>(as_bf16(d_dx, rc.dx_offset), count, stream);
   cpu::rope_backward<float>(ref, positions_of_tokens(positions, rc.tokens), shape, kTheta);
 
@@ -753,8 +751,7 @@ void check_rope_split(const RopeFromAccCase& rc, bool rotate_k, std::mt19937_64&
       in_kept.push_back(dx_in[rc.dx_offset + i]);
     }
   }
-  EXPECT_TRUE(WithinBf16Rounding("rotated elements (q from fp32, k in place)", out_rotated,
-                                 ref_rotated));
+  EXPECT_TRUE(WithinBf16Rounding("q's rotated elements", out_rotated, ref_rotated));
   EXPECT_TRUE(BitwiseEqual("the elements after the rotated heads, untouched", out_kept, in_kept));
 }
 
@@ -763,9 +760,7 @@ TEST(CudaLayerOps, RopeBackwardWithDqAloneInFp32MatchesTwin) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(15);
   CudaStream stream;
-  for (const RopeFromAccCase& rc : rope_from_acc_cases()) {
-    for (const bool rotate_k : {true, false}) check_rope_split(rc, rotate_k, rng, stream.get());
-  }
+  for (const RopeFromAccCase& rc : rope_from_acc_cases()) check_rope_heads(rc, rng, stream.get());
 }
 
 // ---- SwiGLU ---------------------------------------------------------------------------------
@@ -930,14 +925,14 @@ TEST(CudaLayerOps, ArgumentErrorsNameTheArgument) {
       {"train::cuda::rope_backward", "dx_acc is null"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
-        cuda::rope_backward(b, f, 3, f, f, 1, {1, 2, 8, 24}, stream);
+        cuda::rope_backward_heads(b, nullptr, f, f, 1, {1, 2, 8, 24}, stream);
       },
-      {"train::cuda::rope_backward", "dx_acc holds 3 heads", "at most shape.heads = 2"}));
+      {"train::cuda::rope_backward_heads", "dx_acc is null"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
-        cuda::rope_backward(b, f, 0, f, f, 1, {1, 2, 8, 24}, stream);
+        cuda::rope_backward_heads(b, f, f, f, 1, {1, 3, 8, 16}, stream);
       },
-      {"train::cuda::rope_backward", "acc_heads is 0"}));
+      {"train::cuda::rope_backward_heads", "shape.token_stride is 16", "24"}));
   EXPECT_TRUE(throws_error_with(
       [&] {
         cuda::rope_backward(nullptr, f, f, f, 1, {1, 1, 8, 24}, stream);

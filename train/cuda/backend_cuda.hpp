@@ -91,8 +91,8 @@ class CudaBackend {
   void rope_backward(Act* dx, const cpu::RopeShape& s);
   // dx = bf16(R^T dx_acc) over the heads of s, the rest of each token row converted as it is.
   void rope_backward(Act* dx, const float* dx_acc, const cpu::RopeShape& s);
-  // Only the first acc_heads heads from dx_acc, the others in place, the rest of the rows alone.
-  void rope_backward(Act* dx, const float* dx_acc, std::int64_t acc_heads, const cpu::RopeShape& s);
+  // The same over the heads of s alone, the rest of each token row left as it is.
+  void rope_backward_heads(Act* dx, const float* dx_acc, const cpu::RopeShape& s);
   // The rotation's tables [local tokens, head_dim / 2] as the attention's KeyRotation (set_rope's).
   KeyRotation key_rotation() const;
   void swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s);

@@ -184,10 +184,9 @@ void CudaBackend::rope_backward(Act* dx, const float* dx_acc, const cpu::RopeSha
   cuda::rope_backward(dx, dx_acc, rope_cos_.data(), rope_sin_.data(), rope_rows_, s, stream_.get());
 }
 
-void CudaBackend::rope_backward(Act* dx, const float* dx_acc, std::int64_t acc_heads,
-                                const cpu::RopeShape& s) {
-  cuda::rope_backward(dx, dx_acc, acc_heads, rope_cos_.data(), rope_sin_.data(), rope_rows_, s,
-                      stream_.get());
+void CudaBackend::rope_backward_heads(Act* dx, const float* dx_acc, const cpu::RopeShape& s) {
+  cuda::rope_backward_heads(dx, dx_acc, rope_cos_.data(), rope_sin_.data(), rope_rows_, s,
+                            stream_.get());
 }
 
 void CudaBackend::swiglu_forward(Act* out, const Act* gu, const cpu::SwigluShape& s) {
@@ -265,7 +264,6 @@ double CudaBackend::clip_total() {
   RINGATTN_CUDA_CHECK(cudaEventSynchronize(clip_total_copied_.get()));
   return host_norm_partials_.data()[0];
 }
-
 
 void CudaBackend::begin_interval(std::size_t i) {
   while (interval_events_.size() < 2 * (i + 1)) {

@@ -91,13 +91,11 @@ void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t ta
 // backward of q's and k's rotations in one pass.
 void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
                    std::int64_t table_rows, const cpu::RopeShape& shape, cudaStream_t stream);
-// The same where only dQ arrives in fp32: heads [0, acc_heads) rotated from dx_acc, the other heads
-// of shape (dK, written in bf16 by a one-rank ring) rotated in place in dx, and the rest of each
-// token row left alone: dV, and dK too where shape.heads == acc_heads (a dK that the attention
-// wrote rotated back already).
-void rope_backward(bf16* dx, const float* dx_acc, std::int64_t acc_heads, const float* cos,
-                   const float* sin, std::int64_t table_rows, const cpu::RopeShape& shape,
-                   cudaStream_t stream);
+// The same over the heads alone, the rest of each token row left as it is in dx: where only dQ
+// arrives in fp32, and dK and dV were written in bf16 (dK rotated back) by the attention.
+void rope_backward_heads(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
+                         std::int64_t table_rows, const cpu::RopeShape& shape,
+                         cudaStream_t stream);
 
 // ---- SwiGLU --------------------------------------------------------------------------------
 

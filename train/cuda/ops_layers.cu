@@ -671,14 +671,14 @@ __device__ __forceinline__ void load_values(const float* p, float (&v)[V]) {
 
 // One block per token (blockIdx.x), its threads over the token's groups of V consecutive pairs
 // (i, i + half) of a head; half % V == 0. Backward (inverse = true) rotates by -angle. The pairs
-// of the first src_heads heads are read from src, those of the others from x, and all are written
-// to x (src == x: in place). Then the `tail` elements that follow the heads in the token's row
-// are written to x as src holds them, in groups of V (tail % V == 0; 0 when in place). Within a
+// are read from src and written to x (src == x: in place). Then the `tail` elements that follow
+// the heads in the token's row are written to x as src holds them, in groups of V (tail % V == 0;
+// 0 when in place or where the rest is left alone). Within a
 // token the indices are 32-bit: one division a group, where a grid over every group of every
 // token divided 64-bit numbers three times a group.
 template <int V, bool inverse, typename Src>
 __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, const float* sin_table,
-                            std::int64_t table_rows, int heads, int src_heads, int head_dim,
+                            std::int64_t table_rows, int heads, int head_dim,
                             std::int64_t token_stride, int tail) {
   const std::int64_t t = blockIdx.x;
   const int half = head_dim / 2;
@@ -693,13 +693,8 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
     const std::int64_t lo = row + h * head_dim + i;
     const std::int64_t hi = lo + half;
     float a[V], b[V];
-    if (h < src_heads) {
-      load_values<V>(src + lo, a);
-      load_values<V>(src + hi, b);
-    } else {
-      load_values<V>(x + lo, a);
-      load_values<V>(x + hi, b);
-    }
+    load_values<V>(src + lo, a);
+    load_values<V>(src + hi, b);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float c = cos_row[i + k];
@@ -722,12 +717,11 @@ __global__ void rope_kernel(bf16* x, const Src* src, const float* cos_table, con
 // The rotation of x's heads by the tables, read from src (named src_name in errors). src == x
 // rotates in place and leaves the rest of each token row alone; another src (fp32, not
 // overlapping x) also writes that rest, src's values as they are: every element of x's token rows
-// is then written once, rounded once. With src_heads (another src): only the first src_heads
-// heads come from src, the others are rotated in place, and the rest is left alone.
+// is then written once, rounded once, unless keep_rest leaves the rest alone.
 template <bool inverse, typename Src>
 void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_view src_name,
           const Src* src, const float* cos, const float* sin, std::int64_t table_rows,
-          const cpu::RopeShape& s, cudaStream_t stream, std::int64_t src_heads = -1) {
+          const cpu::RopeShape& s, cudaStream_t stream, bool keep_rest = false) {
   detail::check_positive(where, "shape.tokens", s.tokens);
   detail::check_positive(where, "shape.heads", s.heads);
   detail::check_positive(where, "shape.head_dim", s.head_dim);
@@ -744,17 +738,9 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
   check_pointer(where, "cos", cos);
   check_pointer(where, "sin", sin);
 
-  // Only the heads are written when src_heads is given (another src holding just the first of
-  // them); the whole row otherwise.
-  const bool heads_only = src_heads >= 0;
-  if (src_heads < 0) src_heads = s.heads;
-  if (src_heads > s.heads) {
-    ringattn::detail::fail(where, src_name, " holds ", src_heads, " heads; expected at most ",
-                           "shape.heads = ", s.heads);
-  }
   const std::int64_t half = s.head_dim / 2;
   const bool in_place = static_cast<const void*>(src) == static_cast<const void*>(x);
-  const std::int64_t tail = in_place || heads_only ? 0 : s.token_stride - s.heads * s.head_dim;
+  const std::int64_t tail = in_place || keep_rest ? 0 : s.token_stride - s.heads * s.head_dim;
   // The widest access every pair group allows: its offset t * token_stride + h * head_dim + i
   // (and + half) is a multiple of V when token_stride, head_dim and half are; so are the tail's
   // groups, from t * token_stride + heads * head_dim.
@@ -778,8 +764,8 @@ void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_
     const std::int64_t groups = std::max(s.heads * half, tail) / V;
     const int threads = static_cast<int>(std::min<std::int64_t>(kThreads, (groups + 31) / 32 * 32));
     rope_kernel<V, inverse, Src><<<static_cast<unsigned>(s.tokens), threads, 0, stream>>>(
-        x, src, cos, sin, table_rows, static_cast<int>(s.heads), static_cast<int>(src_heads),
-        static_cast<int>(s.head_dim), s.token_stride, static_cast<int>(tail));
+        x, src, cos, sin, table_rows, static_cast<int>(s.heads), static_cast<int>(s.head_dim),
+        s.token_stride, static_cast<int>(tail));
   };
   if (fits(8)) {
     launch(std::integral_constant<int, 8>{});
@@ -1108,12 +1094,11 @@ void rope_backward(bf16* dx, const float* dx_acc, const float* cos, const float*
              stream);
 }
 
-void rope_backward(bf16* dx, const float* dx_acc, std::int64_t acc_heads, const float* cos,
-                   const float* sin, std::int64_t table_rows, const cpu::RopeShape& shape,
-                   cudaStream_t stream) {
-  detail::check_positive("train::cuda::rope_backward", "acc_heads", acc_heads);
-  rope<true>("train::cuda::rope_backward", "dx", dx, "dx_acc", dx_acc, cos, sin, table_rows, shape,
-             stream, acc_heads);
+void rope_backward_heads(bf16* dx, const float* dx_acc, const float* cos, const float* sin,
+                         std::int64_t table_rows, const cpu::RopeShape& shape,
+                         cudaStream_t stream) {
+  rope<true>("train::cuda::rope_backward_heads", "dx", dx, "dx_acc", dx_acc, cos, sin, table_rows,
+             shape, stream, true);
 }
 
 // ---- SwiGLU ----------------------------------------------------------------------------------
