@@ -494,6 +494,19 @@ TEST_F(FlashBackwardValidation, KeyRotationTables) {
   args.key_rotation = {good_table, TensorView{}};
   EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(args); },
                                  {"key_rotation.sin has rank 0", "expected rank 2"}));
+
+  // An odd head_dim has no pairs (i, i + D / 2) to rotate.
+  std::mt19937_64 odd_rng = test::make_rng(26);
+  Problem<double> odd(Case{"", {1, 5, 6, 2, 1, 7}, {}}, odd_rng);
+  odd.forward();
+  odd.prepare();
+  GradBuffers<double> odd_grads(odd.s, Layout::contiguous, odd_rng);
+  BackwardArgs odd_args =
+      odd.backward_args(odd_grads.buffers.q, odd_grads.buffers.k, odd_grads.buffers.v);
+  odd_args.key_rotation = {TensorView::contiguous(table.data(), DType::f64, {6, 3}),
+                           TensorView::contiguous(table.data(), DType::f64, {6, 3})};
+  EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(odd_args); },
+                                 {"key_rotation needs an even head_dim", "head_dim 7"}));
 }
 
 TEST_F(FlashBackwardValidation, Prepare) {
