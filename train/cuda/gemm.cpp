@@ -49,7 +49,6 @@
 #include <map>
 #include <memory>
 #include <string_view>
-#include <vector>
 
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
@@ -66,10 +65,6 @@ std::size_t workspace_bytes() {
 }
 constexpr std::uintptr_t kMinAlignment = 16;
 constexpr std::uintptr_t kMaxAlignment = 256;
-// GemmAlgorithms::timed: the heuristic's first this many algorithms are timed, each kTimedRuns
-// times after a warm-up call.
-constexpr int kTimedCandidates = 8;
-constexpr int kTimedRuns = 3;
 
 enum class Product { forward, backward_input, backward_weight };
 
@@ -132,12 +127,9 @@ Problem problem_of(Product product, const cpu::MatmulShape& s) {
 // The descriptors and the algorithm of one Key, destroyed with it.
 class Plan {
  public:
-  // candidates: how many of the heuristic's algorithms to keep (1 to kTimedCandidates); the
-  // first is used until choose_fastest picks another.
-  Plan(cublasLtHandle_t handle, const Key& key, const Problem& p, int candidates,
-       const char* where) {
+  Plan(cublasLtHandle_t handle, const Key& key, const Problem& p, const char* where) {
     try {
-      create(handle, key, p, candidates, where);
+      create(handle, key, p, where);
     } catch (...) {
       release();
       throw;
@@ -157,44 +149,8 @@ class Plan {
           "cublasLtMatmul", where);
   }
 
-  // Times each kept candidate on these operands into d_scratch (which stands for both C and D
-  // unless c is a separate input, which is only read) and keeps the fastest: one call to warm
-  // up, then the mean of kTimedRuns. A candidate that fails to run is passed over. Waits on the
-  // stream.
-  void choose_fastest(cublasLtHandle_t handle, const void* a, const void* b, const void* c,
-                      void* d_scratch, float beta, void* workspace, cudaStream_t stream) {
-    if (candidates_.size() < 2) return;
-    const float alpha = 1.0f;
-    if (c == nullptr) c = d_scratch;
-    CudaEvent start(cudaEventDefault), stop(cudaEventDefault);
-    float best_ms = 0.0f;
-    bool have_best = false;
-    for (const cublasLtMatmulAlgo_t& algo : candidates_) {
-      const auto launch = [&] {
-        return cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, d_, d_scratch, d_,
-                              &algo, workspace, workspace_bytes(), stream);
-      };
-      if (launch() != CUBLAS_STATUS_SUCCESS) continue;
-      start.record(stream);
-      bool ran = true;
-      for (int run = 0; run < kTimedRuns && ran; ++run) ran = launch() == CUBLAS_STATUS_SUCCESS;
-      stop.record(stream);
-      RINGATTN_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-      if (!ran) continue;
-      float ms = 0.0f;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-      if (!have_best || ms < best_ms) {
-        best_ms = ms;
-        algo_ = algo;
-        have_best = true;
-      }
-    }
-    candidates_.clear();
-  }
-
  private:
-  void create(cublasLtHandle_t handle, const Key& key, const Problem& p, int candidates,
-              const char* where) {
+  void create(cublasLtHandle_t handle, const Key& key, const Problem& p, const char* where) {
     check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate", where);
     check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &p.trans_a,
@@ -222,21 +178,18 @@ class Plan {
             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", where);
     }
 
-    cublasLtMatmulHeuristicResult_t results[kTimedCandidates]{};
+    cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, preference.get(),
-                                         candidates, results, &found),
+    check(cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, preference.get(), 1,
+                                         &result, &found),
           "cublasLtMatmulAlgoGetHeuristic", where);
-    for (int i = 0; i < found; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(results[i].algo);
-    }
-    if (candidates_.empty()) {
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
       ringattn::detail::fail_as(
           ErrorKind::library, where, "cuBLASLt has no algorithm for rows = ", key.rows,
           ", in_features = ", key.in_features, ", out_features = ", key.out_features, " at ",
           key.alignment, "-byte alignment");
     }
-    algo_ = candidates_.front();
+    algo_ = result.algo;
   }
 
   void release() noexcept {
@@ -277,7 +230,6 @@ class Plan {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  std::vector<cublasLtMatmulAlgo_t> candidates_;
 };
 
 class Handle {
@@ -353,24 +305,8 @@ std::size_t gemm_workspace_bytes(const char* mib) {
   return static_cast<std::size_t>(value) << 20;
 }
 
-// Bytes of a stored matrix (column-major, ld == rows as in problem_of).
-std::size_t stored_bytes(const Stored& s) {
-  const std::size_t element = s.type == CUDA_R_32F ? 4 : 2;
-  return static_cast<std::size_t>(s.ld) * static_cast<std::size_t>(s.cols) * element;
-}
-
-GemmAlgorithms gemm_algorithms(const char* value) {
-  if (value == nullptr || *value == '\0') return GemmAlgorithms::timed;
-  const std::string_view v(value);
-  if (v == "timed") return GemmAlgorithms::timed;
-  if (v == "heuristic") return GemmAlgorithms::heuristic;
-  ringattn::detail::fail("RINGATTN_GEMM_ALGORITHMS", "value '", value,
-                         "' is neither 'timed' nor 'heuristic'");
-}
-
 struct Gemm::Impl {
-  Impl(cudaStream_t s, GemmAlgorithms a)
-      : stream(s), algorithms(a), workspace(workspace_bytes()) {}
+  explicit Impl(cudaStream_t s) : stream(s), workspace(workspace_bytes()) {}
 
   // D (+)= the product: A and B as in problem_of, D the output; Write::add is cuBLASLt's
   // beta = 1 with C = the residual where one is given, else C = D.
@@ -379,33 +315,22 @@ struct Gemm::Impl {
     const void* c = residual != nullptr ? residual : d;
     const Key key{product,          shape.rows, shape.in_features, shape.out_features, write,
                   common_alignment(a, b, d, c)};
-    const float beta = write == Write::add ? 1.0f : 0.0f;
     auto it = plans.find(key);
     if (it == plans.end()) {
-      const Problem problem = problem_of(product, shape);
-      const bool timed = algorithms == GemmAlgorithms::timed;
-      auto plan = std::make_unique<Plan>(handle.get(), key, problem,
-                                         timed ? kTimedCandidates : 1, where);
-      if (timed) {
-        // The candidates write into a scratch output, never into d: d may be C as well.
-        const DeviceBuffer scratch(stored_bytes(problem.d));
-        plan->choose_fastest(handle.get(), a, b, c == d ? nullptr : c, scratch.data(), beta,
-                             workspace.data(), stream);
-      }
+      auto plan = std::make_unique<Plan>(handle.get(), key, problem_of(product, shape), where);
       it = plans.emplace(key, std::move(plan)).first;
     }
-    it->second->run(handle.get(), a, b, c, d, beta, workspace.data(), stream, where);
+    it->second->run(handle.get(), a, b, c, d, write == Write::add ? 1.0f : 0.0f,
+                    workspace.data(), stream, where);
   }
 
   cudaStream_t stream;
-  GemmAlgorithms algorithms;
   Handle handle;
   DeviceBuffer workspace;
   std::map<Key, std::unique_ptr<Plan>> plans;
 };
 
-Gemm::Gemm(cudaStream_t stream, GemmAlgorithms algorithms)
-    : impl_(std::make_unique<Impl>(stream, algorithms)) {}
+Gemm::Gemm(cudaStream_t stream) : impl_(std::make_unique<Impl>(stream)) {}
 
 Gemm::~Gemm() = default;
 

@@ -13,10 +13,7 @@
 // added in fp32 would be; one rounding of the fp32 sum would be within 2^-8 |P + C|, but that
 // variant (P to an fp32 buffer, then an add kernel) moved 384 MiB more per call at 32k tokens.
 // One Gemm per stream: it owns a cuBLASLt handle and a workspace, and caches the
-// algorithm chosen for each shape: by default (GemmAlgorithms::timed) the fastest of the
-// heuristic's first 8, each timed on the shape's first call (its operands, a scratch output; the
-// call waits for the stream), or the heuristic's first alone (GemmAlgorithms::heuristic, which
-// picks the same algorithm in every run, as deterministic training needs). Pointers must be 16-byte aligned and sizes multiples of 8
+// algorithm chosen for each shape. Pointers must be 16-byte aligned and sizes multiples of 8
 // (checked, with the argument named).
 #pragma once
 
@@ -32,11 +29,9 @@
 
 namespace ringattn::train::cuda {
 
-enum class GemmAlgorithms { timed, heuristic };
-
 class Gemm {
  public:
-  explicit Gemm(cudaStream_t stream, GemmAlgorithms algorithms = GemmAlgorithms::timed);
+  explicit Gemm(cudaStream_t stream);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -60,9 +55,5 @@ class Gemm {
 // 32 MiB when unset, else that many MiB (0 to 1024; 0 keeps cuBLASLt to algorithms that need
 // none); another value throws, naming the variable and the value. Gemm reads the variable once.
 std::size_t gemm_workspace_bytes(const char* mib);
-
-// The choice for a value of RINGATTN_GEMM_ALGORITHMS (null or empty: unset): "timed" (the
-// default) or "heuristic"; another value throws, naming the variable and the value.
-GemmAlgorithms gemm_algorithms(const char* value);
 
 }  // namespace ringattn::train::cuda
