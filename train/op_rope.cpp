@@ -7,11 +7,7 @@
 #include <vector>
 
 namespace ringattn::train::cpu {
-namespace {
-
-template <typename T>
-void rotate(std::span<T> x, std::span<const std::int64_t> positions, const RopeShape& s,
-            double theta, double direction, std::string_view where, std::string_view x_name) {
+void check_rope_shape(std::string_view where, const RopeShape& s) {
   detail::check_positive(where, "shape.tokens", s.tokens);
   detail::check_positive(where, "shape.heads", s.heads);
   detail::check_positive(where, "shape.head_dim", s.head_dim);
@@ -22,6 +18,14 @@ void rotate(std::span<T> x, std::span<const std::int64_t> positions, const RopeS
     ringattn::detail::fail(where, "shape.token_stride is ", s.token_stride,
                            "; expected >= heads * head_dim = ", s.heads * s.head_dim);
   }
+}
+
+namespace {
+
+template <typename T>
+void rotate(std::span<T> x, std::span<const std::int64_t> positions, const RopeShape& s,
+            double theta, double direction, std::string_view where, std::string_view x_name) {
+  check_rope_shape(where, s);
   if (!(theta > 0.0) || !std::isfinite(theta)) {
     ringattn::detail::fail(where, "theta is ", theta, "; expected a finite value > 0");
   }

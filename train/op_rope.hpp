@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "train/op_common.hpp"
 
@@ -27,6 +28,11 @@ struct RopeShape {
   std::int64_t head_dim = 0;      // even
   std::int64_t token_stride = 0;  // elements between tokens, >= heads * head_dim
 };
+
+// The checks of a RopeShape that both backends make: tokens, heads and head_dim positive,
+// head_dim even, token_stride >= heads * head_dim; a failure names the field, its value and what
+// was expected, after `where`.
+void check_rope_shape(std::string_view where, const RopeShape& shape);
 
 // x[t, h, :] = R(positions[t]) x[t, h, :]; positions [tokens] >= 0; theta > 0 (e.g. 10000).
 template <typename T>

@@ -722,16 +722,7 @@ template <bool inverse, typename Src>
 void rope(std::string_view where, std::string_view x_name, bf16* x, std::string_view src_name,
           const Src* src, const float* cos, const float* sin, std::int64_t table_rows,
           const cpu::RopeShape& s, cudaStream_t stream, bool keep_rest = false) {
-  detail::check_positive(where, "shape.tokens", s.tokens);
-  detail::check_positive(where, "shape.heads", s.heads);
-  detail::check_positive(where, "shape.head_dim", s.head_dim);
-  if (s.head_dim % 2 != 0) {
-    ringattn::detail::fail(where, "shape.head_dim is ", s.head_dim, "; expected an even number");
-  }
-  if (s.token_stride < s.heads * s.head_dim) {
-    ringattn::detail::fail(where, "shape.token_stride is ", s.token_stride,
-                           "; expected >= heads * head_dim = ", s.heads * s.head_dim);
-  }
+  cpu::check_rope_shape(where, s);
   detail::check_positive(where, "table_rows", table_rows);
   check_pointer(where, x_name, x);
   check_pointer(where, src_name, src);
