@@ -38,9 +38,9 @@ namespace ringattn::train::cuda {
 // deterministic training needs).
 struct GemmTuning {
   bool timed = true;
-  double min_flops = 1e10;
-  double warm_ms = 100.0;
-  double run_ms = 40.0;
+  double min_flops = 1e11;
+  double warm_ms = 300.0;
+  double run_ms = 250.0;
 };
 
 class Gemm {
