@@ -43,10 +43,6 @@ class CpuBackend {
   static constexpr Memory memory = Memory::host;
   static std::string name() { return std::is_same_v<T, double> ? "cpu fp64" : "cpu fp32"; }
 
-  CpuBackend() = default;
-  // The CPU backend is always deterministic: the model's flag changes nothing here.
-  explicit CpuBackend(bool /*deterministic*/) {}
-
   void* stream() { return nullptr; }
 
   // ---- data ----

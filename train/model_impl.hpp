@@ -49,7 +49,7 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
       local_len_(0),
       cp_(cp_comm),
       grad_comm_(std::move(grad_comm)),
-      backend_(std::make_unique<B>(options.deterministic)),
+      backend_(std::make_unique<B>()),
       // The local-attention control: a ring of this rank alone over its shard, whose positions
       // are then 0 .. Sl-1 in the shard's (increasing) order.
       ring_(options.local_attention ? split_communicator(*cp_comm, cp_comm->rank(), 0) : cp_comm,

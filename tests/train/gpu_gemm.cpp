@@ -2,9 +2,7 @@
 // on the same bf16 values, widened exactly to fp32: the three products, overwriting and adding,
 // at shapes from 8 x 8 x 8 to 1000 x 1024 x 3072 and with a row count that is not a multiple of
 // 8; again on pointers aligned to 16 bytes only (another cached algorithm); repeated calls bitwise
-// equal; the argument checks; RINGATTN_GEMM_WORKSPACE_MIB's and RINGATTN_GEMM_ALGORITHMS's
-// values (on the host). With timed algorithms (the default) each shape's first call also times
-// candidates into a scratch output: the Write::add checks would see any of that in d.
+// equal; the argument checks; RINGATTN_GEMM_WORKSPACE_MIB's values (on the host).
 //
 // Tolerance, per element, with rms the root mean square of the reference output:
 //
@@ -26,7 +24,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -62,16 +59,6 @@ using test::upload;
 using test::widen;
 
 constexpr double kSumSlack = 0x1p-12;  // fp32 summation-order disagreement, relative to rms
-
-// The Gemms under test choose their algorithms as RINGATTN_GEMM_ALGORITHMS says (timed when
-// unset; the ctest train.gemm.heuristic runs them all with the heuristic's first). Timed, every
-// shape here is timed, however small, and briefly.
-cuda::GemmTuning algorithms() {
-  return {.timed = cuda::gemm_timed(std::getenv("RINGATTN_GEMM_ALGORITHMS")),
-          .min_flops = 0.0,
-          .warm_ms = 1.0,
-          .run_ms = 0.5};
-}
 
 enum class Product { forward, backward_input, backward_weight };
 
@@ -225,7 +212,7 @@ TEST_P(GemmShapes, MatchesCpuTwin) {
   const cpu::MatmulShape s = GetParam();
   std::mt19937_64 rng = test::make_rng(static_cast<std::uint64_t>(s.rows * 7 + s.in_features));
   CudaStream stream;
-  cuda::Gemm gemm(stream.get(), algorithms());
+  cuda::Gemm gemm(stream.get());
   EXPECT_EQ(gemm.stream(), stream.get());
   for (const Product p : kProducts) {
     for (const Write write : kWrites) check_product(gemm, p, s, write, rng);
@@ -250,7 +237,7 @@ TEST(Gemm, SixteenByteAlignedPointers) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(16);
   CudaStream stream;
-  cuda::Gemm gemm(stream.get(), algorithms());
+  cuda::Gemm gemm(stream.get());
   const cpu::MatmulShape s{96, 136, 264};
   for (const Product p : kProducts) {
     for (const Write write : kWrites) {
@@ -267,7 +254,7 @@ TEST(Gemm, RepeatedCallsAreBitwiseEqual) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(17);
   CudaStream stream;
-  cuda::Gemm gemm(stream.get(), algorithms());
+  cuda::Gemm gemm(stream.get());
   const cpu::MatmulShape s{200, 512, 384};
   for (const Product p : kProducts) {
     const Sizes n = sizes_of(p, s);
@@ -288,7 +275,7 @@ TEST(Gemm, ForwardWithResidual) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(18);
   CudaStream stream;
-  cuda::Gemm gemm(stream.get(), algorithms());
+  cuda::Gemm gemm(stream.get());
   for (const cpu::MatmulShape s : {cpu::MatmulShape{200, 512, 384}, cpu::MatmulShape{37, 64, 48}}) {
     const Sizes n = sizes_of(Product::forward, s);
     const Bits x = random_bf16(n.a, rng), w = random_bf16(n.b, rng);
@@ -330,27 +317,11 @@ TEST(GemmWorkspace, VariableIsReadOrNamed) {
   }
 }
 
-// RINGATTN_GEMM_ALGORITHMS's values (on the host): unset or empty is timed; anything but the two
-// names is named in the error.
-TEST(GemmAlgorithmsVariable, IsReadOrNamed) {
-  using test::throws_error_with;
-  EXPECT_TRUE(cuda::gemm_timed(nullptr));
-  EXPECT_TRUE(cuda::gemm_timed(""));
-  EXPECT_TRUE(cuda::gemm_timed("timed"));
-  EXPECT_FALSE(cuda::gemm_timed("heuristic"));
-  for (const char* bad : {"fast", "Timed", "heuristic "}) {
-    EXPECT_TRUE(throws_error_with([&] { cuda::gemm_timed(bad); },
-                                  {"RINGATTN_GEMM_ALGORITHMS", std::string("'") + bad + "'",
-                                   "'timed'", "'heuristic'"}))
-        << bad;
-  }
-}
-
 TEST(Gemm, ArgumentErrorsNameTheArgument) {
   RINGATTN_REQUIRE_GPUS(1);
   using test::throws_error_with;
   CudaStream stream;
-  cuda::Gemm gemm(stream.get(), algorithms());
+  cuda::Gemm gemm(stream.get());
   // Never read: every call below fails its checks before anything is enqueued.
   DeviceBuffer buffer(4096);
   bf16* b = buffer.as<bf16>();

@@ -52,10 +52,7 @@ class CudaBackend {
   static constexpr Memory memory = Memory::device;
   static std::string name() { return "cuda bf16"; }
 
-  // deterministic: every GEMM takes cuBLASLt's heuristic's first algorithm, the same in every
-  // run; otherwise the fastest as timed at each shape's first call, unless
-  // RINGATTN_GEMM_ALGORITHMS=heuristic (cuda::GemmTuning, cuda::gemm_timed).
-  explicit CudaBackend(bool deterministic = false);
+  CudaBackend();
   ~CudaBackend();
 
   void* stream() { return stream_.get(); }

@@ -41,7 +41,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <cmath>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +49,6 @@
 #include <map>
 #include <memory>
 #include <string_view>
-#include <vector>
 
 #include "ringattn/error.hpp"
 #include "src/cuda/cuda_check.hpp"
@@ -67,8 +65,6 @@ std::size_t workspace_bytes() {
 }
 constexpr std::uintptr_t kMinAlignment = 16;
 constexpr std::uintptr_t kMaxAlignment = 256;
-// GemmTuning::timed: the heuristic's first this many algorithms are timed.
-constexpr int kTimedCandidates = 8;
 
 enum class Product { forward, backward_input, backward_weight };
 
@@ -131,12 +127,9 @@ Problem problem_of(Product product, const cpu::MatmulShape& s) {
 // The descriptors and the algorithm of one Key, destroyed with it.
 class Plan {
  public:
-  // candidates: how many of the heuristic's algorithms to keep (1 to kTimedCandidates); the
-  // first is used until choose_fastest picks another.
-  Plan(cublasLtHandle_t handle, const Key& key, const Problem& p, int candidates,
-       const char* where) {
+  Plan(cublasLtHandle_t handle, const Key& key, const Problem& p, const char* where) {
     try {
-      create(handle, key, p, candidates, where);
+      create(handle, key, p, where);
     } catch (...) {
       release();
       throw;
@@ -156,67 +149,8 @@ class Plan {
           "cublasLtMatmul", where);
   }
 
-  // Picks, among the kept candidates, the one that takes least time a call while the GPU runs it
-  // without a break, on these operands into d_scratch (C is c, which is only read, or else
-  // d_scratch too). The first candidate runs for t.warm_ms before any is
-  // timed, so that each is timed where a long job runs: at the GPU's power limit, where a call's
-  // time follows the energy it takes. Each then runs for about t.run_ms; another than the first
-  // is kept only if at least 1% faster. A candidate that fails to run is passed over. Waits on
-  // the stream; with RINGATTN_GEMM_LOG set, prints the times to stderr.
-  void choose_fastest(cublasLtHandle_t handle, const void* a, const void* b, const void* c,
-                      void* d_scratch, float beta, void* workspace, cudaStream_t stream,
-                      const GemmTuning& t, const Key& key) {
-    if (candidates_.size() < 2) return;
-    const float alpha = 1.0f;
-    if (c == nullptr) c = d_scratch;
-    CudaEvent start(cudaEventDefault), stop(cudaEventDefault);
-    // ms a call over `calls` back-to-back calls of `algo`; negative if a call fails.
-    const auto time_calls = [&](const cublasLtMatmulAlgo_t& algo, long calls) {
-      start.record(stream);
-      for (long i = 0; i < calls; ++i) {
-        if (cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, c, d_, d_scratch, d_,
-                           &algo, workspace, workspace_bytes(), stream) !=
-            CUBLAS_STATUS_SUCCESS) {
-          RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-          return -1.0;
-        }
-      }
-      stop.record(stream);
-      RINGATTN_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-      float ms = 0.0f;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-      return static_cast<double>(ms) / static_cast<double>(calls);
-    };
-    // Calls of about `ms` in all, from one call's time.
-    const auto calls_for = [](double ms, double one) {
-      return std::max(1L, static_cast<long>(std::ceil(ms / std::max(one, 1e-3))));
-    };
-    std::vector<double> ms(candidates_.size(), -1.0);
-    for (std::size_t i = 0; i < candidates_.size(); ++i) {
-      const double one = time_calls(candidates_[i], 1);
-      if (one < 0.0) continue;
-      if (i == 0) time_calls(candidates_[0], calls_for(t.warm_ms, one));
-      ms[i] = time_calls(candidates_[i], calls_for(t.run_ms, one));
-    }
-    std::size_t best = 0;
-    for (std::size_t i = 1; i < ms.size(); ++i) {
-      if (ms[i] >= 0.0 && (ms[best] < 0.0 || ms[i] < 0.99 * ms[best])) best = i;
-    }
-    if (ms[best] >= 0.0) algo_ = candidates_[best];
-    if (std::getenv("RINGATTN_GEMM_LOG") != nullptr) {
-      std::fprintf(stderr, "ringattn: gemm %d rows %lld in %lld out %lld write %d: ms a call",
-                   static_cast<int>(key.product), static_cast<long long>(key.rows),
-                   static_cast<long long>(key.in_features),
-                   static_cast<long long>(key.out_features), static_cast<int>(key.write));
-      for (const double m : ms) std::fprintf(stderr, " %.4f", m);
-      std::fprintf(stderr, "; took %zu\n", best);
-    }
-    candidates_.clear();
-  }
-
  private:
-  void create(cublasLtHandle_t handle, const Key& key, const Problem& p, int candidates,
-              const char* where) {
+  void create(cublasLtHandle_t handle, const Key& key, const Problem& p, const char* where) {
     check(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate", where);
     check(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &p.trans_a,
@@ -244,21 +178,18 @@ class Plan {
             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", where);
     }
 
-    cublasLtMatmulHeuristicResult_t results[kTimedCandidates]{};
+    cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, preference.get(),
-                                         candidates, results, &found),
+    check(cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, preference.get(), 1,
+                                         &result, &found),
           "cublasLtMatmulAlgoGetHeuristic", where);
-    for (int i = 0; i < found; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(results[i].algo);
-    }
-    if (candidates_.empty()) {
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
       ringattn::detail::fail_as(
           ErrorKind::library, where, "cuBLASLt has no algorithm for rows = ", key.rows,
           ", in_features = ", key.in_features, ", out_features = ", key.out_features, " at ",
           key.alignment, "-byte alignment");
     }
-    algo_ = candidates_.front();
+    algo_ = result.algo;
   }
 
   void release() noexcept {
@@ -299,7 +230,6 @@ class Plan {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  std::vector<cublasLtMatmulAlgo_t> candidates_;
 };
 
 class Handle {
@@ -375,24 +305,8 @@ std::size_t gemm_workspace_bytes(const char* mib) {
   return static_cast<std::size_t>(value) << 20;
 }
 
-// Bytes of a stored matrix (column-major, ld == rows as in problem_of).
-std::size_t stored_bytes(const Stored& s) {
-  const std::size_t element = s.type == CUDA_R_32F ? 4 : 2;
-  return static_cast<std::size_t>(s.ld) * static_cast<std::size_t>(s.cols) * element;
-}
-
-bool gemm_timed(const char* value) {
-  if (value == nullptr || *value == '\0') return true;
-  const std::string_view v(value);
-  if (v == "timed") return true;
-  if (v == "heuristic") return false;
-  ringattn::detail::fail("RINGATTN_GEMM_ALGORITHMS", "value '", value,
-                         "' is neither 'timed' nor 'heuristic'");
-}
-
 struct Gemm::Impl {
-  Impl(cudaStream_t s, const GemmTuning& t)
-      : stream(s), tuning(t), workspace(workspace_bytes()) {}
+  explicit Impl(cudaStream_t s) : stream(s), workspace(workspace_bytes()) {}
 
   // D (+)= the product: A and B as in problem_of, D the output; Write::add is cuBLASLt's
   // beta = 1 with C = the residual where one is given, else C = D.
@@ -401,39 +315,22 @@ struct Gemm::Impl {
     const void* c = residual != nullptr ? residual : d;
     const Key key{product,          shape.rows, shape.in_features, shape.out_features, write,
                   common_alignment(a, b, d, c)};
-    const float beta = write == Write::add ? 1.0f : 0.0f;
     auto it = plans.find(key);
     if (it == plans.end()) {
-      const Problem problem = problem_of(product, shape);
-      const double flops = 2.0 * static_cast<double>(shape.rows) *
-                           static_cast<double>(shape.in_features) *
-                           static_cast<double>(shape.out_features);
-      const bool timed = tuning.timed && flops >= tuning.min_flops;
-      auto plan = std::make_unique<Plan>(handle.get(), key, problem,
-                                         timed ? kTimedCandidates : 1, where);
-      if (timed) {
-        // The candidates write into d, which the call then overwrites, unless they would add
-        // into it (C = D): then into a scratch output that stands for both.
-        const bool accumulates = write == Write::add && c == d;
-        const DeviceBuffer scratch(accumulates ? stored_bytes(problem.d) : 0);
-        plan->choose_fastest(handle.get(), a, b, accumulates ? nullptr : c,
-                             accumulates ? scratch.data() : d, beta, workspace.data(), stream,
-                             tuning, key);
-      }
+      auto plan = std::make_unique<Plan>(handle.get(), key, problem_of(product, shape), where);
       it = plans.emplace(key, std::move(plan)).first;
     }
-    it->second->run(handle.get(), a, b, c, d, beta, workspace.data(), stream, where);
+    it->second->run(handle.get(), a, b, c, d, write == Write::add ? 1.0f : 0.0f,
+                    workspace.data(), stream, where);
   }
 
   cudaStream_t stream;
-  GemmTuning tuning;
   Handle handle;
   DeviceBuffer workspace;
   std::map<Key, std::unique_ptr<Plan>> plans;
 };
 
-Gemm::Gemm(cudaStream_t stream, const GemmTuning& tuning)
-    : impl_(std::make_unique<Impl>(stream, tuning)) {}
+Gemm::Gemm(cudaStream_t stream) : impl_(std::make_unique<Impl>(stream)) {}
 
 Gemm::~Gemm() = default;
 

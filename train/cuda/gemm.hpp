@@ -13,7 +13,7 @@
 // added in fp32 would be; one rounding of the fp32 sum would be within 2^-8 |P + C|, but that
 // variant (P to an fp32 buffer, then an add kernel) moved 384 MiB more per call at 32k tokens.
 // One Gemm per stream: it owns a cuBLASLt handle and a workspace, and caches the
-// algorithm chosen for each shape (GemmTuning). Pointers must be 16-byte aligned and sizes multiples of 8
+// algorithm chosen for each shape. Pointers must be 16-byte aligned and sizes multiples of 8
 // (checked, with the argument named).
 #pragma once
 
@@ -29,23 +29,9 @@
 
 namespace ringattn::train::cuda {
 
-// How a Gemm picks a shape's algorithm. Timed (the default): on the shape's first call, the
-// heuristic's first 8 candidates run on the call's operands into a scratch output, each for
-// run_ms after the first has run for warm_ms (so that they are timed at the GPU's power limit,
-// as in a long job, where a call's time follows its energy), and the fastest is kept; the call
-// waits for the stream meanwhile. Shapes of fewer than min_flops (2 rows in out), and every
-// shape when timed is false, take the heuristic's first, which is the same in every run (as
-// deterministic training needs).
-struct GemmTuning {
-  bool timed = true;
-  double min_flops = 1e11;
-  double warm_ms = 300.0;
-  double run_ms = 250.0;
-};
-
 class Gemm {
  public:
-  explicit Gemm(cudaStream_t stream, const GemmTuning& tuning = {});
+  explicit Gemm(cudaStream_t stream);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -69,10 +55,5 @@ class Gemm {
 // 32 MiB when unset, else that many MiB (0 to 1024; 0 keeps cuBLASLt to algorithms that need
 // none); another value throws, naming the variable and the value. Gemm reads the variable once.
 std::size_t gemm_workspace_bytes(const char* mib);
-
-// GemmTuning::timed for a value of RINGATTN_GEMM_ALGORITHMS (null or empty: unset): "timed"
-// (the default) is true, "heuristic" false; another value throws, naming the variable and the
-// value.
-bool gemm_timed(const char* value);
 
 }  // namespace ringattn::train::cuda

@@ -23,10 +23,8 @@ void ensure(DeviceArray<E>& array, std::int64_t count) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(bool deterministic)
-    : gemm_(stream_.get(),
-            cuda::GemmTuning{.timed = !deterministic &&
-                                      cuda::gemm_timed(std::getenv("RINGATTN_GEMM_ALGORITHMS"))}),
+CudaBackend::CudaBackend()
+    : gemm_(stream_.get()),
       norm_partials_(cuda::SumOfSquaresScratch::kPartials),
       host_norm_partials_(cuda::SumOfSquaresScratch::kPartials),
       clip_total_(1),
