@@ -116,13 +116,22 @@ __device__ __forceinline__ void mask_scores(float (&s)[kKeyTiles][4], int key0, 
   }
 }
 
-// Online softmax over one tile of scores: the new row maxima, the scores exponentiated in place,
-// the row sums; `correction` receives the factor that rescales what was accumulated before.
+// Online softmax over one tile of scores: the row maxima, the scores exponentiated in place, the
+// row sums; `correction` receives the factor that rescales what was accumulated before. A row's
+// maximum moves only when some row of the warp gained more than kStaleMaxLog2 (log2 units of the
+// scaled scores) over its own: otherwise every row keeps its old maximum, the tile's
+// probabilities reach at most 2^kStaleMaxLog2, nothing accumulated needs rescaling and the
+// function returns false (the same for every lane of the warp). The result is the same softmax:
+// the epilogue divides by the row sum made against the same maximum and takes it into the LSE.
+constexpr float kStaleMaxLog2 = 8.f;
+
 template <int kKeyTiles>
-__device__ __forceinline__ void online_softmax_scores(float (&s)[kKeyTiles][4], float (&row_max)[2],
+__device__ __forceinline__ bool online_softmax_scores(float (&s)[kKeyTiles][4], float (&row_max)[2],
                                                       float (&row_sum)[2], float scale_log2,
                                                       float (&correction)[2]) {
   constexpr float kNegInf = -kInfinity;
+  float new_max[2];
+  bool grows = false;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float tile_max = kNegInf;
@@ -130,12 +139,23 @@ __device__ __forceinline__ void online_softmax_scores(float (&s)[kKeyTiles][4], 
     for (int nt = 0; nt < kKeyTiles; ++nt) {
       tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     }
-    tile_max = quad_max(tile_max);
-    const float new_max = fmaxf(row_max[r], tile_max);
-    // A row that has seen nothing yet keeps zeros: subtract 0 instead of -inf (no NaN).
-    const float base = new_max == kNegInf ? 0.f : new_max * scale_log2;
-    correction[r] = row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * scale_log2 - base);
-    row_max[r] = new_max;
+    new_max[r] = fmaxf(row_max[r], quad_max(tile_max));
+    // A row that has seen nothing yet takes its first finite maximum.
+    grows |= row_max[r] == kNegInf ? new_max[r] != kNegInf
+                                   : (new_max[r] - row_max[r]) * scale_log2 > kStaleMaxLog2;
+  }
+  const bool rescale = __any_sync(0xffffffffu, grows);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (rescale) {
+      // A row with no finite maximum keeps zeros: subtract 0 instead of -inf (no NaN).
+      const float base = new_max[r] == kNegInf ? 0.f : new_max[r] * scale_log2;
+      correction[r] = row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * scale_log2 - base);
+      row_max[r] = new_max[r];
+    } else {
+      correction[r] = 1.f;
+    }
+    const float base = row_max[r] == kNegInf ? 0.f : row_max[r] * scale_log2;
     float partial_sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) {
@@ -146,8 +166,9 @@ __device__ __forceinline__ void online_softmax_scores(float (&s)[kKeyTiles][4], 
         partial_sum += x;
       }
     }
-    row_sum[r] = row_sum[r] * correction[r] + partial_sum;
+    row_sum[r] = rescale ? row_sum[r] * correction[r] + partial_sum : row_sum[r] + partial_sum;
   }
+  return rescale;
 }
 
 // Scales the accumulator rows a thread holds (row g and row g + 8).
@@ -169,8 +190,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[kKeyTiles][4], float (
                                                float (&row_max)[2], float (&row_sum)[2],
                                                float scale_log2) {
   float correction[2];
-  online_softmax_scores(s, row_max, row_sum, scale_log2, correction);
-  rescale_rows(acc, correction);
+  if (online_softmax_scores(s, row_max, row_sum, scale_log2, correction)) {
+    rescale_rows(acc, correction);
+  }
 }
 
 // The probabilities of keys [16 kstep, 16 kstep + 16) as an A fragment (registers only).

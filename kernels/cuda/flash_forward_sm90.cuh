@@ -141,6 +141,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     float s[kKeyTiles][4];
     std::uint32_t probabilities[kKeys / 16][4];
     float correction[2];
+    bool rescale = false;  // whether the last softmax moved a row's maximum (warp-uniform)
 
     const auto release = [&](std::uint64_t* empty) {
       if (lane == 0) mbarrier_arrive(empty);
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
       const bool diagonal =
           kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
       if (partial || diagonal) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
-      online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
+      rescale = online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
     };
     const auto to_probabilities = [&] {
 #pragma unroll
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
       mbarrier_wait(k_full + stage, parity);
       wait_turn();
       issue_scores(stage);
-      rescale_rows(acc, correction);
+      if (rescale) rescale_rows(acc, correction);
       mbarrier_wait(v_full + previous, previous_parity);
       issue_values(previous);
       hand_over(tile);
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     }
 
     const int last = key_tiles - 1;
-    rescale_rows(acc, correction);
+    if (rescale) rescale_rows(acc, correction);
     mbarrier_wait(v_full + last % kStages, (last / kStages) & 1);
     issue_values(last % kStages);
     wgmma_wait<0>();

@@ -258,6 +258,9 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 130, 200, 2, 1, d, true, 0, 60});    // rows before every key
       cases.push_back({dtype, 2, 257, 257, 6, 2, d, true, 0, 0, true});   // packed QKV
       cases.push_back({dtype, 1, 129, 129, 2, 2, d, false, 0, 0, false, 12.0});  // scores ~1e4
+      // Scores spread over hundreds: row maxima jump from key tile to key tile, by more and by
+      // less than the forward keeps a stale maximum through, and not in every row of a warp.
+      cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
     }
   }
   cases.push_back({DType::bf16, 1, 4097, 4097, 1, 1, 64, true});
