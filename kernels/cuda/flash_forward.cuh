@@ -116,6 +116,30 @@ __device__ __forceinline__ void mask_scores(float (&s)[kKeyTiles][4], int key0, 
   }
 }
 
+// The base a row's scores are exponentiated against: its maximum in log2 units of the scaled
+// scores, or 0 while it has none (a masked score then gives exp2(-inf) = 0, not NaN).
+__device__ __forceinline__ float row_base(float row_max, float scale_log2) {
+  return row_max == -kInfinity ? 0.f : row_max * scale_log2;
+}
+
+// Row r's scores (elements 2r and 2r + 1 of each n-tile) exponentiated in place against `base`;
+// returns the thread's partial sum of them.
+template <int kKeyTiles>
+__device__ __forceinline__ float exponentiate_row(float (&s)[kKeyTiles][4], int r,
+                                                  float scale_log2, float base) {
+  float partial_sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float& x = s[nt][2 * r + c];
+      x = fast_exp2(x * scale_log2 - base);
+      partial_sum += x;
+    }
+  }
+  return partial_sum;
+}
+
 // Online softmax over one tile of scores: the row maxima, the scores exponentiated in place, the
 // row sums; `correction` receives the factor that rescales what was accumulated before. A row's
 // maximum moves only when some row of the warp gained more than kStaleMaxLog2 (log2 units of the
@@ -148,27 +172,90 @@ __device__ __forceinline__ bool online_softmax_scores(float (&s)[kKeyTiles][4], 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (rescale) {
-      // A row with no finite maximum keeps zeros: subtract 0 instead of -inf (no NaN).
-      const float base = new_max[r] == kNegInf ? 0.f : new_max[r] * scale_log2;
-      correction[r] = row_max[r] == kNegInf ? 0.f : fast_exp2(row_max[r] * scale_log2 - base);
+      correction[r] = row_max[r] == kNegInf
+                          ? 0.f
+                          : fast_exp2(row_max[r] * scale_log2 - row_base(new_max[r], scale_log2));
       row_max[r] = new_max[r];
     } else {
       correction[r] = 1.f;
     }
-    const float base = row_max[r] == kNegInf ? 0.f : row_max[r] * scale_log2;
-    float partial_sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float& x = s[nt][2 * r + c];
-        x = fast_exp2(x * scale_log2 - base);
-        partial_sum += x;
-      }
-    }
+    const float partial_sum = exponentiate_row(s, r, scale_log2, row_base(row_max[r], scale_log2));
     row_sum[r] = rescale ? row_sum[r] * correction[r] + partial_sum : row_sum[r] + partial_sum;
   }
   return rescale;
+}
+
+// What stale_softmax_scores made of a tile (the same for every lane of the warp).
+enum class TileSoftmax {
+  kKept,        // the rows kept their maxima: nothing accumulated needs rescaling
+  kMoved,       // some rows moved theirs: rescale what was accumulated by `correction`
+  kNeedsScores  // a probability overflowed and the scores are lost: exponentiate them again
+};
+
+// The bound on a thread's partial row sum of one tile below which its probabilities need no
+// maximum of the tile: each is at most the sum (none is negative), so at most 2^15, which fp16
+// and bf16 P hold.
+constexpr float kStaleSumLimit = 32768.f;
+
+// Online softmax over one tile without the tile's row maxima. The scores are exponentiated
+// against the rows' maxima so far at once, and the thread's partial row sums tell whether that
+// was safe: if every lane's sums stay within kStaleSumLimit, the rows keep their maxima (kKept)
+// and the tile cost no max, shuffle or comparison a score. Otherwise each row of the warp takes
+// the largest probability it got, p, as its gain: the maximum moves up by log2(p) and the tile's
+// probabilities, the row sum and (through `correction`) the accumulator are scaled by 1 / p
+// (kMoved), the same softmax against another base. A row of the warp with no maximum yet sends
+// the tile to online_softmax_scores before any exponent is taken (that needs the scores' maxima).
+// A probability that overflowed (a score more than 128 log2 units above its row's maximum) leaves
+// the scores lost and the statistics untouched: the caller recomputes the tile's scores and runs
+// online_softmax_scores on them (kNeedsScores).
+template <int kKeyTiles>
+__device__ __forceinline__ TileSoftmax stale_softmax_scores(float (&s)[kKeyTiles][4],
+                                                           float (&row_max)[2],
+                                                           float (&row_sum)[2], float scale_log2,
+                                                           float (&correction)[2]) {
+  constexpr float kNegInf = -kInfinity;
+  if (__any_sync(0xffffffffu, row_max[0] == kNegInf || row_max[1] == kNegInf)) {
+    return online_softmax_scores(s, row_max, row_sum, scale_log2, correction) ? TileSoftmax::kMoved
+                                                                             : TileSoftmax::kKept;
+  }
+  float partial_sum[2];
+  bool bounded = true;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    partial_sum[r] = exponentiate_row(s, r, scale_log2, row_max[r] * scale_log2);
+    bounded &= partial_sum[r] <= kStaleSumLimit;  // false for an infinite or NaN sum too
+  }
+  if (__all_sync(0xffffffffu, bounded)) {
+    row_sum[0] += partial_sum[0];
+    row_sum[1] += partial_sum[1];
+    return TileSoftmax::kKept;
+  }
+  float peak[2];
+  bool finite = true;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float largest = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      largest = fmaxf(largest, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    }
+    peak[r] = quad_max(largest);
+    finite &= peak[r] < kInfinity;
+  }
+  if (!__all_sync(0xffffffffu, finite)) return TileSoftmax::kNeedsScores;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float gain = peak[r] > 1.f ? __log2f(peak[r]) : 0.f;
+    correction[r] = fast_exp2(-gain);
+    row_max[r] += gain / scale_log2;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      s[nt][2 * r] *= correction[r];
+      s[nt][2 * r + 1] *= correction[r];
+    }
+    row_sum[r] = (row_sum[r] + partial_sum[r]) * correction[r];
+  }
+  return TileSoftmax::kMoved;
 }
 
 // Scales the accumulator rows a thread holds (row g and row g + 8).

@@ -12,7 +12,10 @@
 // shared memory) and then O += P_{j-1} V_{j-1} (8 wgmmas, P from registers, V read MN-major),
 // and runs the online softmax of S_j while the second product is still in flight. The two
 // warpgroups take turns to issue (two named barriers), so one's softmax overlaps the other's
-// products on the tensor cores.
+// products on the tensor cores. The softmax exponentiates S_j against the rows' maxima so far
+// without taking the tile's maxima first (stale_softmax_scores): only a tile whose partial row
+// sums exceed 2^15 moves them, and a warp whose probabilities overflow makes its rows of S_j
+// again on mma.sync (warp_scores; a wgmma would need the whole warpgroup).
 #pragma once
 
 #include <cuda.h>
@@ -46,6 +49,37 @@ struct HopperForwardTiles {
   // slack that aligns the tiles to the swizzle's 1024-byte period.
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers + 1024;
 };
+
+// The element offset of (row, col) in a tile of kTileRows rows that TMA wrote as 64-column
+// panels with the 128-byte swizzle (chunk c of a row at c ^ (row % 8); tiles 1024-byte aligned).
+template <int kTileRows>
+__device__ __forceinline__ int panel_swizzled(int row, int col) {
+  return (col >> 6) * kTileRows * 64 + row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
+}
+
+// One warp's 16 rows of S = Q K^T (Q rows from `row` of q_tile, every key of k_tile) on mma.sync:
+// the warp's share of the warpgroup's product, in the same accumulator layout, which a warp can
+// make without the rest of its warpgroup. For a tile whose softmax overflowed (rare).
+template <typename T, int kHeadDim, int kQRows, int kKeys>
+__device__ __forceinline__ void warp_scores(float (&s)[kKeys / 8][4], const T* q_tile, int row,
+                                            const T* k_tile, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll 1
+  for (int step = 0; step < kHeadDim / 16; ++step) {
+    std::uint32_t a[4];
+    ldmatrix_x4(a, q_tile + panel_swizzled<kQRows>(row + (lane % 8) + ((lane / 8) % 2) * 8,
+                                                   step * 16 + (lane / 16) * 8));
+#pragma unroll
+    for (int pair = 0; pair < kKeys / 16; ++pair) {
+      std::uint32_t b[4];
+      ldmatrix_x4(b, k_tile + panel_swizzled<kKeys>(pair * 16 + (lane % 8) + (lane / 16) * 8,
+                                                    step * 16 + ((lane / 8) % 2) * 8));
+      mma_16816<T>(s[2 * pair], a, b[0], b[1]);
+      mma_16816<T>(s[2 * pair + 1], a, b[2], b[3]);
+    }
+  }
+}
 
 template <typename T, int kHeadDim, bool kCausal, bool kCombine>
 __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
@@ -173,13 +207,26 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
       }
       wgmma_commit();
     };
+    // The softmax of S_j, then K_j's stage is released: until then a warp can make its scores
+    // again, for a tile whose probabilities overflowed against the rows' old maxima.
     const auto softmax = [&](int tile) {
-      const int key0 = tile * kKeys;
+      const int key0 = tile * kKeys, stage = tile % kStages;
       const bool partial = key0 + kKeys > p.k_len;
       const bool diagonal =
           kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
-      if (partial || diagonal) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
-      rescale = online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
+      const bool masked = partial || diagonal;
+      if (masked) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
+      const TileSoftmax done =
+          stale_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
+      if (done == TileSoftmax::kNeedsScores) {
+        warp_scores<T, kHeadDim, kRows, kKeys>(s, q_tile, warp_group * 64 + warp * 16,
+                                               k_tiles + stage * kTileElements, lane);
+        if (masked) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
+        rescale = online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
+      } else {
+        rescale = done == TileSoftmax::kMoved;
+      }
+      release(k_empty + stage);
     };
     const auto to_probabilities = [&] {
 #pragma unroll
@@ -198,7 +245,6 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     hand_over(0);
     wgmma_wait<0>();
     pin_registers(s);
-    release(k_empty);
     softmax(0);
     to_probabilities();
 
@@ -214,7 +260,6 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
       hand_over(tile);
       wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       pin_registers(s);
-      release(k_empty + stage);
       softmax(tile);
       wgmma_wait<0>();
       pin_registers(acc);

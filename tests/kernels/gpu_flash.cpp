@@ -43,7 +43,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                      std::to_string(c.head_dim) + (c.causal ? "_causal" : "_full");
   if (c.q_start != 0 || c.k_start != 0) name += "_q" + std::to_string(c.q_start) + "k" + std::to_string(c.k_start);
   if (c.packed) name += "_packed";
-  if (c.input_scale != 1.0) name += "_large";
+  if (c.input_scale != 1.0) name += "_x" + std::to_string(static_cast<int>(c.input_scale));
   return name;
 }
 
@@ -259,8 +259,11 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 2, 257, 257, 6, 2, d, true, 0, 0, true});   // packed QKV
       cases.push_back({dtype, 1, 129, 129, 2, 2, d, false, 0, 0, false, 12.0});  // scores ~1e4
       // Scores spread over hundreds: row maxima jump from key tile to key tile, by more and by
-      // less than the forward keeps a stale maximum through, and not in every row of a warp.
+      // less than the forward keeps a stale maximum through, and not in every row of a warp;
+      // jumps past 128 (log2 units) overflow the probabilities against the old maximum.
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
+      // Scores spread over tens: the maxima move by scaling the tile's probabilities.
+      cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 4.0});
     }
   }
   cases.push_back({DType::bf16, 1, 4097, 4097, 1, 1, 64, true});
