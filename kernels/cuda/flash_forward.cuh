@@ -171,15 +171,13 @@ __device__ __forceinline__ bool online_softmax_scores(float (&s)[kKeyTiles][4], 
   const bool rescale = __any_sync(0xffffffffu, grows);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (rescale) {
-      correction[r] = row_max[r] == kNegInf
-                          ? 0.f
-                          : fast_exp2(row_max[r] * scale_log2 - row_base(new_max[r], scale_log2));
-      row_max[r] = new_max[r];
-    } else {
-      correction[r] = 1.f;
-    }
-    const float partial_sum = exponentiate_row(s, r, scale_log2, row_base(row_max[r], scale_log2));
+    const float old_max = row_max[r];
+    if (rescale) row_max[r] = new_max[r];
+    const float base = row_base(row_max[r], scale_log2);
+    correction[r] = !rescale             ? 1.f
+                    : old_max == kNegInf ? 0.f
+                                         : fast_exp2(old_max * scale_log2 - base);
+    const float partial_sum = exponentiate_row(s, r, scale_log2, base);
     row_sum[r] = rescale ? row_sum[r] * correction[r] + partial_sum : row_sum[r] + partial_sum;
   }
   return rescale;

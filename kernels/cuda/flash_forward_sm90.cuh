@@ -50,13 +50,6 @@ struct HopperForwardTiles {
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers + 1024;
 };
 
-// The element offset of (row, col) in a tile of kTileRows rows that TMA wrote as 64-column
-// panels with the 128-byte swizzle (chunk c of a row at c ^ (row % 8); tiles 1024-byte aligned).
-template <int kTileRows>
-__device__ __forceinline__ int panel_swizzled(int row, int col) {
-  return (col >> 6) * kTileRows * 64 + row * 64 + ((((col >> 3) ^ row) & 7) << 3) + (col & 7);
-}
-
 // One warp's 16 rows of S = Q K^T (Q rows from `row` of q_tile, every key of k_tile) on mma.sync:
 // the warp's share of the warpgroup's product, in the same accumulator layout, which a warp can
 // make without the rest of its warpgroup. For a tile whose softmax overflowed (rare).
@@ -65,16 +58,18 @@ __device__ __forceinline__ void warp_scores(float (&s)[kKeys / 8][4], const T* q
                                             const T* k_tile, int lane) {
 #pragma unroll
   for (int nt = 0; nt < kKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  const PanelSwizzle<kQRows, kHeadDim> q_at;
+  const PanelSwizzle<kKeys, kHeadDim> k_at;
 #pragma unroll 1
   for (int step = 0; step < kHeadDim / 16; ++step) {
     std::uint32_t a[4];
-    ldmatrix_x4(a, q_tile + panel_swizzled<kQRows>(row + (lane % 8) + ((lane / 8) % 2) * 8,
-                                                   step * 16 + (lane / 16) * 8));
+    ldmatrix_x4(a, q_tile + q_at(row + (lane % 8) + ((lane / 8) % 2) * 8,
+                                 step * 16 + (lane / 16) * 8));
 #pragma unroll
     for (int pair = 0; pair < kKeys / 16; ++pair) {
       std::uint32_t b[4];
-      ldmatrix_x4(b, k_tile + panel_swizzled<kKeys>(pair * 16 + (lane % 8) + (lane / 16) * 8,
-                                                    step * 16 + ((lane / 8) % 2) * 8));
+      ldmatrix_x4(b, k_tile + k_at(pair * 16 + (lane % 8) + (lane / 16) * 8,
+                                   step * 16 + ((lane / 8) % 2) * 8));
       mma_16816<T>(s[2 * pair], a, b[0], b[1]);
       mma_16816<T>(s[2 * pair + 1], a, b[2], b[3]);
     }
