@@ -194,6 +194,12 @@ enum class TileSoftmax {
 // maximum of the tile: each is at most the sum (none is negative), so at most 2^15, which fp16
 // and bf16 P hold.
 constexpr float kStaleSumLimit = 32768.f;
+// The bound on every lane's partial row sums below which a tile may move its rows' maxima by
+// scaling: its probabilities, its peaks and the scaled row sums then stay finite (a gain of at most
+// 100 and a correction of at least 2^-100, a normal float). A sum past it, infinite or NaN, or one
+// that a lane's finite probabilities overflowed, sends the tile to kNeedsScores: scaling an
+// infinite sum would leave the row sum, and the row's LSE, infinite.
+constexpr float kScaledSumLimit = 0x1p100f;
 
 // Online softmax over one tile without the tile's row maxima. The scores are exponentiated
 // against the rows' maxima so far at once, and the thread's partial row sums tell whether that
@@ -203,9 +209,10 @@ constexpr float kStaleSumLimit = 32768.f;
 // probabilities, the row sum and (through `correction`) the accumulator are scaled by 1 / p
 // (kMoved), the same softmax against another base. A row of the warp with no maximum yet sends
 // the tile to online_softmax_scores before any exponent is taken (that needs the scores' maxima).
-// A probability that overflowed (a score more than 128 log2 units above its row's maximum) leaves
-// the scores lost and the statistics untouched: the caller recomputes the tile's scores and runs
-// online_softmax_scores on them (kNeedsScores).
+// A partial sum past kScaledSumLimit (a score more than about 95 log2 units above its row's
+// maximum, or finite probabilities whose sum overflowed) leaves the scores lost and the statistics
+// untouched: the caller recomputes the tile's scores and runs online_softmax_scores on them
+// (kNeedsScores).
 template <int kKeyTiles>
 __device__ __forceinline__ TileSoftmax stale_softmax_scores(float (&s)[kKeyTiles][4],
                                                            float (&row_max)[2],
@@ -228,8 +235,11 @@ __device__ __forceinline__ TileSoftmax stale_softmax_scores(float (&s)[kKeyTiles
     row_sum[1] += partial_sum[1];
     return TileSoftmax::kKept;
   }
+  bool scalable = true;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) scalable &= partial_sum[r] <= kScaledSumLimit;
+  if (!__all_sync(0xffffffffu, scalable)) return TileSoftmax::kNeedsScores;
   float peak[2];
-  bool finite = true;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float largest = 0.f;
@@ -238,9 +248,7 @@ __device__ __forceinline__ TileSoftmax stale_softmax_scores(float (&s)[kKeyTiles
       largest = fmaxf(largest, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
     }
     peak[r] = quad_max(largest);
-    finite &= peak[r] < kInfinity;
   }
-  if (!__all_sync(0xffffffffu, finite)) return TileSoftmax::kNeedsScores;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float gain = peak[r] > 1.f ? __log2f(peak[r]) : 0.f;

@@ -136,14 +136,16 @@ inline double max_abs_diff(const std::vector<double>& out, const std::vector<dou
   return worst;
 }
 
-// The FlashAttention criterion: max|out - ref| <= 2 max|low - ref| + 1e-5.
+// The FlashAttention criterion: max|out - ref| <= 2 max|low - ref| + 1e-5, plus `allowance` where
+// a caller states an error the baseline cannot show (its derivation beside the call).
 inline ::testing::AssertionResult WithinFlashCriterion(const char* what,
                                                        const std::vector<double>& out,
                                                        const std::vector<double>& low,
-                                                       const std::vector<double>& ref) {
+                                                       const std::vector<double>& ref,
+                                                       double allowance = 0.0) {
   const double kernel_error = max_abs_diff(out, ref);
   const double low_error = max_abs_diff(low, ref);
-  const double bound = 2.0 * low_error + 1e-5;
+  const double bound = 2.0 * low_error + 1e-5 + allowance;
   auto result = kernel_error <= bound ? ::testing::AssertionSuccess() : ::testing::AssertionFailure();
   return result << what << ": max|kernel - fp64| = " << kernel_error
                 << ", max|low-precision naive - fp64| = " << low_error << ", bound " << bound;
