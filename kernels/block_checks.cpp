@@ -1,10 +1,28 @@
 #include "kernels/block_checks.hpp"
 
 #include <cstdint>
+#include <iterator>
+#include <string>
 
 #include "ringattn/error.hpp"
 
 namespace ringattn::detail {
+
+bool cuda_block_takes_head_dim(std::int64_t head_dim) {
+  for (const std::int64_t supported : kCudaBlockHeadDims) {
+    if (head_dim == supported) return true;
+  }
+  return false;
+}
+
+std::string cuda_block_head_dims_text() {
+  constexpr std::size_t kCount = std::size(kCudaBlockHeadDims);
+  std::string text;
+  for (std::size_t i = 0; i < kCount; ++i) {
+    text += (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") + std::to_string(kCudaBlockHeadDims[i]);
+  }
+  return text;
+}
 
 void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where) {
   if (memory == Memory::host) {
@@ -19,9 +37,9 @@ void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const 
     fail(where, "q has dtype ", dtype_name(dtype),
          "; device tensors run on the CUDA block, which takes bf16 or f16");
   }
-  if (head_dim != 64 && head_dim != 128) {
+  if (!cuda_block_takes_head_dim(head_dim)) {
     fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim,
-            " is not supported; the CUDA block takes 64 or 128");
+            " is not supported; the CUDA block takes ", cuda_block_head_dims_text());
   }
 }
 

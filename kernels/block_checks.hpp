@@ -4,13 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ringattn/tensor.hpp"
 
 namespace ringattn::detail {
 
-// Input dtypes and head dims: f32/f64 on the host (CPU block), bf16/f16 with head_dim 64 or 128
-// on the device (CUDA block).
+// The head dims the CUDA block has kernels for, the one list every check and message names. The
+// dispatch table (kernels/cuda/flash_dispatch.cpp) instantiates each for bf16 and f16, and
+// checks at compile time that it holds exactly these.
+inline constexpr std::int64_t kCudaBlockHeadDims[] = {64, 128};
+
+bool cuda_block_takes_head_dim(std::int64_t head_dim);
+// kCudaBlockHeadDims for a message: "64 or 128".
+std::string cuda_block_head_dims_text();
+
+// Input dtypes and head dims: f32/f64 (any head_dim) on the host (CPU block), bf16/f16 with a
+// head_dim of kCudaBlockHeadDims on the device (CUDA block). A head dim without kernels is
+// ErrorKind::unsupported: "head_dim 96 is not supported; the CUDA block takes 64 or 128".
 void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where);
 // On the device, the layout of one tensor: unit stride along head_dim, rows in 16-byte units for
 // 16-bit tensors and 8-byte units for fp32 ones, aligned data. Host tensors and rank-3 row

@@ -71,6 +71,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/block_checks.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/performance_model.hpp"
@@ -113,11 +114,6 @@ struct RingOptions {
   std::string json, revision = default_revision();
 };
 
-#if RINGATTN_WITH_CUDA
-
-using ringattn::CudaEvent;
-using ringattn::DeviceBuffer;
-
 std::vector<std::int64_t> parse_list(const std::string& text) {
   std::vector<std::int64_t> values;
   std::stringstream stream(text);
@@ -125,6 +121,36 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
   while (std::getline(stream, item, ',')) values.push_back(std::stoll(item));
   return values;
 }
+
+// The option errors of the attention subcommand, found before any GPU work (a head dim without
+// kernels would otherwise reach the block after its buffers were allocated); empty when usable.
+std::string check_attention_options(const std::string& seqlens, const std::string& head_dims) {
+  std::vector<std::int64_t> lengths, dims;
+  try {
+    lengths = parse_list(seqlens);
+    dims = parse_list(head_dims);
+  } catch (const std::exception&) {
+    return "--seqlens and --head-dims take comma-separated integers";
+  }
+  if (lengths.empty() || dims.empty()) return "--seqlens and --head-dims need at least one value";
+  for (const std::int64_t seq : lengths) {
+    if (seq < 1 || seq > INT32_MAX) {
+      return ringattn::detail::concat("--seqlens has ", seq, "; expected 1 to ", INT32_MAX);
+    }
+  }
+  for (const std::int64_t d : dims) {
+    if (!ringattn::detail::cuda_block_takes_head_dim(d)) {
+      return ringattn::detail::concat("--head-dims has ", d, "; the CUDA block takes ",
+                                      ringattn::detail::cuda_block_head_dims_text());
+    }
+  }
+  return {};
+}
+
+#if RINGATTN_WITH_CUDA
+
+using ringattn::CudaEvent;
+using ringattn::DeviceBuffer;
 
 int default_repeats(std::int64_t seq) {
   return seq < 131072 ? 5 : seq < 524288 ? 3 : 2;
@@ -158,8 +184,9 @@ std::string check_ring_options(const RingOptions& opt, int ranks) {
       return ringattn::detail::concat("--kv-heads ", kv, " does not divide --heads ", opt.heads);
     }
   }
-  if (opt.head_dim != 64 && opt.head_dim != 128) {
-    return ringattn::detail::concat("--head-dim is ", opt.head_dim, "; the CUDA block runs 64 and 128");
+  if (!ringattn::detail::cuda_block_takes_head_dim(opt.head_dim)) {
+    return ringattn::detail::concat("--head-dim is ", opt.head_dim, "; the CUDA block takes ",
+                                    ringattn::detail::cuda_block_head_dims_text());
   }
   return {};
 }
@@ -1030,6 +1057,10 @@ int run_ring(const RingOptions& opt) {
 #endif  // RINGATTN_WITH_CUDA
 
 int run_attention(const std::string& seqlens, const std::string& head_dims, const std::string& json) {
+  if (const std::string problem = check_attention_options(seqlens, head_dims); !problem.empty()) {
+    std::fprintf(stderr, "ringattn-bench attention: %s\n", problem.c_str());
+    return 2;
+  }
 #if RINGATTN_WITH_CUDA
   if (ringattn::cuda_device_count() == 0) {
     std::fprintf(stderr, "ringattn-bench attention: no CUDA GPU visible\n");

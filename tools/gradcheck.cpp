@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/block_checks.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/host_threads.hpp"
 #include "parallel/local_block.hpp"
@@ -269,6 +270,10 @@ int run(const Options& opt) {
   const DType dtype = parse_dtype(opt.dtype);
   const bool cuda_backend = opt.backend == "cuda";
   const Memory memory = cuda_backend ? Memory::device : Memory::host;
+  // A dtype or head dim the backend's block cannot run fails here, alike on every rank (the
+  // options are the same), before a communicator or a buffer exists.
+  detail::check_block_dtype(dtype, opt.head_dim, memory,
+                            cuda_backend ? "--backend cuda" : "--backend cpu");
   std::shared_ptr<Communicator> comm = cuda_backend ? nccl_world_communicator() : mpi_world_communicator();
   // The CPU backend's threads: at most this rank's part of its node.
   if (!cuda_backend) use_rank_threads(dynamic_cast<const MpiCommunicator&>(*comm));

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/block_checks.hpp"
 #include "ringattn/error.hpp"
 #include "train/retrieval_task.hpp"
 
@@ -596,13 +597,20 @@ std::string dump_config(const TrainConfig& config) {
 namespace {
 
 // What the CUDA backend needs beyond the model's own rules: a head dimension its attention block
-// has (64, 128), and GEMM dimensions that are multiples of 8 (16-byte rows of bf16).
+// has kernels for (kernels/block_checks.hpp holds the list), and GEMM dimensions that are
+// multiples of 8 (16-byte rows of bf16).
 void add_cuda_problems(const TrainConfig& config, Problems& p) {
   const ModelConfig& m = config.model;
-  const std::int64_t hd = m.n_heads >= 1 ? m.resolved_head_dim() : 0;
-  if (hd >= 1 && hd != 64 && hd != 128) {
-    p.add("the head dimension ", hd, m.head_dim ? " (model.head_dim)" : " (model.d_model / model.n_heads)",
-          " is not one the cuda backend has; expected 64 or 128");
+  const std::string takes = "the CUDA block takes " + detail::cuda_block_head_dims_text();
+  if (m.head_dim) {
+    if (*m.head_dim >= 1 && !detail::cuda_block_takes_head_dim(*m.head_dim)) {
+      p.add("model.head_dim is ", *m.head_dim, "; ", takes);
+    }
+  } else if (m.d_model >= 1 && m.n_heads >= 1 && m.d_model % m.n_heads == 0 &&
+             !detail::cuda_block_takes_head_dim(m.d_model / m.n_heads)) {
+    p.add("model.d_model ", m.d_model, " / model.n_heads ", m.n_heads, " gives head_dim ",
+          m.d_model / m.n_heads, "; ", takes,
+          " (choose model.n_heads or set model.head_dim to one of them)");
   }
   const auto multiple_of_8 = [&](const char* key, std::int64_t value) {
     if (value >= 1 && value % 8 != 0) {

@@ -182,8 +182,10 @@ std::string_view backend_name(Backend backend);
 TrainConfig default_gpu_config(int gpus);
 
 // The cuda backend's own limits (validate() applies them when run.backend is cuda; the trainer
-// when auto resolves to cuda): head dimension 64 or 128, d_model, ffn_hidden and vocab_size
-// multiples of 8. Throws ringattn::Error naming the keys.
+// when auto resolves to cuda, on every rank before anything is allocated): a head dimension the
+// CUDA block has kernels for (64 or 128, kernels/block_checks.hpp), d_model, ffn_hidden and
+// vocab_size multiples of 8. Throws ringattn::Error naming the keys and their values, e.g.
+// "model.d_model 768 / model.n_heads 8 gives head_dim 96; the CUDA block takes 64 or 128 ...".
 void validate_for_cuda(const TrainConfig& config);
 
 }  // namespace ringattn::train

@@ -5,9 +5,11 @@
  *   q, o, dout, dq   [batch, q_len, q_heads, head_dim]
  *   k, v, dk, dv     [batch, k_len, kv_heads, head_dim]      q_heads % kv_heads == 0
  *   lse, delta       [batch, q_heads, q_len]                  accumulator dtype
- * The accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64) run on
- * the CPU flash block, device tensors (f16 or bf16) on the CUDA one; see ringattn/attention.hpp for
- * the full contract (combine mode, add-into gradients, masks by global position).
+ * The accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64, any
+ * head_dim) run on the CPU flash block, device tensors (f16 or bf16, head_dim 64 or 128) on the
+ * CUDA one; a device call of another head_dim returns RINGATTN_ERROR_UNSUPPORTED before any CUDA
+ * call. See ringattn/attention.hpp for the full contract (combine mode, add-into gradients, masks
+ * by global position).
  *
  * Every call returns a status; on failure ringattn_last_error() gives a message naming the
  * argument, its value and what was expected. Parameter structs start with struct_size, which the
@@ -92,7 +94,10 @@ typedef struct ringattn_backward_params {
 int ringattn_version(void);
 const char* ringattn_version_string(void);
 const char* ringattn_status_string(ringattn_status_t status);
-/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+/* The message of the last failed call on this thread ("" if none). Valid until the next call.
+ * From Python ctypes, declare ringattn_last_error.restype = ctypes.c_char_p (as
+ * bench/ringattn_ctypes.py does): ctypes' default restype, a C int, truncates the pointer, and
+ * reading the message of a failed call through it crashes the caller. */
 const char* ringattn_last_error(void);
 /* Number of CUDA GPUs visible (0 without CUDA). */
 int ringattn_cuda_device_count(void);

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <string_view>
 
 #include "kernels/block_checks.hpp"
@@ -40,6 +41,21 @@ constexpr KernelSet kKernels[] = {
     kernel_set<DType::bf16, 64>(), kernel_set<DType::bf16, 128>(),
     kernel_set<DType::f16, 64>(),  kernel_set<DType::f16, 128>(),
 };
+
+// One set for each dtype and each head dim of detail::kCudaBlockHeadDims, and no other: the head
+// dims that every entry point checks and names (detail::check_block_dtype) are the table's.
+constexpr bool table_has_the_checked_head_dims() {
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    for (const std::int64_t head_dim : detail::kCudaBlockHeadDims) {
+      int sets = 0;
+      for (const KernelSet& set : kKernels) sets += set.dtype == dtype && set.head_dim == head_dim;
+      if (sets != 1) return false;
+    }
+  }
+  return std::size(kKernels) == 2 * std::size(detail::kCudaBlockHeadDims);
+}
+static_assert(table_has_the_checked_head_dims(),
+              "kKernels must hold one kernel set per dtype and head dim of kCudaBlockHeadDims");
 
 const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* where) {
   detail::check_block_dtype(dtype, head_dim, Memory::device, where);

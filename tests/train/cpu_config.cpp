@@ -473,16 +473,59 @@ TEST(Config, RecomputeAttentionGoesWithRecompute) {
 TEST(Config, CudaBackendLimitsNameTheKeys) {
   TrainConfig c;  // tiny-cpu: head dimension 64 / 4 = 16
   c.model.ffn_hidden = 175;
-  EXPECT_TRUE(throws_error_with([&] { validate_for_cuda(c); },
-                                {"head dimension 16", "expected 64 or 128",
-                                 "model.ffn_hidden is 175", "multiple of 8"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { validate_for_cuda(c); },
+      {"model.d_model 64 / model.n_heads 4 gives head_dim 16", "the CUDA block takes 64 or 128",
+       "model.ffn_hidden is 175", "multiple of 8"}));
   c.run.backend = Backend::cuda;
-  EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"head dimension 16"}));
+  EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"gives head_dim 16"}));
   for (const int gpus : {1, 2, 8}) {
     const TrainConfig g = default_gpu_config(gpus);
     EXPECT_EQ(g.parallel.cp, gpus);
     EXPECT_EQ(g.run.backend, Backend::cuda);
     EXPECT_NO_THROW(validate(g, gpus)) << gpus << " GPUs";
+  }
+}
+
+// A head dim the CUDA block has no kernels for is refused by validation when run.backend is cuda,
+// before anything is built, naming the keys and values it comes from (d_model / n_heads, or
+// model.head_dim when given); the cpu backend takes it, and the CUDA block's own head dims pass.
+TEST(Config, CudaBackendRefusesHeadDimsWithoutKernels) {
+  for (const int head_dim : {32, 48, 96, 256}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    TrainConfig c;
+    c.model.n_heads = 8;
+    c.model.n_kv_heads = 4;
+    c.model.d_model = 8 * head_dim;
+    EXPECT_NO_THROW(validate(c, 2));
+    const std::string derived = "model.d_model " + std::to_string(8 * head_dim) +
+                                " / model.n_heads 8 gives head_dim " + std::to_string(head_dim) +
+                                "; the CUDA block takes 64 or 128";
+    EXPECT_TRUE(
+        throws_error_with([&] { validate_for_cuda(c); }, {derived}, ErrorKind::invalid_argument));
+    c.run.backend = Backend::cuda;
+    EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"validate_config: ", derived},
+                                  ErrorKind::invalid_argument));
+
+    // Given explicitly, model.head_dim is what counts (d_model / n_heads = 64 here).
+    c.model.d_model = 512;
+    c.model.head_dim = head_dim;
+    EXPECT_TRUE(throws_error_with(
+        [&] { validate(c, 2); },
+        {"model.head_dim is " + std::to_string(head_dim) + "; the CUDA block takes 64 or 128"}));
+    c.run.backend = Backend::cpu;
+    EXPECT_NO_THROW(validate(c, 2));
+  }
+  for (const int head_dim : {64, 128}) {
+    TrainConfig c;
+    c.model.n_heads = 4;
+    c.model.n_kv_heads = 4;
+    c.model.d_model = 4 * head_dim;
+    c.run.backend = Backend::cuda;
+    EXPECT_NO_THROW(validate(c, 2)) << "head_dim " << head_dim;
+    c.model.d_model = 512;
+    c.model.head_dim = head_dim;
+    EXPECT_NO_THROW(validate(c, 2)) << "model.head_dim " << head_dim;
   }
 }
 

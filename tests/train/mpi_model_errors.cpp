@@ -2,17 +2,21 @@
 // The model's argument errors name the bad value and what was expected: a loss chunk below one
 // token, a batch whose token count is not batch * Sl, a checkpoint state of another size, and a
 // communicator that moves the other backend's memory (the trainer builds the right one; a caller
-// of Model may not).
+// of Model may not). And the trainer refuses a model the cuda backend cannot run (a head dim
+// without CUDA kernels) on every rank alike, before it builds anything.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "parallel/communicator.hpp"
 #include "ringattn/ring.hpp"
 #include "tests/train/expect_error.hpp"
+#include "train/config.hpp"
 #include "train/model_cpu.hpp"
+#include "train/trainer.hpp"
 
 namespace ringattn::train {
 namespace {
@@ -93,6 +97,34 @@ TEST(ModelErrors, CommunicatorOfTheOtherMemory) {
         CpuModel<float> model(tiny_model(), kBatch, kSeq, device, SequenceLayoutKind::zigzag);
       },
       {"the cp communicator moves device memory", "the cpu fp32 backend needs host memory"}));
+}
+
+// run.backend cuda with d_model 768 over 8 heads (head_dim 96): the trainer's config validation
+// throws the same message on every rank, naming the keys and values, before the NCCL communicator
+// or the model exist (which is why this runs on machines without a GPU too).
+TEST(ModelErrors, TrainerRefusesACudaHeadDimWithoutKernelsOnEveryRank) {
+  const std::shared_ptr<Communicator> world = mpi_world_communicator();
+  TrainConfig config;
+  config.model.d_model = 768;
+  config.model.n_heads = 8;
+  config.model.n_kv_heads = 4;
+  config.parallel.dp = 1;
+  config.parallel.cp = world->size();
+  config.run.backend = Backend::cuda;
+  std::string message = "(nothing thrown)";
+  try {
+    Trainer trainer(config, world);
+  } catch (const Error& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("model.d_model 768 / model.n_heads 8 gives head_dim 96; the CUDA block "
+                         "takes 64 or 128"),
+            std::string::npos)
+      << message;
+  const std::vector<std::string> all = all_gather_text(*world, message);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    EXPECT_EQ(all[r], all[0]) << "rank " << r << " threw another message than rank 0";
+  }
 }
 
 }  // namespace
