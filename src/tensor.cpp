@@ -1,6 +1,5 @@
 #include "ringattn/tensor.hpp"
 
-#include <sstream>
 
 #include "ringattn/error.hpp"
 
@@ -54,13 +53,11 @@ bool TensorView::is_contiguous() const {
 }
 
 std::string TensorView::describe() const {
-  std::ostringstream out;
-  out << dtype_name(dtype) << "[";
-  for (int i = 0; i < rank; ++i) out << (i ? ", " : "") << shape[i];
-  out << "] strides [";
-  for (int i = 0; i < rank; ++i) out << (i ? ", " : "") << strides[i];
-  out << "] on " << (memory == Memory::host ? "host" : "device");
-  return out.str();
+  std::string out = detail::concat(dtype_name(dtype), "[");
+  for (int i = 0; i < rank; ++i) out += detail::concat(i ? ", " : "", shape[i]);
+  out += "] strides [";
+  for (int i = 0; i < rank; ++i) out += detail::concat(i ? ", " : "", strides[i]);
+  return out + "] on " + (memory == Memory::host ? "host" : "device");
 }
 
 }  // namespace ringattn

@@ -1,10 +1,14 @@
 // ringattn::Error: the one exception type of the C++ API.
 #pragma once
 
+#include <charconv>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 
 namespace ringattn {
 
@@ -33,11 +37,54 @@ class Error : public std::runtime_error {
 
 namespace detail {
 
+// Appends one part of a message: text as it is, numbers by std::to_chars (what `<<` would print:
+// bool as 0 or 1, floating point as %g, pointers in hex). Messages never go through iostreams, so
+// they ignore the global locale (no "1,024"), and formatting one cannot fault in a process that
+// holds a second, uninitialised copy of the iostream locale facets: under PyTorch on the GPU
+// machines, `<<` of a number inside this library crashed the caller (SIGSEGV in num_put) where
+// every message with a number was formed. Other types still go through a stream.
+template <typename T>
+void append_part(std::string& out, const T& part) {
+  char digits[64];
+  std::to_chars_result written{digits, std::errc{}};
+  if constexpr (std::is_convertible_v<const T&, std::string_view>) {
+    out += std::string_view(part);
+    return;
+  } else if constexpr (std::is_same_v<T, char>) {
+    out += part;
+    return;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    out += part ? '1' : '0';
+    return;
+  } else if constexpr (std::is_integral_v<T>) {
+    written = std::to_chars(digits, digits + sizeof digits, part);
+  } else if constexpr (std::is_enum_v<T>) {
+    written = std::to_chars(digits, digits + sizeof digits,
+                            static_cast<std::underlying_type_t<T>>(part));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    written = std::to_chars(digits, digits + sizeof digits, part, std::chars_format::general, 6);
+  } else if constexpr (std::is_pointer_v<T>) {
+    const auto address = reinterpret_cast<std::uintptr_t>(part);
+    if (address == 0) {
+      out += '0';
+      return;
+    }
+    out += "0x";
+    written = std::to_chars(digits, digits + sizeof digits, address, 16);
+  } else {
+    std::ostringstream stream;
+    stream << part;
+    out += stream.str();
+    return;
+  }
+  out.append(digits, written.ptr);
+}
+
 template <typename... Parts>
 std::string concat(const Parts&... parts) {
-  std::ostringstream out;
-  (out << ... << parts);
-  return out.str();
+  std::string out;
+  (append_part(out, parts), ...);
+  return out;
 }
 
 template <typename... Parts>
