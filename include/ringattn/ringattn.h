@@ -96,8 +96,8 @@ const char* ringattn_version_string(void);
 const char* ringattn_status_string(ringattn_status_t status);
 /* The message of the last failed call on this thread ("" if none). Valid until the next call.
  * From Python ctypes, declare ringattn_last_error.restype = ctypes.c_char_p (as
- * bench/ringattn_ctypes.py does): ctypes' default restype, a C int, truncates the pointer, and
- * reading the message of a failed call through it crashes the caller. */
+ * bench/ringattn_ctypes.py does): ctypes' default restype is a C int, which cannot hold a
+ * 64-bit pointer. */
 const char* ringattn_last_error(void);
 /* Number of CUDA GPUs visible (0 without CUDA). */
 int ringattn_cuda_device_count(void);
