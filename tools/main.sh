@@ -2,8 +2,8 @@
 # Installs what the build needs where it is missing (tools/deps.sh: Debian/Ubuntu packages, through
 # apt-get), builds ringattn and runs the main job: ringattn-train with its embedded default, a small
 # transformer on the synthetic retrieval task with ring attention over the context-parallel ranks:
-# on a machine with NVIDIA GPUs (and a ringattn built with CUDA) one rank per GPU at a 16k context
-# on the CUDA backend, elsewhere the tiny-cpu config on 2 CPU ranks. Arguments go to
+# on a machine with NVIDIA GPUs (and a ringattn built with CUDA) one rank per GPU on the CUDA
+# backend, 256 tokens and then a 16k context, elsewhere the tiny-cpu config on 2 CPU ranks. Arguments go to
 # ringattn-train (e.g. --set train.steps=200, or a config file).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -95,6 +95,50 @@ bool parse_value(std::string_view text, std::string& out) {
   out = std::string(text);
   return true;
 }
+// train.stages: a YAML list of maps {steps, seq_len[, batch_size]}, from a file's node (as its
+// YAML text) or from `--set train.stages=[{steps: 400, seq_len: 256}, ...]`. Null or "" is no
+// stages. Ranges are validate()'s job; this only takes the shape.
+bool parse_value(std::string_view text, std::vector<StageConfig>& out) {
+  YAML::Node node;
+  try {
+    node = YAML::Load(std::string(text));
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+  std::vector<StageConfig> stages;
+  if (node.IsNull()) {
+    out = stages;
+    return true;
+  }
+  if (!node.IsSequence()) return false;
+  for (const YAML::Node& entry : node) {
+    if (!entry.IsMap()) return false;
+    StageConfig stage;
+    bool has_steps = false, has_seq_len = false;
+    for (const auto& field : entry) {
+      const std::string key = field.first.Scalar();
+      if (!field.second.IsScalar()) return false;
+      int value = 0;
+      if (!parse_integer(std::string_view(field.second.Scalar()), value)) return false;
+      if (key == "steps" && !has_steps) {
+        stage.steps = value;
+        has_steps = true;
+      } else if (key == "seq_len" && !has_seq_len) {
+        stage.seq_len = value;
+        has_seq_len = true;
+      } else if (key == "batch_size" && !stage.batch_size) {
+        stage.batch_size = value;
+      } else {
+        return false;
+      }
+    }
+    if (!has_steps || !has_seq_len) return false;
+    stages.push_back(stage);
+  }
+  out = std::move(stages);
+  return true;
+}
+
 template <typename Enum, std::enable_if_t<std::is_enum_v<Enum>, int> = 0>
 bool parse_value(std::string_view text, Enum& out) {
   for (const auto& entry : enum_names(Enum{})) {
@@ -130,6 +174,17 @@ std::string format_value(double value) {
   }
   return text;
 }
+// YAML flow text that parse_value reads back: [{steps: 400, seq_len: 256}, ...].
+std::string format_value(const std::vector<StageConfig>& stages) {
+  std::string text = "[";
+  for (const StageConfig& stage : stages) {
+    if (text.size() > 1) text += ", ";
+    text += "{steps: " + std::to_string(stage.steps) + ", seq_len: " + std::to_string(stage.seq_len);
+    if (stage.batch_size) text += ", batch_size: " + std::to_string(*stage.batch_size);
+    text += "}";
+  }
+  return text + "]";
+}
 template <typename Enum>
 std::string_view enum_name(Enum value) {
   for (const auto& entry : enum_names(Enum{})) {
@@ -154,6 +209,9 @@ std::string expected_text() {
     return "true or false";
   } else if constexpr (std::is_same_v<T, std::string>) {
     return "a string";
+  } else if constexpr (std::is_same_v<T, std::vector<StageConfig>>) {
+    return "a list of stages, each {steps: N, seq_len: N} with an optional batch_size: N, e.g. "
+           "[{steps: 400, seq_len: 256}, {steps: 200, seq_len: 16384}]";
   } else {
     std::string text = "one of";
     const char* separator = " ";
@@ -172,6 +230,7 @@ struct KeyInfo {
   std::string key;
   std::string expected;  // "an integer", "one of zigzag, contiguous", ...
   bool is_text = false;  // a string: YAML null reads as "", dumps are always quoted
+  bool is_list = false;  // YAML flow text of a list (train.stages): read from a list node, dumped as one
   std::function<bool(TrainConfig&, std::string_view)> parse;             // false: not of the type
   std::function<std::optional<std::string>(const TrainConfig&)> format;  // nullopt: unset
 };
@@ -183,6 +242,7 @@ KeyInfo make_key(std::string key, Access access) {
   info.key = std::move(key);
   info.expected = expected_text<Value>();
   info.is_text = std::is_same_v<Value, std::string>;
+  info.is_list = std::is_same_v<Value, std::vector<StageConfig>>;
   info.parse = [access](TrainConfig& config, std::string_view text) {
     return parse_value(text, access(config));
   };
@@ -191,6 +251,9 @@ KeyInfo make_key(std::string key, Access access) {
     if constexpr (std::is_same_v<Value, std::optional<int>>) {
       if (!value) return std::nullopt;
       return format_value(*value);
+    } else if constexpr (std::is_same_v<Value, std::vector<StageConfig>>) {
+      if (value.empty()) return std::nullopt;
+      return format_value(value);
     } else {
       return format_value(value);
     }
@@ -220,6 +283,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.batch_size),
       RINGATTN_CONFIG_KEY(train.grad_accum),
       RINGATTN_CONFIG_KEY(train.steps),
+      RINGATTN_CONFIG_KEY(train.stages),
       RINGATTN_CONFIG_KEY(train.lr),
       RINGATTN_CONFIG_KEY(train.min_lr),
       RINGATTN_CONFIG_KEY(train.warmup_steps),
@@ -439,6 +503,14 @@ class YamlReader {
       info.parse(config_, "");
       return;
     }
+    if (info.is_list && (value.IsSequence() || value.IsNull())) {
+      YAML::Emitter text;
+      text << YAML::Flow << value;
+      if (!info.parse(config_, text.c_str())) {
+        fail_at(value, info.key, " is ", text.c_str(), "; expected ", info.expected);
+      }
+      return;
+    }
     if (!value.IsScalar()) {
       fail_at(value, info.key, " is ", node_kind(value), "; expected ", info.expected);
     }
@@ -450,7 +522,16 @@ class YamlReader {
   std::string source_;
   TrainConfig& config_;
   std::map<std::string, int> lines_;  // key -> line where it was first given
+
+ public:
+  bool given(const std::string& key) const { return lines_.contains(key); }
 };
+
+int stage_steps_sum(const std::vector<StageConfig>& stages) {
+  std::int64_t sum = 0;
+  for (const StageConfig& stage : stages) sum += stage.steps;
+  return static_cast<int>(std::clamp<std::int64_t>(sum, 0, std::numeric_limits<int>::max()));
+}
 
 // ---- validation ---------------------------------------------------------------------------------
 
@@ -514,7 +595,11 @@ TrainConfig load_config_string(std::string_view yaml, std::string_view source) {
                  ": YAML syntax error: ", error.msg);
   }
   TrainConfig config;
-  YamlReader(std::string(source), config).read_document(root);
+  YamlReader reader(std::string(source), config);
+  reader.read_document(root);
+  if (reader.given("train.stages") && !reader.given("train.steps")) {
+    config.train.steps = stage_steps_sum(config.train.stages);
+  }
   return config;
 }
 
@@ -562,7 +647,15 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
 }
 
 void apply_overrides(TrainConfig& config, std::span<const std::string> assignments) {
-  for (const std::string& assignment : assignments) apply_override(config, assignment);
+  // train.stages given without train.steps sets train.steps to the stages' sum, whatever the
+  // order of the assignments; a train.steps given beside them stays as given.
+  bool stages = false, steps = false;
+  for (const std::string& assignment : assignments) {
+    apply_override(config, assignment);
+    stages |= assignment.starts_with("train.stages=");
+    steps |= assignment.starts_with("train.steps=");
+  }
+  if (stages && !steps) config.train.steps = stage_steps_sum(config.train.stages);
 }
 
 std::string dump_config(const TrainConfig& config) {
@@ -585,6 +678,10 @@ std::string dump_config(const TrainConfig& config) {
       out << YAML::Key << sections[open.size()] << YAML::Value << YAML::BeginMap;
     }
     out << YAML::Key << parts.back() << YAML::Value;
+    if (info.is_list) {
+      out << YAML::Flow << YAML::Load(*text);
+      continue;
+    }
     // Quoted, so that a path like "null", "~" or "true" stays a string.
     if (info.is_text) out << YAML::DoubleQuoted;
     out << *text;
@@ -622,7 +719,52 @@ void add_cuda_problems(const TrainConfig& config, Problems& p) {
   multiple_of_8("model.vocab_size", m.vocab_size);
 }
 
+// What depends on the sequence length: its multiple of the layout's chunks and the retrieval task
+// fitting in it. `prefix` names the stage ("" for a run without train.stages).
+void add_sequence_problems(const TrainConfig& config, const std::string& prefix, Problems& p) {
+  const TrainingConfig& t = config.train;
+  const ParallelConfig& par = config.parallel;
+  if (par.cp >= 1 && t.seq_len >= 1) {
+    const int chunks = chunk_count(par.cp, par.layout);
+    if (t.seq_len % chunks != 0) {
+      p.add(prefix, "train.seq_len (", t.seq_len, ") is not a multiple of ",
+            par.layout == ShardLayout::zigzag ? "2 * parallel.cp = " : "parallel.cp = ", chunks,
+            ", which the ", layout_name(par.layout), " layout needs");
+    }
+  }
+  if (config.data.source == DataSource::retrieval) {
+    const RetrievalConfig& r = config.data.retrieval;
+    const RetrievalSpec spec{config.model.vocab_size, t.seq_len, r.pairs, r.key_tokens,
+                             r.value_tokens, r.queries, t.seed};
+    for (const std::string& line : check_retrieval_spec(spec)) p.add(prefix, line);
+  }
+}
+
 }  // namespace
+
+std::vector<StageConfig> run_stages(const TrainingConfig& train) {
+  if (!train.stages.empty()) return train.stages;
+  return {StageConfig{train.steps, train.seq_len, train.batch_size}};
+}
+
+TrainConfig stage_config(const TrainConfig& config, int index) {
+  TrainConfig stage = config;
+  const std::vector<StageConfig> stages = run_stages(config.train);
+  const StageConfig& chosen = stages.at(static_cast<std::size_t>(index));
+  stage.train.seq_len = chosen.seq_len;
+  stage.train.batch_size = chosen.batch_size.value_or(config.train.batch_size);
+  return stage;
+}
+
+int stage_of_step(const TrainingConfig& train, int step) {
+  const std::vector<StageConfig> stages = run_stages(train);
+  int end = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    end += stages[i].steps;
+    if (step < end) return static_cast<int>(i);
+  }
+  return static_cast<int>(stages.size()) - 1;
+}
 
 void validate(const TrainConfig& config, int world_size) {
   Problems p;
@@ -653,7 +795,7 @@ void validate(const TrainConfig& config, int world_size) {
   p.positive("model.init_std", m.init_std);
 
   const TrainingConfig& t = config.train;
-  p.at_least("train.seq_len", t.seq_len, 1);
+  if (t.stages.empty()) p.at_least("train.seq_len", t.seq_len, 1);
   p.at_least("train.batch_size", t.batch_size, 1);
   p.at_least("train.grad_accum", t.grad_accum, 1);
   p.at_least("train.steps", t.steps, 1);
@@ -692,12 +834,25 @@ void validate(const TrainConfig& config, int world_size) {
           std::int64_t{par.dp} * par.cp, " ranks, but the job has ", world_size,
           "; choose dp and cp with dp * cp = ", world_size);
   }
-  if (par.cp >= 1 && t.seq_len >= 1) {
-    const int chunks = chunk_count(par.cp, par.layout);
-    if (t.seq_len % chunks != 0) {
-      p.add("train.seq_len (", t.seq_len, ") is not a multiple of ",
-            par.layout == ShardLayout::zigzag ? "2 * parallel.cp = " : "parallel.cp = ", chunks,
-            ", which the ", layout_name(par.layout), " layout needs");
+  if (t.stages.empty()) {
+    add_sequence_problems(config, "", p);
+  } else {
+    std::int64_t steps = 0;
+    for (std::size_t i = 0; i < t.stages.size(); ++i) {
+      const StageConfig& stage = t.stages[i];
+      const std::string key = "train.stages[" + std::to_string(i) + "]";
+      p.at_least(key + ".steps", stage.steps, 1);
+      p.at_least(key + ".seq_len", stage.seq_len, 1);
+      if (stage.batch_size) p.at_least(key + ".batch_size", *stage.batch_size, 1);
+      steps += stage.steps;
+      if (stage.seq_len >= 1 && stage.batch_size.value_or(1) >= 1) {
+        add_sequence_problems(stage_config(config, static_cast<int>(i)),
+                              key + " (seq_len " + std::to_string(stage.seq_len) + "): ", p);
+      }
+    }
+    if (steps != t.steps) {
+      p.add("train.stages add up to ", steps, " steps but train.steps is ", t.steps,
+            "; set train.steps to ", steps, " (or leave it out where the stages are given)");
     }
   }
 
@@ -708,15 +863,6 @@ void validate(const TrainConfig& config, int world_size) {
       p.add("data.val_path is empty; evaluation (train.eval_every = ", t.eval_every,
             ") needs a validation dataset; set it or set train.eval_every to 0");
     }
-  } else {
-    const RetrievalSpec spec{m.vocab_size,
-                             t.seq_len,
-                             d.retrieval.pairs,
-                             d.retrieval.key_tokens,
-                             d.retrieval.value_tokens,
-                             d.retrieval.queries,
-                             t.seed};
-    for (const std::string& line : check_retrieval_spec(spec)) p.add(line);
   }
 
   if (config.run.dir.empty()) p.add("run.dir is empty; expected the run's directory");
@@ -727,24 +873,29 @@ void validate(const TrainConfig& config, int world_size) {
 TrainConfig default_gpu_config(int gpus) {
   TrainConfig c;
   c.model.vocab_size = 256;
-  c.model.d_model = 512;
-  c.model.n_layers = 4;
+  c.model.d_model = 256;
+  c.model.n_layers = 2;
   c.model.n_heads = 4;
   c.model.n_kv_heads = 4;
-  c.model.ffn_hidden = 1408;
+  c.model.ffn_hidden = 704;
   c.model.rope_theta = 100000;
+  c.train.batch_size = 16;
+  // The lookup is learned at 256 tokens in a few seconds, then kept while the context grows to
+  // 16k, where the pair lies anywhere in 16k tokens (on several GPUs, often in another rank's
+  // shard).
+  c.train.stages = {StageConfig{400, 256, std::nullopt}, StageConfig{200, 16384, std::nullopt}};
+  c.train.steps = 600;
   c.train.seq_len = 16384;
-  c.train.batch_size = 4;
-  c.train.steps = 300;
   c.train.lr = 1e-3;
   c.train.min_lr = 1e-4;
-  c.train.warmup_steps = 30;
-  c.train.log_every = 10;
+  c.train.warmup_steps = 20;
+  c.train.weight_decay = 0.0;
+  c.train.log_every = 20;
   c.train.eval_every = 100;
-  c.train.eval_batches = 4;
+  c.train.eval_batches = 16;
   c.parallel.cp = std::max(1, gpus);
-  c.data.retrieval.pairs = 32;
-  c.data.retrieval.queries = 32;
+  c.data.retrieval.pairs = 1;
+  c.data.retrieval.queries = 1;
   c.run.dir = "runs/default-gpu";
   c.run.backend = Backend::cuda;
   return c;

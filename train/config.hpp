@@ -7,8 +7,8 @@
 //
 //   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim ffn_hidden tied_embeddings
 //             rope_theta norm_eps init_std
-//   train:    seq_len batch_size grad_accum steps lr min_lr warmup_steps weight_decay beta1 beta2
-//             adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
+//   train:    seq_len batch_size grad_accum steps stages lr min_lr warmup_steps weight_decay beta1
+//             beta2 adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
 //             deterministic profile shard_optimizer log_every eval_every eval_batches
 //             checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
@@ -50,12 +50,30 @@ struct ModelConfig {
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
+// One stage of a run that grows its context (train.stages): `steps` optimizer steps at sequences
+// of `seq_len` tokens, `batch_size` of them per data-parallel rank and micro-step (absent:
+// train.batch_size).
+struct StageConfig {
+  int steps = 0;
+  int seq_len = 0;
+  std::optional<int> batch_size;
+
+  friend bool operator==(const StageConfig&, const StageConfig&) = default;
+};
+
 // The `train` section.
 struct TrainingConfig {
   int seq_len = 256;     // tokens per sequence (the whole context, over all cp ranks)
   int batch_size = 8;    // sequences per data-parallel rank per micro-step
   int grad_accum = 1;    // micro-steps per optimizer step
   int steps = 400;       // optimizer steps
+  // Progressive context length: the run takes the stages in order, each its steps at its seq_len
+  // (and batch_size), in one run with one learning-rate schedule over all of them. Empty: one stage
+  // of train.steps at train.seq_len. Given, the stages' steps add up to train.steps (a file or
+  // --set that gives stages without steps sets train.steps to their sum) and train.seq_len is
+  // that of the stage being run (the trainer sets it; checkpoints record it). YAML:
+  //   stages: [{steps: 400, seq_len: 256, batch_size: 64}, {steps: 200, seq_len: 16384}]
+  std::vector<StageConfig> stages;
   double lr = 3e-3;      // peak learning rate, after linear warmup
   double min_lr = 3e-4;  // the end of the cosine decay
   int warmup_steps = 10;
@@ -162,11 +180,22 @@ void apply_overrides(TrainConfig& config, std::span<const std::string> assignmen
 // YAML that load_config_string reads back into an equal config (numbers keep every bit).
 std::string dump_config(const TrainConfig& config);
 
+// The stages of a run: train.stages, or the one stage {train.steps, train.seq_len} without them.
+std::vector<StageConfig> run_stages(const TrainingConfig& train);
+// The config that stage `index` of run_stages runs: train.seq_len and train.batch_size are the
+// stage's; everything else (train.stages included) is config's.
+TrainConfig stage_config(const TrainConfig& config, int index);
+// The index in run_stages of the stage that runs optimizer step `step` (0-based; past the end: the
+// last stage).
+int stage_of_step(const TrainingConfig& train, int step);
+
 // Checks ranges and combinations for a job of `world_size` ranks: positive sizes, n_heads %
 // n_kv_heads, d_model % n_heads (when head_dim is not given), an even head_dim (RoPE), seq_len a
 // multiple of the layout's chunk count (2 cp for zigzag, cp for contiguous), dp * cp ==
-// world_size, paths the data source needs, the retrieval task fitting in a sequence, ... Every
-// problem is reported, one per line, each naming its key(s) and value(s).
+// world_size, paths the data source needs, the retrieval task fitting in a sequence, ... With
+// train.stages, every stage is checked as the run will take it (its seq_len and batch_size), and its
+// problems name it ("train.stages[1] (seq_len 1000): ..."). Every problem is reported, one per
+// line, each naming its key(s) and value(s).
 void validate(const TrainConfig& config, int world_size);
 
 // Every key, dotted, in file order.
@@ -175,10 +204,11 @@ const std::vector<std::string>& config_keys();
 std::string_view source_name(DataSource source);
 std::string_view backend_name(Backend backend);
 
-// The main job's embedded default on a GPU machine: the retrieval task at a 16k context with ring
-// attention over `gpus` GPUs (cp = gpus; 2 * gpus must divide 16384), a 4-layer model of 512 (4
-// heads of 128), run.backend cuda, run.dir runs/default-gpu. TrainConfig{} (tiny-cpu) is the
-// default elsewhere.
+// The main job's embedded default on a GPU machine: passkey retrieval (one key -> value pair
+// anywhere in the sequence, one query at the end) with ring attention over `gpus` GPUs (cp =
+// gpus), in two stages: 400 steps at 256 tokens, then 200 at 16,384 (2 * gpus must divide 256).
+// A 2-layer model of 256 (4 heads of 64), batch 16, run.backend cuda, run.dir runs/default-gpu.
+// TrainConfig{} (tiny-cpu) is the default elsewhere.
 TrainConfig default_gpu_config(int gpus);
 
 // The cuda backend's own limits (validate() applies them when run.backend is cuda; the trainer

@@ -2,10 +2,11 @@
 //
 // Trains the decoder-only transformer with ring attention over the context-parallel ranks, under
 // mpirun (or alone as one rank), on GPUs (bf16, one per rank, by node-local rank) or CPU ranks
-// (fp32). Without a config file it runs the embedded default: on a machine with a GPU the
-// retrieval task at 16k over all ranks' GPUs (default_gpu_config, cp = the world size: mpirun
-// -np <GPUs> ringattn-train), elsewhere tiny-cpu (TrainConfig{}, equal to configs/tiny-cpu.yaml:
-// mpirun -np 2 ringattn-train).
+// (fp32). Without a config file it runs the embedded default: on a machine with a GPU passkey
+// retrieval over all ranks' GPUs, 256 tokens and then 16k (default_gpu_config, cp = the world
+// size: mpirun -np <GPUs> ringattn-train), elsewhere tiny-cpu (TrainConfig{}, equal to
+// configs/tiny-cpu.yaml: mpirun -np 2 ringattn-train). The run ends with a summary and writes
+// metrics.png beside metrics.jsonl.
 // Errors (a bad config, a missing dataset, a non-finite loss) print one line on rank 0 and exit
 // with status 1 on every rank. SIGINT/SIGTERM stop the run after the current step with a final
 // checkpoint, on all ranks (they agree after every step).

@@ -23,6 +23,7 @@
 #include "ringattn/runtime.hpp"
 #include "train/model_cpu.hpp"
 #include "train/op_adamw.hpp"
+#include "train/plot_png.hpp"
 #include "train/retrieval_task.hpp"
 #include "train/sequence_sampler.hpp"
 #include "train/shard_ranges.hpp"
@@ -78,7 +79,10 @@ Backend resolve_backend(Backend requested) {
 }  // namespace
 
 struct Trainer::Impl {
-  TrainConfig config;
+  TrainConfig base;    // the whole run's config (train.stages included)
+  TrainConfig config;  // the stage being run: stage_config(base, stage)
+  std::vector<StageConfig> stages;  // run_stages(base.train)
+  int stage = -1;                   // index into stages; -1 before the first
   TrainerOptions options;
   std::shared_ptr<Communicator> world;
   std::shared_ptr<Communicator> cp_comm;
@@ -88,6 +92,9 @@ struct Trainer::Impl {
   double flops_per_token = 0.0;    // model_flops_per_token of the config
   double peak_flops = 0.0;         // per GPU, for MFU; 0 when unknown (and on the CPU)
   std::shared_ptr<Communicator> device_world;  // NCCL over the world (cuda)
+  std::shared_ptr<Communicator> device_cp;     // NCCL over this rank's ring (cuda)
+  SequenceLayoutKind layout = SequenceLayoutKind::zigzag;
+  ModelOptions model_options;
   std::unique_ptr<TrainModel> model;
   std::optional<RetrievalTask> task;
   std::optional<TokenDataset> train_data, val_data;
@@ -96,6 +103,10 @@ struct Trainer::Impl {
   // train.profile: the steps profiled so far and their wall time (the phases are the model's).
   // The process's first step pays one-time costs (allocations, GEMM algorithm choices): it is
   // left out of the profile when more steps follow.
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  std::optional<EvalMetrics> last_eval;       // the newest evaluation of run()
+  std::vector<int> stage_of_metrics;          // the stage of each step run() returned
+  std::filesystem::path last_checkpoint;      // the newest checkpoint written
   int profiled_steps = 0;
   double profiled_ms = 0.0;
   int first_step = -1;
@@ -126,6 +137,127 @@ struct Trainer::Impl {
                  << step << "/" << steps << "  loss " << loss << std::flush;
   }
 
+  // The optimizer step where stage i starts, and the training samples of every replica before it.
+  int stage_first_step(int index) const {
+    int first = 0;
+    for (int i = 0; i < index; ++i) first += stages[static_cast<std::size_t>(i)].steps;
+    return first;
+  }
+  std::uint64_t sequences_per_step(int index) const {
+    const StageConfig& st = stages[static_cast<std::size_t>(index)];
+    return static_cast<std::uint64_t>(base.train.grad_accum) * static_cast<std::uint64_t>(dp) *
+           static_cast<std::uint64_t>(st.batch_size.value_or(base.train.batch_size));
+  }
+  // The training sequences of all replicas in the first `steps` optimizer steps.
+  std::uint64_t sequences_before(int steps) const {
+    std::uint64_t sequences = 0;
+    for (int i = 0, first = 0; i < static_cast<int>(stages.size()); ++i) {
+      const int in_stage = std::clamp(steps - first, 0, stages[static_cast<std::size_t>(i)].steps);
+      sequences += static_cast<std::uint64_t>(in_stage) * sequences_per_step(i);
+      first += stages[static_cast<std::size_t>(i)].steps;
+    }
+    return sequences;
+  }
+
+  std::unique_ptr<TrainModel> make_model(const TrainConfig& c) const {
+    if (backend == Backend::cuda) {
+      return make_cuda_model(c.model, c.train.batch_size, c.train.seq_len, device_cp, layout,
+                             model_options, device_world);
+    }
+    return std::make_unique<CpuModel<float>>(c.model, c.train.batch_size, c.train.seq_len,
+                                             cp_comm, layout, model_options, world);
+  }
+
+  // The data of `config` (its seq_len): the retrieval task or the datasets.
+  void open_data() {
+    task.reset();
+    train_data.reset();
+    val_data.reset();
+    sampler.reset();
+    if (config.data.source == DataSource::retrieval) {
+      RetrievalSpec spec;
+      spec.vocab_size = config.model.vocab_size;
+      spec.seq_len = config.train.seq_len;
+      spec.pairs = config.data.retrieval.pairs;
+      spec.key_tokens = config.data.retrieval.key_tokens;
+      spec.value_tokens = config.data.retrieval.value_tokens;
+      spec.queries = config.data.retrieval.queries;
+      spec.seed = config.train.seed;
+      task.emplace(spec);
+    } else {
+      train_data.emplace(config.data.train_path, config.model.vocab_size, config.train.seq_len);
+      sampler.emplace(config.train.seed, train_data->num_sequences());
+      if (!config.data.val_path.empty()) {
+        val_data.emplace(config.data.val_path, config.model.vocab_size, config.train.seq_len);
+      }
+    }
+  }
+
+  // On a GPU, a later stage with more tokens a rank than the first would find out only when it
+  // starts whether its model fits: make that model once here, before step 1, and let it go.
+  void check_largest_stage_fits() {
+    int largest = 0;
+    const auto tokens = [&](int i) {
+      const TrainConfig c = stage_config(base, i);
+      return static_cast<std::int64_t>(c.train.batch_size) * c.train.seq_len;
+    };
+    for (int i = 1; i < static_cast<int>(stages.size()); ++i) {
+      if (tokens(i) > tokens(largest)) largest = i;
+    }
+    if (largest == 0) return;
+    const TrainConfig c = stage_config(base, largest);
+    std::optional<Error> failure;
+    try {
+      try {
+        make_model(c);
+      } catch (const Error& e) {
+        ringattn::detail::fail("Trainer", "train.stages[", largest, "] (seq_len ", c.train.seq_len,
+                               ", batch_size ", c.train.batch_size, ") does not fit: ", e.what());
+      }
+    } catch (const Error& e) {
+      failure = e;
+    }
+    check_no_rank_failed(*world, "Trainer", failure ? &*failure : nullptr);
+  }
+
+  // Makes stage `index` the one being run: its config, shards, FLOPs a token, data and a model of
+  // its shapes holding the parameters and moments of the model before (collective). The first
+  // model is initialised from train.seed instead. The data and the model are made on every rank;
+  // a rank that fails makes all fail alike.
+  void enter_stage(int index) {
+    if (index == stage) return;
+    const bool first = model == nullptr;
+    std::optional<Error> failure;
+    std::vector<float> params, m, v;
+    if (!first) {
+      model->export_state(params, m, v);
+      model.reset();  // its device memory goes before the next stage's is taken
+    }
+    stage = index;
+    config = stage_config(base, index);
+    ranges = shard_ranges(config.train.seq_len, cp, cp_rank, config.parallel.layout);
+    flops_per_token = model_flops_per_token(model_shape(config.model), config.train.seq_len);
+    try {
+      model = make_model(config);
+      open_data();
+    } catch (const Error& e) {
+      failure = e;
+    }
+    check_no_rank_failed(*world, "Trainer", failure ? &*failure : nullptr);
+    if (first) {
+      model->init(config.train.seed);
+    } else {
+      model->import_state(params, m, v);
+    }
+    if (!first) {
+      log("stage " + std::to_string(index + 1) + "/" + std::to_string(stages.size()) +
+          " from step " + std::to_string(stage_first_step(index) + 1) + ": seq_len " +
+          std::to_string(config.train.seq_len) + ", batch " +
+          std::to_string(config.train.batch_size) + ", " + std::to_string(stages[index].steps) +
+          " steps");
+    }
+  }
+
   // The micro-batch of this rank: samples [first, first + batch) of the split.
   MicroBatch load(std::uint64_t first, bool held_out, std::vector<RetrievalSample>* samples) const {
     MicroBatch mb;
@@ -152,6 +284,74 @@ struct Trainer::Impl {
     }
     for (float w : mb.mask) mb.weight += w;
     return mb;
+  }
+
+  // The end of run() on rank 0: what a person wants to see (the last loss and evaluation,
+  // throughput, memory, wall time and where the files are), and the PNG of the curves beside
+  // metrics.jsonl (train/plot_png.hpp).
+  void report_summary(const std::vector<StepMetrics>& run_steps) {
+    if (world_rank != 0 || options.log == nullptr || run_steps.empty()) return;
+    const StepMetrics& last = run_steps.back();
+    // Throughput: the median over the last stage's steps of this run, its first left out where
+    // more follow (it pays for allocations and algorithm choices).
+    std::vector<const StepMetrics*> timed;
+    for (std::size_t i = 0; i < run_steps.size(); ++i) {
+      if (stage_of_metrics[i] == stage_of_metrics.back()) timed.push_back(&run_steps[i]);
+    }
+    if (timed.size() > 1) timed.erase(timed.begin());
+    std::sort(timed.begin(), timed.end(), [](const StepMetrics* a, const StepMetrics* b) {
+      return a->tokens_per_s < b->tokens_per_s;
+    });
+    const StepMetrics& median = *timed[timed.size() / 2];
+    double peak_mib = 0.0;
+    for (const StepMetrics& m : run_steps) peak_mib = std::max(peak_mib, m.peak_memory_mib);
+    const double wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const std::filesystem::path dir(config.run.dir);
+    std::string png_note;
+    if (options.write_metrics) {
+      try {
+        write_metrics_png(dir / "metrics.jsonl", dir / "metrics.png");
+      } catch (const Error& e) {
+        png_note = std::string(" (not written: ") + e.what() + ")";
+      }
+    }
+    char line[256];
+    log("summary");
+    std::snprintf(line, sizeof line, "  steps        %d of %d, seq_len %d", last.step,
+                  base.train.steps, config.train.seq_len);
+    log(line);
+    std::snprintf(line, sizeof line, "  final loss   %.4f (step %d)", last.loss, last.step);
+    log(line);
+    if (last_eval) {
+      std::string text;
+      std::snprintf(line, sizeof line, "  held-out     loss %.4f", last_eval->loss);
+      text = line;
+      if (last_eval->accuracy >= 0.0) {
+        std::snprintf(line, sizeof line, ", retrieval accuracy %.3f", last_eval->accuracy);
+        text += line;
+      }
+      std::snprintf(line, sizeof line, " (step %d)", last_eval->step);
+      log(text + line);
+    }
+    std::snprintf(line, sizeof line, "  throughput   %.0f tokens/s (median of the stage's steps)",
+                  median.tokens_per_s);
+    std::string text = line;
+    if (median.mfu > 0.0) {
+      std::snprintf(line, sizeof line, ", MFU %.1f%%", 100.0 * median.mfu);
+      text += line;
+    }
+    log(text);
+    std::snprintf(line, sizeof line, "  peak memory  %.0f MiB %s", peak_mib,
+                  backend == Backend::cuda ? "(device, rank 0)" : "(resident, rank 0)");
+    log(line);
+    std::snprintf(line, sizeof line, "  wall time    %.1f s", wall_s);
+    log(line);
+    if (options.write_metrics) {
+      log("  metrics      " + (dir / "metrics.jsonl").string());
+      log("  plot         " + (dir / "metrics.png").string() + png_note);
+    }
+    if (!last_checkpoint.empty()) log("  checkpoint   " + last_checkpoint.string());
   }
 
   // The profile of the steps so far (train.profile) on rank 0, slowest phase first: a table on the
@@ -212,7 +412,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
                  TrainerOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  s.config = config;
+  s.base = config;
+  s.stages = run_stages(config.train);
   s.options = options;
   s.world = std::move(world);
   validate(config, s.world->size());
@@ -224,17 +425,14 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.dp_rank = s.world_rank / s.cp;
   s.cp_rank = s.world_rank % s.cp;
   s.cp_comm = split_communicator(*s.world, s.dp_rank, s.cp_rank);
-  const SequenceLayoutKind layout = config.parallel.layout == ShardLayout::zigzag
-                                        ? SequenceLayoutKind::zigzag
-                                        : SequenceLayoutKind::contiguous;
-  s.ranges = shard_ranges(config.train.seq_len, s.cp, s.cp_rank, config.parallel.layout);
-  ModelOptions model_options;
-  model_options.recompute = config.train.recompute;
-  model_options.recompute_attention = config.train.recompute_attention;
-  model_options.loss_chunk_tokens = config.train.loss_chunk_tokens;
-  model_options.shard_optimizer = config.train.shard_optimizer;
-  model_options.deterministic = config.train.deterministic;
-  model_options.local_attention = config.parallel.local_attention;
+  s.layout = config.parallel.layout == ShardLayout::zigzag ? SequenceLayoutKind::zigzag
+                                                           : SequenceLayoutKind::contiguous;
+  s.model_options.recompute = config.train.recompute;
+  s.model_options.recompute_attention = config.train.recompute_attention;
+  s.model_options.loss_chunk_tokens = config.train.loss_chunk_tokens;
+  s.model_options.shard_optimizer = config.train.shard_optimizer;
+  s.model_options.deterministic = config.train.deterministic;
+  s.model_options.local_attention = config.parallel.local_attention;
   if (s.backend == Backend::cuda) {
     // The ring and the gradients move device memory over NCCL, bootstrapped from the world's MPI
     // communicator; host scalars keep going through `world`.
@@ -244,39 +442,15 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
                              "MPI communicator (NCCL is bootstrapped from it)");
     }
     s.device_world = nccl_communicator_over(mpi->handle());
-    std::shared_ptr<Communicator> device_cp =
-        split_communicator(*s.device_world, s.dp_rank, s.cp_rank);
-    s.model = make_cuda_model(config.model, config.train.batch_size, config.train.seq_len,
-                              device_cp, layout, model_options, s.device_world);
-  } else {
-    s.model = std::make_unique<CpuModel<float>>(config.model, config.train.batch_size,
-                                                config.train.seq_len, s.cp_comm, layout,
-                                                model_options, s.world);
+    s.device_cp = split_communicator(*s.device_world, s.dp_rank, s.cp_rank);
+    s.peak_flops = cuda_peak_bf16_flops();
+    s.check_largest_stage_fits();
   }
-  s.model->init(config.train.seed);
-  s.flops_per_token = model_flops_per_token(model_shape(config.model), config.train.seq_len);
-  if (s.backend == Backend::cuda) s.peak_flops = cuda_peak_bf16_flops();
-  // The data and the checkpoint are opened on every rank; a rank that fails makes all fail alike
-  // (instead of leaving the others waiting in the first collective).
+  s.enter_stage(0);
+  // The checkpoint is opened on every rank; a rank that fails makes all fail alike (instead of
+  // leaving the others waiting in the first collective).
   std::optional<Error> failure;
   try {
-    if (config.data.source == DataSource::retrieval) {
-      RetrievalSpec spec;
-      spec.vocab_size = config.model.vocab_size;
-      spec.seq_len = config.train.seq_len;
-      spec.pairs = config.data.retrieval.pairs;
-      spec.key_tokens = config.data.retrieval.key_tokens;
-      spec.value_tokens = config.data.retrieval.value_tokens;
-      spec.queries = config.data.retrieval.queries;
-      spec.seed = config.train.seed;
-      s.task.emplace(spec);
-    } else {
-      s.train_data.emplace(config.data.train_path, config.model.vocab_size, config.train.seq_len);
-      s.sampler.emplace(config.train.seed, s.train_data->num_sequences());
-      if (!config.data.val_path.empty()) {
-        s.val_data.emplace(config.data.val_path, config.model.vocab_size, config.train.seq_len);
-      }
-    }
     s.log("ringattn-train: world " + std::to_string(s.world->size()) + " = dp " +
           std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
           std::string(layout_name(config.parallel.layout)) + "), backend " +
@@ -291,6 +465,16 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
           ", " +
           std::to_string(parameter_count()) + " parameters, data " +
           std::string(source_name(config.data.source)));
+    if (s.stages.size() > 1) {
+      std::string plan = "stages:";
+      for (std::size_t i = 0; i < s.stages.size(); ++i) {
+        const TrainConfig c = stage_config(config, static_cast<int>(i));
+        plan += std::string(i == 0 ? " " : ", then ") + std::to_string(s.stages[i].steps) +
+                " steps at seq_len " + std::to_string(c.train.seq_len) + " (batch " +
+                std::to_string(c.train.batch_size) + ")";
+      }
+      s.log(plan);
+    }
     if (s.world_rank == 0 && s.options.write_metrics) {
       std::filesystem::create_directories(config.run.dir);
     }
@@ -314,6 +498,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     failure = e;
   }
   check_no_rank_failed(*s.world, "Trainer", failure ? &*failure : nullptr);
+  // A run resumed in a later stage goes on in it.
+  s.enter_stage(stage_of_step(config.train, s.steps_done));
 }
 
 void Trainer::save_checkpoint() {
@@ -326,8 +512,7 @@ void Trainer::save_checkpoint() {
       const TrainingConfig& t = s.config.train;
       CheckpointState state;
       state.step = s.steps_done;
-      state.data_position.sequences = static_cast<std::uint64_t>(s.steps_done) * t.grad_accum *
-                                      s.dp * static_cast<std::uint64_t>(t.batch_size);
+      state.data_position.sequences = s.sequences_before(s.steps_done);
       state.config_yaml = dump_config(s.config);
       std::vector<CheckpointTensor> tensors;
       std::size_t offset = 0;
@@ -339,6 +524,7 @@ void Trainer::save_checkpoint() {
       }
       const std::filesystem::path path =
           train::save_checkpoint(s.config.run.dir, state, tensors, std::max(1, t.keep_checkpoints));
+      s.last_checkpoint = path;
       s.log("checkpoint " + path.string());
     } catch (const Error& e) {
       failure = e;
@@ -359,18 +545,22 @@ std::int64_t Trainer::parameter_count() const {
 
 StepMetrics Trainer::step() {
   Impl& s = *impl_;
-  const TrainingConfig& t = s.config.train;
   const auto start = std::chrono::steady_clock::now();
   const int step = s.steps_done;
+  s.enter_stage(stage_of_step(s.base.train, step));
+  const TrainingConfig& t = s.config.train;
   if (s.first_step < 0) s.first_step = step;
   const bool profiled = t.profile && (step > s.first_step || step + 1 >= t.steps);
   if (profiled) s.model->start_profiled_step();
   std::vector<MicroBatch> micro;
   double weights[2] = {0.0, 0.0};  // the step's loss-mask sum, then its loss sum
+  // The samples of a stage follow those of the stages before it.
+  const std::uint64_t stage_first = s.sequences_before(s.stage_first_step(s.stage));
+  const auto stage_step = static_cast<std::uint64_t>(step - s.stage_first_step(s.stage));
   for (int m = 0; m < t.grad_accum; ++m) {
     const std::uint64_t first =
-        ((static_cast<std::uint64_t>(step) * t.grad_accum + m) * s.dp + s.dp_rank) *
-        static_cast<std::uint64_t>(t.batch_size);
+        stage_first + ((stage_step * t.grad_accum + m) * s.dp + s.dp_rank) *
+                          static_cast<std::uint64_t>(t.batch_size);
     micro.push_back(s.load(first, false, nullptr));
     weights[0] += micro.back().weight;
   }
@@ -503,6 +693,7 @@ std::vector<StepMetrics> Trainer::run() {
     if (!metrics_file) ringattn::detail::fail("Trainer::run", "cannot open ", path.string());
   }
   std::vector<StepMetrics> all;
+  s.stage_of_metrics.clear();
   while (s.steps_done < t.steps) {
     const StepMetrics m = step();
     if (metrics_file.is_open()) {
@@ -530,18 +721,26 @@ std::vector<StepMetrics> Trainer::run() {
       s.log(text + line);
     }
     s.progress(m.step, t.steps, m.loss);
-    if (t.eval_every > 0 && (m.step % t.eval_every == 0 || m.step == t.steps)) {
+    // Evaluations every eval_every steps, at the end, and at the end of each stage (at the
+    // context of the stage that ends).
+    const bool stage_ends =
+        s.stages.size() > 1 && m.step == s.stage_first_step(s.stage) + s.stages[s.stage].steps;
+    if (t.eval_every > 0 && (m.step % t.eval_every == 0 || m.step == t.steps || stage_ends)) {
       const EvalMetrics e = evaluate();
+      s.last_eval = e;
       char line[256];
       if (e.accuracy >= 0.0) {
-        std::snprintf(line, sizeof line, "eval step %d  loss %.4f  retrieval accuracy %.3f", e.step,
-                      e.loss, e.accuracy);
+        std::snprintf(line, sizeof line,
+                      "eval step %d  seq_len %d  loss %.4f  retrieval accuracy %.3f", e.step,
+                      t.seq_len, e.loss, e.accuracy);
       } else {
-        std::snprintf(line, sizeof line, "eval step %d  loss %.4f", e.step, e.loss);
+        std::snprintf(line, sizeof line, "eval step %d  seq_len %d  loss %.4f", e.step, t.seq_len,
+                      e.loss);
       }
       s.log(line);
       if (metrics_file.is_open()) {
-        metrics_file << "{\"step\": " << e.step << ", \"eval_loss\": " << format_double(e.loss);
+        metrics_file << "{\"step\": " << e.step << ", \"seq_len\": " << t.seq_len
+                     << ", \"eval_loss\": " << format_double(e.loss);
         if (e.accuracy >= 0.0) metrics_file << ", \"eval_accuracy\": " << format_double(e.accuracy);
         metrics_file << "}\n";
         metrics_file.flush();
@@ -553,6 +752,7 @@ std::vector<StepMetrics> Trainer::run() {
       save_checkpoint();
     }
     all.push_back(m);
+    s.stage_of_metrics.push_back(s.stage);
     if (s.options.stop_requested != nullptr && !last) {
       double stop = *s.options.stop_requested != 0 ? 1.0 : 0.0;
       s.world->all_reduce_sum(&stop, 1, DType::f64, nullptr);
@@ -564,6 +764,8 @@ std::vector<StepMetrics> Trainer::run() {
     }
   }
   if (t.profile) s.report_profile();
+  if (metrics_file.is_open()) metrics_file.close();
+  s.report_summary(all);
   return all;
 }
 

@@ -30,10 +30,10 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 49u);
+  EXPECT_EQ(keys.size(), 50u);
   for (const char* key :
        {"model.head_dim", "train.lr", "train.shard_optimizer", "train.loss_chunk_tokens",
-        "parallel.layout", "data.retrieval.pairs", "run.resume"}) {
+        "parallel.layout", "data.retrieval.pairs", "run.resume", "train.stages"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -52,6 +52,8 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.batch_size = integer(9, 99);
   c.train.grad_accum = integer(2, 9);
   c.train.steps = integer(101, 9999);
+  c.train.stages = {StageConfig{integer(1, 99), integer(2, 999), std::nullopt},
+                    StageConfig{integer(1, 99), integer(2, 99999), integer(1, 64)}};
   c.train.lr = real(1e-4);
   c.train.min_lr = real(1e-6);
   c.train.warmup_steps = integer(11, 99);
@@ -527,6 +529,95 @@ TEST(Config, CudaBackendRefusesHeadDimsWithoutKernels) {
     c.model.head_dim = head_dim;
     EXPECT_NO_THROW(validate(c, 2)) << "model.head_dim " << head_dim;
   }
+}
+
+// train.stages: a YAML list in a file, the same list through --set, read back from a dump; given
+// without train.steps it sets train.steps to the stages' sum; stage_config and stage_of_step say
+// what each step runs.
+TEST(Config, StagesReadFromFilesAndOverrides) {
+  const test::TempDir dir;
+  const auto path = dir / "stages.yaml";
+  std::ofstream(path) << "train:\n  batch_size: 8\n  stages:\n    - {steps: 40, seq_len: 64, "
+                         "batch_size: 32}\n    - steps: 10\n      seq_len: 256\n";
+  const TrainConfig c = load_config_file(path);
+  ASSERT_EQ(c.train.stages.size(), 2u);
+  EXPECT_TRUE((c.train.stages[0] == StageConfig{40, 64, 32}));
+  EXPECT_TRUE((c.train.stages[1] == StageConfig{10, 256, std::nullopt}));
+  EXPECT_EQ(c.train.steps, 50);
+  EXPECT_NO_THROW(validate(c, 2));
+  EXPECT_TRUE(load_config_string(dump_config(c), "<dump>") == c) << dump_config(c);
+  EXPECT_NE(dump_config(c).find("stages: [{steps: 40, seq_len: 64, batch_size: 32}"),
+            std::string::npos)
+      << dump_config(c);
+
+  TrainConfig o;
+  apply_overrides(o, std::vector<std::string>{
+                         "train.stages=[{steps: 40, seq_len: 64, batch_size: 32}, {steps: 10, "
+                         "seq_len: 256}]",
+                         "train.batch_size=8"});
+  EXPECT_TRUE(o == c) << dump_config(o);
+  // train.steps given beside the stages stays as given (validate then compares them).
+  TrainConfig both;
+  apply_overrides(both, std::vector<std::string>{"train.steps=7", "train.stages=[{steps: 3, "
+                                                                   "seq_len: 64}]"});
+  EXPECT_EQ(both.train.steps, 7);
+  // An empty list is no stages.
+  apply_overrides(o, std::vector<std::string>{"train.stages=[]"});
+  EXPECT_TRUE(o.train.stages.empty());
+
+  EXPECT_EQ(stage_config(c, 0).train.seq_len, 64);
+  EXPECT_EQ(stage_config(c, 0).train.batch_size, 32);
+  EXPECT_EQ(stage_config(c, 1).train.seq_len, 256);
+  EXPECT_EQ(stage_config(c, 1).train.batch_size, 8);
+  EXPECT_EQ(stage_of_step(c.train, 0), 0);
+  EXPECT_EQ(stage_of_step(c.train, 39), 0);
+  EXPECT_EQ(stage_of_step(c.train, 40), 1);
+  EXPECT_EQ(stage_of_step(c.train, 49), 1);
+  EXPECT_EQ(stage_of_step(c.train, 50), 1);
+  // Without stages, one stage of the run's own steps, seq_len and batch size.
+  const TrainConfig plain;
+  ASSERT_EQ(run_stages(plain.train).size(), 1u);
+  EXPECT_TRUE((run_stages(plain.train)[0] ==
+               StageConfig{plain.train.steps, plain.train.seq_len, plain.train.batch_size}));
+  EXPECT_EQ(stage_of_step(plain.train, 5), 0);
+}
+
+// Malformed stages name the key and the form expected; every stage is validated as it will run,
+// its problems naming it, and the sum must match train.steps.
+TEST(Config, StageErrorsNameTheStage) {
+  for (const char* text : {"train.stages=[{steps: 4}]", "train.stages=[{steps: 4, seq_len: 64, "
+                                                          "lr: 1}]",
+                           "train.stages=[{steps: four, seq_len: 64}]", "train.stages=7",
+                           "train.stages=[[4, 64]]"}) {
+    TrainConfig c;
+    EXPECT_TRUE(throws_error_with([&] { apply_overrides(c, std::vector<std::string>{text}); },
+                                  {"--set ", "train.stages is '",
+                                   "expected a list of stages, each {steps: N, seq_len: N}"}))
+        << text;
+  }
+  const test::TempDir dir;
+  const auto path = dir / "bad.yaml";
+  std::ofstream(path) << "train:\n  stages:\n    - {steps: 4, seq_len: [64]}\n";
+  EXPECT_TRUE(throws_error_with([&] { load_config_file(path); },
+                                {"bad.yaml:3", "train.stages is", "expected a list of stages"}));
+
+  TrainConfig c;
+  c.parallel.cp = 2;  // zigzag: seq_len a multiple of 4
+  c.data.retrieval.pairs = 4;  // 4 pairs and 4 queries fit in 66 tokens, not in 4
+  c.data.retrieval.queries = 4;
+  c.train.stages = {StageConfig{0, 64, std::nullopt}, StageConfig{5, 66, 0},
+                    StageConfig{5, 4, std::nullopt}};
+  c.train.steps = 12;
+  EXPECT_TRUE(throws_error_with(
+      [&] { validate(c, 2); },
+      {"train.stages[0].steps is 0; expected at least 1",
+       "train.stages[1].batch_size is 0; expected at least 1",
+       "train.stages add up to 10 steps but train.steps is 12",
+       "train.stages[2] (seq_len 4): the retrieval task's 4 pairs"}));
+  c.train.stages[1].batch_size = 2;
+  EXPECT_TRUE(throws_error_with(
+      [&] { validate(c, 2); },
+      {"train.stages[1] (seq_len 66): train.seq_len (66) is not a multiple of 2 * parallel.cp = 4"}));
 }
 
 }  // namespace

@@ -11,22 +11,14 @@
 
 #include "parallel/communicator.hpp"
 #include "ringattn/ring.hpp"
+#include "tests/train/trainer_runs.hpp"
 #include "train/config.hpp"
 #include "train/model_cpu.hpp"
 
 namespace ringattn::train {
 namespace {
 
-ModelConfig tiny_model() {
-  ModelConfig m;
-  m.vocab_size = 64;
-  m.d_model = 32;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.ffn_hidden = 64;
-  return m;
-}
+using test::tiny_model;
 
 constexpr std::int64_t kBatch = 2;
 constexpr std::int64_t kSeq = 64;

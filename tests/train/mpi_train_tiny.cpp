@@ -23,6 +23,7 @@
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "tests/train/temp_dir.hpp"
+#include "tests/train/trainer_runs.hpp"
 #include "train/config.hpp"
 #include "train/token_dataset_writer.hpp"
 #include "train/trainer.hpp"
@@ -32,12 +33,7 @@ namespace {
 
 TrainConfig tiny_config() {
   TrainConfig c;
-  c.model.vocab_size = 64;
-  c.model.d_model = 32;
-  c.model.n_layers = 2;
-  c.model.n_heads = 4;
-  c.model.n_kv_heads = 2;
-  c.model.ffn_hidden = 64;
+  c.model = test::tiny_model();
   c.train.seq_len = 64;
   c.train.batch_size = 4;
   c.train.steps = 20;
@@ -51,16 +47,7 @@ TrainConfig tiny_config() {
   return c;
 }
 
-std::vector<double> losses_of(const TrainConfig& config, std::shared_ptr<Communicator> comm,
-                              bool write_checkpoints = false) {
-  TrainerOptions options;
-  options.write_metrics = false;
-  options.write_checkpoints = write_checkpoints;
-  Trainer trainer(config, std::move(comm), options);
-  std::vector<double> losses;
-  for (const StepMetrics& m : trainer.run()) losses.push_back(m.loss);
-  return losses;
-}
+using test::losses_of;
 
 void expect_same(const std::vector<double>& expected, const std::vector<double>& actual,
                  const std::string& what) {
