@@ -145,7 +145,8 @@ void check_same_on_all_ranks(const Communicator& comm, const char* where,
   } else {
     describe_disagreement(all, message);
   }
-  detail::fail(where, "the ranks disagree: ", message);
+  throw CollectiveError(where, "the ranks disagree: " + message, ErrorKind::invalid_argument,
+                        comm.size());
 }
 
 void check_no_rank_failed(const Communicator& comm, const char* where, const Error* local_error) {
@@ -170,7 +171,8 @@ void check_no_rank_failed(const Communicator& comm, const char* where, const Err
   if (static_cast<int>(failed.size()) == comm.size() &&
       std::all_of(messages.begin(), messages.end(),
                   [&](const std::string& m) { return m == messages[0]; })) {
-    detail::fail_as(kind, where, messages[0], comm.size() > 1 ? " (on every rank)" : "");
+    throw CollectiveError(where, messages[0] + (comm.size() > 1 ? " (on every rank)" : ""), kind,
+                          comm.size());
   }
   // Ranks with the same message are named together, in order of their lowest rank.
   std::map<int, std::pair<std::vector<int>, std::string>> by_first_rank;
@@ -187,7 +189,7 @@ void check_no_rank_failed(const Communicator& comm, const char* where, const Err
   for (const auto& [first, group] : by_first_rank) {
     message += (message.empty() ? "" : "; ") + rank_list(group.first) + ": " + group.second;
   }
-  detail::fail_as(kind, where, message);
+  throw CollectiveError(where, message, kind, comm.size());
 }
 
 int communicator_rank(const Communicator& comm) {

@@ -91,7 +91,20 @@ void host_all_reduce_sum(const Communicator& comm, double* values, std::size_t c
 // Every rank's text, in rank order (two host_all_gather: the lengths, then the bytes).
 std::vector<std::string> all_gather_text(const Communicator& comm, std::string_view text);
 
-// Throws Error(where, ...) on every rank, with the same message, when `description` differs
+// What check_same_on_all_ranks and check_no_rank_failed throw: every rank of a communicator of
+// ranks() ranks throws it alike. A program whose world is that communicator may report it once and
+// end normally; any other error is one rank's, which the others may be waiting for.
+class CollectiveError : public Error {
+ public:
+  CollectiveError(std::string where, const std::string& message, ErrorKind kind, int ranks)
+      : Error(std::move(where), message, kind), ranks_(ranks) {}
+  int ranks() const noexcept { return ranks_; }
+
+ private:
+  int ranks_;
+};
+
+// Throws CollectiveError(where, ...) on every rank, with the same message, when `description` differs
 // between ranks; returns on every rank otherwise. A description made of items separated by "; "
 // ("q [1, 512, 8, 64] bf16; k [1, 512, 8, 64] bf16; causal true") is compared item by item and
 // the message names the items that differ and which ranks hold which value, the odd ones out
@@ -102,7 +115,7 @@ std::vector<std::string> all_gather_text(const Communicator& comm, std::string_v
 void check_same_on_all_ranks(const Communicator& comm, const char* where,
                              const std::string& description);
 
-// Throws Error(where, ...) on every rank, with the same message, when any rank passes a
+// Throws CollectiveError(where, ...) on every rank, with the same message, when any rank passes a
 // `local_error` (a check that failed there; nullptr where none did): the message names the ranks
 // that failed and their messages, the kind is that of the lowest failing rank. Returns on every
 // rank when none failed.

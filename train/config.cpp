@@ -458,7 +458,14 @@ class YamlReader {
       : source_(std::move(source)), config_(config) {}
 
   void read_document(const YAML::Node& root) {
-    if (root.IsNull()) return;  // an empty document: every key keeps its default
+    if (root.IsNull()) {
+      // An empty file, or one of comments only, is most likely the wrong file: running the
+      // defaults instead would hide that.
+      detail::fail("load_config", source_,
+                   ": the config sets no key (the file is empty or holds only comments); expected "
+                   "a map of sections (model, train, parallel, data, run). Run without a config "
+                   "file for the embedded default");
+    }
     if (!root.IsMap()) {
       fail_at(root, "the document is ", node_kind(root),
               "; expected a map of sections (model, "
@@ -584,6 +591,15 @@ const std::vector<std::string>& config_keys() {
     return names;
   }();
   return keys;
+}
+
+std::string config_items(const TrainConfig& config) {
+  std::string items;
+  for (const KeyInfo& info : key_table()) {
+    const std::optional<std::string> text = info.format(config);
+    items += (items.empty() ? "" : "; ") + info.key + " " + (text ? *text : std::string("unset"));
+  }
+  return items;
 }
 
 TrainConfig load_config_string(std::string_view yaml, std::string_view source) {

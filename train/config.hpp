@@ -201,6 +201,11 @@ void validate(const TrainConfig& config, int world_size);
 // Every key, dotted, in file order.
 const std::vector<std::string>& config_keys();
 
+// Every key and its value, "model.vocab_size 256; model.d_model 64; ...", in file order (an unset
+// key reads "unset"): what the ranks of a job compare (check_same_on_all_ranks), so that a
+// difference is named key by key.
+std::string config_items(const TrainConfig& config);
+
 std::string_view source_name(DataSource source);
 std::string_view backend_name(Backend backend);
 

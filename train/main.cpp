@@ -7,8 +7,9 @@
 // size: mpirun -np <GPUs> ringattn-train), elsewhere tiny-cpu (TrainConfig{}, equal to
 // configs/tiny-cpu.yaml: mpirun -np 2 ringattn-train). The run ends with a summary and writes
 // metrics.png beside metrics.jsonl.
-// Errors (a bad config, a missing dataset, a non-finite loss) print one line on rank 0 and exit
-// with status 1 on every rank. SIGINT/SIGTERM stop the run after the current step with a final
+// Errors (a bad config, a missing dataset, a non-finite loss) that every rank meets alike print
+// one line on rank 0 and exit with status 1 on every rank; an error of one rank alone prints on
+// that rank, prefixed by it, and ends the job with MPI_Abort (the others may wait for it). SIGINT/SIGTERM stop the run after the current step with a final
 // checkpoint, on all ranks (they agree after every step).
 #include <mpi.h>
 
@@ -16,10 +17,13 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "parallel/communicator.hpp"
@@ -37,6 +41,28 @@ volatile std::sig_atomic_t g_stop = 0;
 
 extern "C" void request_stop(int) {
   g_stop = 1;
+}
+
+// "ringattn-train: x" -> "x": messages of the collective checks in main() already name the program.
+const char* without_program(const char* message) {
+  constexpr std::string_view kPrefix = "ringattn-train: ";
+  return std::string_view(message).starts_with(kPrefix) ? message + kPrefix.size() : message;
+}
+
+// An error of this rank alone (a file only it reads, memory only it ran out of, a peer of its ring):
+// the others may be waiting for it in a collective, so it says what happened, prefixed by its rank,
+// and takes the job down with it.
+[[noreturn]] void fail_alone(int rank, int world_size, const std::exception& e) {
+  if (world_size == 1) {
+    std::fprintf(stderr, "ringattn-train: error: %s\n", without_program(e.what()));
+    MPI_Finalize();
+    std::exit(1);
+  }
+  std::fprintf(stderr, "ringattn-train: error on rank %d of %d: %s (stopping every rank)\n", rank,
+               world_size, without_program(e.what()));
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
 }
 
 }  // namespace
@@ -65,16 +91,24 @@ int main(int argc, char** argv) {
   try {
     int world_size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    const bool gpus = ringattn::built_with_cuda() && ringattn::cuda_device_count() > 0;
-    ringattn::train::TrainConfig config =
-        !config_path.empty() ? ringattn::train::load_config_file(config_path)
-        : gpus               ? ringattn::train::default_gpu_config(world_size)
-                             : ringattn::train::TrainConfig{};
-    ringattn::train::apply_overrides(config, overrides);
+    std::shared_ptr<ringattn::Communicator> world = ringattn::mpi_world_communicator();
+    // Each rank reads its own config; a rank that cannot (a file only it lacks, a bad --set of an
+    // MPMD launch) fails every rank, and a config that fails everywhere is said once.
+    ringattn::train::TrainConfig config;
+    std::optional<ringattn::Error> failure;
+    try {
+      const bool gpus = ringattn::built_with_cuda() && ringattn::cuda_device_count() > 0;
+      config = !config_path.empty() ? ringattn::train::load_config_file(config_path)
+               : gpus               ? ringattn::train::default_gpu_config(world_size)
+                                    : ringattn::train::TrainConfig{};
+      ringattn::train::apply_overrides(config, overrides);
+    } catch (const ringattn::Error& e) {
+      failure = e;
+    }
+    ringattn::check_no_rank_failed(*world, "ringattn-train", failure ? &*failure : nullptr);
     if (print_config) {
       if (rank == 0) std::cout << ringattn::train::dump_config(config);
     } else {
-      std::shared_ptr<ringattn::Communicator> world = ringattn::mpi_world_communicator();
       // The CPU backend's threads: at most this rank's part of its node
       // (parallel/host_threads.hpp).
       ringattn::use_rank_threads(dynamic_cast<const ringattn::MpiCommunicator&>(*world));
@@ -86,8 +120,17 @@ int main(int argc, char** argv) {
       ringattn::train::Trainer trainer(config, world, options);
       trainer.run();
     }
+  } catch (const ringattn::CollectiveError& e) {
+    // Every rank of the world threw it alike: one rank says it, and all end normally.
+    int world_size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (e.ranks() != world_size) fail_alone(rank, world_size, e);
+    if (rank == 0) std::fprintf(stderr, "ringattn-train: error: %s\n", without_program(e.what()));
+    status = 1;
   } catch (const std::exception& e) {
-    if (rank == 0) std::fprintf(stderr, "ringattn-train: error: %s\n", e.what());
+    int world_size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    fail_alone(rank, world_size, e);
     status = 1;
   }
   MPI_Finalize();

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <sstream>
 
@@ -68,6 +71,19 @@ std::string format_double(double value, int decimals = -1) {
 // "1 thread a rank", "8 threads a rank": the CPU backend's pool, for the startup line.
 std::string threads_phrase(int threads) {
   return std::to_string(threads) + (threads == 1 ? " thread a rank" : " threads a rank");
+}
+
+// Any exception as an Error, for check_no_rank_failed: whatever one rank meets (a filesystem, HDF5
+// or YAML error, memory running out) fails every rank alike instead of leaving them waiting.
+Error as_error(const char* where, const std::exception& e) {
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return *error;
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return Error(where, "out of host memory (std::bad_alloc)", ErrorKind::library);
+  }
+  if (dynamic_cast<const std::filesystem::filesystem_error*>(&e) != nullptr) {
+    return Error(where, e.what(), ErrorKind::io);
+  }
+  return Error(where, e.what(), ErrorKind::library);
 }
 
 // run.backend auto: cuda where this ringattn has it and a GPU is visible, else cpu.
@@ -210,12 +226,12 @@ struct Trainer::Impl {
     try {
       try {
         make_model(c);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         ringattn::detail::fail("Trainer", "train.stages[", largest, "] (seq_len ", c.train.seq_len,
                                ", batch_size ", c.train.batch_size, ") does not fit: ", e.what());
       }
-    } catch (const Error& e) {
-      failure = e;
+    } catch (const std::exception& e) {
+      failure = as_error("Trainer", e);
     }
     check_no_rank_failed(*world, "Trainer", failure ? &*failure : nullptr);
   }
@@ -240,8 +256,8 @@ struct Trainer::Impl {
     try {
       model = make_model(config);
       open_data();
-    } catch (const Error& e) {
-      failure = e;
+    } catch (const std::exception& e) {
+      failure = as_error("Trainer", e);
     }
     check_no_rank_failed(*world, "Trainer", failure ? &*failure : nullptr);
     if (first) {
@@ -312,7 +328,7 @@ struct Trainer::Impl {
     if (options.write_metrics) {
       try {
         write_metrics_png(dir / "metrics.jsonl", dir / "metrics.png");
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         png_note = std::string(" (not written: ") + e.what() + ")";
       }
     }
@@ -416,9 +432,24 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.stages = run_stages(config.train);
   s.options = options;
   s.world = std::move(world);
-  validate(config, s.world->size());
-  s.backend = resolve_backend(config.run.backend);
-  if (s.backend == Backend::cuda) validate_for_cuda(config);
+  // Every key alike on every rank (a launch that gave its ranks different configs would otherwise
+  // train diverging replicas or wait forever in a collective), before anything depends on them. The
+  // dataset paths may differ (a copy on each node's own disk).
+  TrainConfig compared = config;
+  compared.data.train_path.clear();
+  compared.data.val_path.clear();
+  check_same_on_all_ranks(*s.world, "Trainer", config_items(compared));
+  {
+    std::optional<Error> failure;
+    try {
+      validate(config, s.world->size());
+      s.backend = resolve_backend(config.run.backend);
+      if (s.backend == Backend::cuda) validate_for_cuda(config);
+    } catch (const std::exception& e) {
+      failure = as_error("Trainer", e);
+    }
+    check_no_rank_failed(*s.world, "Trainer", failure ? &*failure : nullptr);
+  }
   s.world_rank = s.world->rank();
   s.dp = config.parallel.dp;
   s.cp = config.parallel.cp;
@@ -494,8 +525,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
       s.steps_done = static_cast<int>(state.step);
       s.log("resumed from " + resume->string() + " at step " + std::to_string(s.steps_done));
     }
-  } catch (const Error& e) {
-    failure = e;
+  } catch (const std::exception& e) {
+    failure = as_error("Trainer", e);
   }
   check_no_rank_failed(*s.world, "Trainer", failure ? &*failure : nullptr);
   // A run resumed in a later stage goes on in it.
@@ -526,8 +557,8 @@ void Trainer::save_checkpoint() {
           train::save_checkpoint(s.config.run.dir, state, tensors, std::max(1, t.keep_checkpoints));
       s.last_checkpoint = path;
       s.log("checkpoint " + path.string());
-    } catch (const Error& e) {
-      failure = e;
+    } catch (const std::exception& e) {
+      failure = as_error("Trainer", e);
     }
   // Every rank waits for the file and fails alike when it could not be written.
   check_no_rank_failed(*s.world, "Trainer::save_checkpoint", failure ? &*failure : nullptr);
@@ -687,11 +718,17 @@ std::vector<StepMetrics> Trainer::run() {
   Impl& s = *impl_;
   const TrainingConfig& t = s.config.train;
   std::ofstream metrics_file;
+  std::optional<Error> failure;
   if (s.world_rank == 0 && s.options.write_metrics) {
     const std::filesystem::path path = std::filesystem::path(s.config.run.dir) / "metrics.jsonl";
     metrics_file.open(path, std::ios::app);
-    if (!metrics_file) ringattn::detail::fail("Trainer::run", "cannot open ", path.string());
+    if (!metrics_file) {
+      failure = Error("Trainer::run",
+                      "cannot open " + path.string() + " for appending: " + std::strerror(errno),
+                      ErrorKind::io);
+    }
   }
+  check_no_rank_failed(*s.world, "Trainer::run", failure ? &*failure : nullptr);
   std::vector<StepMetrics> all;
   s.stage_of_metrics.clear();
   while (s.steps_done < t.steps) {

@@ -80,8 +80,11 @@ double learning_rate(const TrainingConfig& train, int step);
 
 class Trainer {
  public:
-  // Validates the config for world's size (throws ringattn::Error naming the key) and sets up the
-  // mesh, the model (initialised from train.seed) and the data. Collective over `world`.
+  // Checks that every rank of `world` was given the same config (every key but the dataset paths;
+  // a difference throws CollectiveError on every rank naming the keys and the ranks' values),
+  // validates it for world's size (naming the key) and sets up the mesh, the model (initialised
+  // from train.seed) and the data. Collective over `world`: an error of any kind on one rank
+  // (a file it cannot write, memory it cannot get) fails every rank alike (CollectiveError).
   Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
           TrainerOptions options = {});
   ~Trainer();

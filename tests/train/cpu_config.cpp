@@ -122,7 +122,46 @@ TEST(Config, FileSetsOnlyWhatItNames) {
   expected.train.steps = 7;
   expected.data.retrieval.pairs = 5;
   EXPECT_TRUE(c == expected) << dump_config(c);
-  EXPECT_TRUE(load_config_string("", "<empty>") == TrainConfig{});
+}
+
+// A config file that sets nothing (empty, or comments only) is refused naming the file: running
+// the defaults would hide a wrong file.
+TEST(Config, EmptyConfigIsRefusedNamingTheFile) {
+  for (const char* text : {"", "# only a comment\n\n# and another\n", "---\n"}) {
+    EXPECT_TRUE(throws_error_with([&] { load_config_string(text, "empty.yaml"); },
+                                  {"load_config: empty.yaml: the config sets no key",
+                                   "empty or holds only comments"}))
+        << "'" << text << "'";
+  }
+  const test::TempDir dir;
+  std::ofstream(dir / "blank.yaml") << "# nothing here\n";
+  EXPECT_TRUE(throws_error_with([&] { load_config_file(dir / "blank.yaml"); },
+                                {"blank.yaml: the config sets no key"}));
+}
+
+// config_items lists every key with its value, so that ranks comparing them name the keys that
+// differ: one changed key changes exactly one item.
+TEST(Config, ItemsNameEveryKeyAndItsValue) {
+  TrainConfig a;
+  const std::string items = config_items(a);
+  std::vector<std::string> split;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = items.find("; ", start);
+    split.push_back(items.substr(start, end - start));
+    if (end == std::string::npos) break;
+    start = end + 2;
+  }
+  ASSERT_EQ(split.size(), config_keys().size());
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    EXPECT_EQ(split[i].rfind(config_keys()[i] + " ", 0), 0u) << split[i];
+  }
+  EXPECT_NE(items.find("model.head_dim unset"), std::string::npos) << items;
+  EXPECT_NE(items.find("train.lr 0.003"), std::string::npos) << items;
+  TrainConfig b = a;
+  b.train.seed = 99;
+  const std::string other = config_items(b);
+  EXPECT_NE(other.find("train.seed 99"), std::string::npos) << other;
+  EXPECT_EQ(other.size() + 2, items.size());  // 1234 -> 99
 }
 
 TEST(Config, OverridesSetEveryKind) {
