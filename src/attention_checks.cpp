@@ -1,23 +1,75 @@
 // Argument checks shared by every implementation of the local block (reference, CPU, CUDA), so a
 // bad call gets the same message whichever backend it reaches.
 #include <cmath>
+#include <cstdint>
+#include <numeric>
 #include <string>
 #include <utility>
 
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "src/attention_checks.hpp"
+#include "src/checked_size.hpp"
 
 namespace ringattn {
 namespace {
 
 std::string shape_text(const TensorView& t) {
-  std::string text = "[";
-  for (int i = 0; i < t.rank; ++i) text += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return text + "]";
+  return detail::extents_text(t.shape.data(), t.rank);
 }
 
 const char* memory_name(Memory memory) { return memory == Memory::host ? "host" : "device"; }
+
+// Where a view's bytes may lie: within [begin, end), and within runs of run_bytes contiguous
+// bytes that start at begin plus multiples of period_bytes (0: one run). The run is the dense
+// innermost part of the layout (an element, a row of head_dim elements, a row of all heads); the
+// period is the gcd of the byte strides of the other axes.
+struct Footprint {
+  std::uintptr_t begin = 0, end = 0;
+  std::int64_t run_bytes = 0, period_bytes = 0;
+};
+
+Footprint footprint(const TensorView& t, const char* name, const char* where) {
+  Footprint f;
+  const std::int64_t span = detail::span_bytes(t, name, where);
+  if (span == 0) return f;
+  f.begin = reinterpret_cast<std::uintptr_t>(t.data);
+  f.end = f.begin + static_cast<std::uintptr_t>(span);  // check_view: within the address space
+  const std::int64_t element_bytes = static_cast<std::int64_t>(dtype_size(t.dtype));
+  // The run grows by each axis whose stride is the run so far; every product below is at most
+  // the span, which fits in int64.
+  bool in_run[TensorView::kMaxRank] = {};
+  f.run_bytes = element_bytes;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (int i = 0; i < t.rank; ++i) {
+      if (!in_run[i] && t.shape[i] > 1 && t.strides[i] * element_bytes == f.run_bytes) {
+        in_run[i] = grew = true;
+        f.run_bytes *= t.shape[i];
+      }
+    }
+  }
+  for (int i = 0; i < t.rank; ++i) {
+    if (!in_run[i] && t.shape[i] > 1) {
+      f.period_bytes = std::gcd(f.period_bytes, t.strides[i] * element_bytes);
+    }
+  }
+  return f;
+}
+
+// Whether two footprints may share a byte. Past their ranges, each view's bytes lie, modulo the
+// gcd G of the two periods, on an arc of its run's length starting at its begin; arcs apart on
+// the circle of G bytes mean views apart (the layout of interleaved packed tensors).
+bool may_overlap(const Footprint& a, const Footprint& b) {
+  if (a.begin == a.end || b.begin == b.end) return false;
+  if (a.end <= b.begin || b.end <= a.begin) return false;
+  const auto period = static_cast<std::uintptr_t>(std::gcd(a.period_bytes, b.period_bytes));
+  const auto run_a = static_cast<std::uintptr_t>(a.run_bytes);
+  const auto run_b = static_cast<std::uintptr_t>(b.run_bytes);
+  if (period == 0 || run_a + run_b > period) return true;
+  const std::uintptr_t offset = (b.begin % period + period - a.begin % period) % period;
+  return offset < run_a || offset + run_b > period;
+}
 
 }  // namespace
 
@@ -32,13 +84,88 @@ void check_view(const TensorView& t, const char* name, int rank, Memory memory, 
     detail::fail(where, name, " is in ", memory_name(t.memory), " memory; expected ",
                  memory_name(memory), " memory");
   }
+  const std::int64_t elements = checked_elements(t.shape.data(), rank, name, where);
+  if (elements == 0) return;  // no memory is touched, whatever the pointer and strides
   for (int i = 0; i < rank; ++i) {
-    if (t.shape[i] < 0) detail::fail(where, name, " has negative extent ", shape_text(t));
     if (t.shape[i] > 1 && t.strides[i] < 1) {
       detail::fail(where, name, " has stride ", t.strides[i], " on axis ", i, "; expected >= 1");
     }
   }
-  if (t.data == nullptr && t.numel() > 0) detail::fail(where, name, " is a null pointer");
+  if (t.data == nullptr) detail::fail(where, name, " is a null pointer");
+  const std::int64_t span = span_bytes(t, name, where);
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
+  if (static_cast<std::uintptr_t>(span) > UINTPTR_MAX - begin) {
+    detail::fail(where, name, " at ", t.data, " spans ", span, " bytes (shape ", shape_text(t),
+                 ", strides ", extents_text(t.strides.data(), t.rank),
+                 "), past the end of the address space");
+  }
+}
+
+void check_extent_limits(const TensorView& t, const char* name, const char* where) {
+  struct Limit {
+    const char* what;
+    std::int64_t most;
+    const char* why;
+  };
+  static constexpr Limit kLimits[] = {
+      {"batch", kMaxBatch, "a CUDA grid dimension"},
+      {"rows", kMaxRows, "32-bit row indices in the kernels"},
+      {"heads", kMaxHeads, "a CUDA grid dimension"},
+      {"head_dim", kMaxHeadDim, "a 32-bit int in the kernels' parameters"},
+  };
+  for (int axis = 0; axis < 4; ++axis) {
+    if (t.shape[axis] > kLimits[axis].most) {
+      detail::fail(where, name, " has ", kLimits[axis].what, " ", t.shape[axis], " (axis ", axis,
+                   " of shape ", shape_text(t), "); the kernels take at most ", kLimits[axis].most,
+                   " (", kLimits[axis].why, ")");
+    }
+  }
+}
+
+std::int64_t span_bytes(const TensorView& t, const char* name, const char* where) {
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 0) return 0;
+  }
+  std::int64_t last = 0;  // offset of the last element, in elements
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] == 1) continue;
+    const std::int64_t reach = checked_mul(t.shape[i] - 1, t.strides[i], where, "the span of ",
+                                           name, " along axis ", i, " ((extent - 1) x stride)");
+    last = checked_add(last, reach, where, "the span of ", name, " in elements");
+  }
+  const std::int64_t elements = checked_add(last, 1, where, "the span of ", name, " in elements");
+  return checked_mul(elements, static_cast<std::int64_t>(dtype_size(t.dtype)), where,
+                     "the span of ", name, " in bytes");
+}
+
+void check_no_overlap(std::initializer_list<NamedTensor> outputs,
+                      std::initializer_list<NamedTensor> inputs, const char* where) {
+  auto check_pair = [&](const NamedTensor& out, const NamedTensor& other) {
+    const Footprint a = footprint(*out.view, out.name, where);
+    const Footprint b = footprint(*other.view, other.name, where);
+    if (!may_overlap(a, b)) return;
+    auto at = [](std::uintptr_t address) { return reinterpret_cast<const void*>(address); };
+    detail::fail(where, out.name, " overlaps ", other.name, " (", out.name, " [", at(a.begin), ", ",
+                 at(a.end), "), ", other.name, " [", at(b.begin), ", ", at(b.end),
+                 ")); outputs may share no memory with inputs or other outputs");
+  };
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (const NamedTensor& in : inputs) check_pair(*out, in);
+    for (auto other = outputs.begin(); other != out; ++other) check_pair(*out, *other);
+  }
+}
+
+void check_prepare_views(const TensorView& o, const TensorView& dout, const TensorView& delta,
+                         const char* where) {
+  check_view(o, "o", 4, o.memory, where);
+  check_view(dout, "dout", 4, o.memory, where);
+  check_view(delta, "delta", 3, o.memory, where);
+  check_extent_limits(o, "o", where);
+  check_shape(dout, "dout", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]}, "the shape of o",
+              where);
+  check_shape(delta, "delta", {o.shape[0], o.shape[2], o.shape[1]}, "[batch, heads, len] of o",
+              where);
+  check_no_overlap({{"delta", &delta}}, {{"o", &o}, {"dout", &dout}}, where);
 }
 
 void check_shape(const TensorView& t, const char* name, std::initializer_list<std::int64_t> expected,
@@ -72,6 +199,8 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
   AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]};
   if (s.head_dim < 1) detail::fail(where, "q has head_dim ", s.head_dim, "; expected >= 1");
   if (s.kv_heads < 1) detail::fail(where, "k has ", s.kv_heads, " heads; expected >= 1");
+  check_extent_limits(q, "q", where);
+  check_extent_limits(k, "k", where);
   check_shape(k, "k", {s.batch, s.k_len, s.kv_heads, s.head_dim},
               "batch and head_dim of q", where);
   check_shape(v, "v", {s.batch, s.k_len, s.kv_heads, s.head_dim}, "the shape of k", where);
@@ -116,6 +245,9 @@ AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const 
     check_dtype(args.o, "o", args.q.dtype, "the dtype of q", where);
   }
   check_row_stats(args.lse, "lse", s, acc, memory, where);
+  // combine reads and writes o and lse, each in place (the contract of ForwardArgs).
+  detail::check_no_overlap({{"o", &args.o}, {"lse", &args.lse}},
+                           {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}}, where);
   return s;
 }
 
@@ -164,6 +296,24 @@ AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, cons
                      " along its last axis; expected 1");
       }
     }
+  }
+  // dq, dk and dv are added into (or dk and dv overwritten), each in place; lse and delta may be
+  // one tensor (both are read).
+  const std::initializer_list<detail::NamedTensor> outputs = {
+      {"dq", &args.dq}, {"dk", &args.dk}, {"dv", &args.dv}};
+  detail::check_no_overlap(outputs,
+                           {{"q", &args.q},
+                            {"k", &args.k},
+                            {"v", &args.v},
+                            {"dout", &args.dout},
+                            {"lse", &args.lse},
+                            {"delta", &args.delta}},
+                           where);
+  if (args.key_rotation.active()) {
+    detail::check_no_overlap(outputs,
+                             {{"key_rotation.cos", &args.key_rotation.cos},
+                              {"key_rotation.sin", &args.key_rotation.sin}},
+                             where);
   }
   return s;
 }

@@ -8,6 +8,7 @@
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/runtime.hpp"
+#include "src/attention_checks.hpp"
 #include "src/c_api_support.hpp"
 
 namespace ringattn::detail {
@@ -82,6 +83,9 @@ ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* pa
     args.scale = params->scale;
     args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
     args.combine = params->combine != 0;
+    // The block checks again; checked here first, a refusal names the function the caller
+    // called and comes before any backend is chosen.
+    check_forward_args(args, args.q.memory, kWhere);
     flash_forward(args, stream);
   });
 }
@@ -94,8 +98,12 @@ ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o
     if (o == nullptr || dout == nullptr || delta == nullptr) {
       detail::fail(kWhere, o == nullptr ? "o" : dout == nullptr ? "dout" : "delta", " is a null pointer");
     }
-    flash_backward_prepare(to_view(*o, "o", kWhere), to_view(*dout, "dout", kWhere),
-                           to_view(*delta, "delta", kWhere), stream);
+    const TensorView o_view = to_view(*o, "o", kWhere);
+    const TensorView dout_view = to_view(*dout, "dout", kWhere);
+    const TensorView delta_view = to_view(*delta, "delta", kWhere);
+    // The backends check each view but not their overlap.
+    detail::check_prepare_views(o_view, dout_view, delta_view, kWhere);
+    flash_backward_prepare(o_view, dout_view, delta_view, stream);
   });
 }
 
@@ -130,6 +138,7 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
       args.key_rotation = {to_view(params->key_rotation_cos, "key_rotation.cos", kWhere),
                            to_view(params->key_rotation_sin, "key_rotation.sin", kWhere)};
     }
+    check_backward_args(args, args.q.memory, kWhere);  // as in ringattn_attention_forward
     flash_backward(args, stream);
   });
 }

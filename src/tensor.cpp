@@ -1,7 +1,7 @@
 #include "ringattn/tensor.hpp"
 
-
 #include "ringattn/error.hpp"
+#include "src/checked_size.hpp"
 
 namespace ringattn {
 
@@ -21,7 +21,8 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   std::int64_t stride = 1;
   for (int i = view.rank - 1; i >= 0; --i) {
     view.strides[i] = stride;
-    stride *= view.shape[i];
+    stride =
+        detail::checked_mul(stride, view.shape[i], "TensorView::contiguous", "a row-major stride");
   }
   return view;
 }
@@ -38,16 +39,15 @@ TensorView TensorView::with_strides(std::initializer_list<std::int64_t> new_stri
 }
 
 std::int64_t TensorView::numel() const {
-  std::int64_t count = 1;
-  for (int i = 0; i < rank; ++i) count *= shape[i];
-  return count;
+  return detail::checked_elements(shape.data(), rank, "the view", "TensorView::numel");
 }
 
 bool TensorView::is_contiguous() const {
   std::int64_t expected = 1;
   for (int i = rank - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != expected) return false;
-    expected *= shape[i];
+    expected = detail::checked_mul(expected, shape[i], "TensorView::is_contiguous",
+                                   "a row-major stride of the view");
   }
   return true;
 }

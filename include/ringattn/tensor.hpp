@@ -24,12 +24,14 @@ struct TensorView {
   std::array<std::int64_t, kMaxRank> shape{};
   std::array<std::int64_t, kMaxRank> strides{};
 
-  // A row-major view of `shape` over `data`.
+  // A row-major view of `shape` over `data`; Error when its strides overflow int64.
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
                                Memory memory = Memory::host);
   // The same view with other strides (elements).
   TensorView with_strides(std::initializer_list<std::int64_t> new_strides) const;
 
+  // The product of the extents; Error (invalid_argument) when an extent is negative or the
+  // product overflows int64.
   std::int64_t numel() const;
   bool is_contiguous() const;
   std::string describe() const;  // "bf16[2, 128, 8, 64] strides [..] on device"

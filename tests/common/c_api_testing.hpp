@@ -9,10 +9,11 @@
 
 namespace ringattn::test {
 
-// A row-major f64 host descriptor of `shape` over `data`.
-inline ringattn_tensor_t describe(std::vector<double>& data, std::initializer_list<std::int64_t> shape) {
+// A row-major f64 host descriptor of `shape` at `data`. Strides stop growing where they would
+// overflow int64 (a shape whose element count does, for tests of that refusal).
+inline ringattn_tensor_t describe_at(void* data, std::initializer_list<std::int64_t> shape) {
   ringattn_tensor_t t{};
-  t.data = data.data();
+  t.data = data;
   t.dtype = RINGATTN_F64;
   t.memory = RINGATTN_HOST;
   t.rank = static_cast<int32_t>(shape.size());
@@ -21,9 +22,14 @@ inline ringattn_tensor_t describe(std::vector<double>& data, std::initializer_li
   std::int64_t stride = 1;
   for (int i = t.rank - 1; i >= 0; --i) {
     t.strides[i] = stride;
-    stride *= t.shape[i];
+    if (i > 0 && __builtin_mul_overflow(stride, t.shape[i], &stride)) stride = 1;
   }
   return t;
+}
+
+// The same over a vector's elements.
+inline ringattn_tensor_t describe(std::vector<double>& data, std::initializer_list<std::int64_t> shape) {
+  return describe_at(data.data(), shape);
 }
 
 }  // namespace ringattn::test
