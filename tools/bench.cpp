@@ -52,6 +52,10 @@
 //
 // The table goes to stdout (rank 0), the JSON to --json (rank 0; rewritten after every
 // configuration, so an interrupted run keeps what it measured).
+//
+// Options are checked before any GPU or MPI work: each in its range (CLI11), then their
+// combinations, then --json writable where it is written. ring: every rank of mpirun checks, after
+// the ranks agreed they got the same arguments (tools/mpi_session.hpp); errors print on every rank.
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 
@@ -62,11 +66,14 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <new>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,6 +88,8 @@
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "ringattn/runtime.hpp"
+#include "tools/cli_checks.hpp"
+#include "tools/mpi_session.hpp"
 
 #if RINGATTN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -122,27 +131,50 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
   return values;
 }
 
-// The option errors of the attention subcommand, found before any GPU work (a head dim without
-// kernels would otherwise reach the block after its buffers were allocated); empty when usable.
-std::string check_attention_options(const std::string& seqlens, const std::string& head_dims) {
-  std::vector<std::int64_t> lengths, dims;
-  try {
-    lengths = parse_list(seqlens);
-    dims = parse_list(head_dims);
-  } catch (const std::exception&) {
-    return "--seqlens and --head-dims take comma-separated integers";
-  }
-  if (lengths.empty() || dims.empty()) return "--seqlens and --head-dims need at least one value";
-  for (const std::int64_t seq : lengths) {
-    if (seq < 1 || seq > INT32_MAX) {
-      return ringattn::detail::concat("--seqlens has ", seq, "; expected 1 to ", INT32_MAX);
-    }
-  }
-  for (const std::int64_t d : dims) {
+// The longest sequence an option takes: the kernels index tokens with 32-bit integers.
+constexpr std::int64_t kMaxSeq = INT32_MAX;
+
+// The option errors of the attention subcommand beyond each option's range, found before any GPU
+// work (a head dim without kernels would otherwise reach the block after its buffers were
+// allocated); empty when usable.
+std::string check_attention_options(const std::string& head_dims) {
+  for (const std::int64_t d : parse_list(head_dims)) {
     if (!ringattn::detail::cuda_block_takes_head_dim(d)) {
       return ringattn::detail::concat("--head-dims has ", d, "; the CUDA block takes ",
                                       ringattn::detail::cuda_block_head_dims_text());
     }
+  }
+  return {};
+}
+
+// The option errors of the ring subcommand beyond each option's range, which every rank finds
+// alike (so every rank returns the same status); empty when the options are usable on `ranks`
+// ranks.
+std::string check_ring_options(const RingOptions& opt, int ranks) {
+  const std::int64_t divisor = opt.layout == "zigzag" ? 2 * std::int64_t{ranks} : ranks;
+  for (const std::int64_t seq : parse_list(opt.seqlens)) {
+    if (seq % divisor != 0) {
+      return ringattn::detail::concat("--seqlens has ", seq, ", not a multiple of ", divisor, " (",
+                                      opt.layout, " over ", ranks, " ranks)");
+    }
+    // The one-GPU problem's largest tensor (fp32 dQ) must have a size in bytes that 64 bits hold;
+    // beyond that, a size that does not fit a GPU is an out-of-memory row.
+    if (4.0 * static_cast<double>(seq) * static_cast<double>(opt.heads) *
+            static_cast<double>(opt.head_dim) >
+        0x1p62) {
+      return ringattn::detail::concat("--seqlens has ", seq, ": with --heads ", opt.heads,
+                                      " and --head-dim ", opt.head_dim,
+                                      " a tensor would have more than 2^62 bytes");
+    }
+  }
+  for (const std::int64_t kv : parse_list(opt.kv_heads)) {
+    if (opt.heads % kv != 0) {
+      return ringattn::detail::concat("--kv-heads ", kv, " does not divide --heads ", opt.heads);
+    }
+  }
+  if (!ringattn::detail::cuda_block_takes_head_dim(opt.head_dim)) {
+    return ringattn::detail::concat("--head-dim is ", opt.head_dim, "; the CUDA block takes ",
+                                    ringattn::detail::cuda_block_head_dims_text());
   }
   return {};
 }
@@ -158,37 +190,6 @@ int default_repeats(std::int64_t seq) {
 
 int default_warmup(std::int64_t seq) {
   return seq < 524288 ? 1 : 0;
-}
-
-// The option errors every rank finds alike (so every rank returns the same status); empty when
-// the options are usable on `ranks` ranks.
-std::string check_ring_options(const RingOptions& opt, int ranks) {
-  std::vector<std::int64_t> seqlens, kv_heads;
-  try {
-    seqlens = parse_list(opt.seqlens);
-    kv_heads = parse_list(opt.kv_heads);
-  } catch (const std::exception&) {
-    return "--seqlens and --kv-heads take comma-separated integers";
-  }
-  if (seqlens.empty() || kv_heads.empty()) return "--seqlens and --kv-heads need at least one value";
-  if (opt.heads < 1) return ringattn::detail::concat("--heads is ", opt.heads, "; expected >= 1");
-  const std::int64_t divisor = opt.layout == "zigzag" ? 2 * ranks : ranks;
-  for (const std::int64_t seq : seqlens) {
-    if (seq < 1 || seq % divisor != 0) {
-      return ringattn::detail::concat("sequence length ", seq, " is not a positive multiple of ", divisor,
-                                      " (", opt.layout, " over ", ranks, " ranks)");
-    }
-  }
-  for (const std::int64_t kv : kv_heads) {
-    if (kv < 1 || opt.heads % kv != 0) {
-      return ringattn::detail::concat("--kv-heads ", kv, " does not divide --heads ", opt.heads);
-    }
-  }
-  if (!ringattn::detail::cuda_block_takes_head_dim(opt.head_dim)) {
-    return ringattn::detail::concat("--head-dim is ", opt.head_dim, "; the CUDA block takes ",
-                                    ringattn::detail::cuda_block_head_dims_text());
-  }
-  return {};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -996,18 +997,12 @@ int run_ring_fit(const std::shared_ptr<ringattn::Communicator>& comm, const Ring
   return 0;
 }
 
-// The ring subcommand after MPI_Init: checks, then the table or the fit. Returns the exit status,
-// the same on every rank.
-int run_ring(const RingOptions& opt) {
-  int rank = 0, ranks = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  if (const std::string problem = check_ring_options(opt, ranks); !problem.empty()) {
-    if (rank == 0) std::fprintf(stderr, "ringattn-bench ring: %s\n", problem.c_str());
-    return 2;
-  }
+// The ring subcommand once its options passed: one GPU per rank, then the table or the fit.
+// Returns the exit status, the same on every rank.
+int run_ring(const RingOptions& opt, const ringattn::tools::MpiSession& session) {
+  const int rank = session.rank(), ranks = session.size();
 
-  // One GPU per rank, or a message from rank 0 naming the ranks without one.
+  // One GPU per rank, or a message on every rank naming the ranks without one.
   int devices = 0;
   std::string device_error;
   try {
@@ -1029,19 +1024,17 @@ int run_ring(const RingOptions& opt) {
                                            " for the ", sharing, " ranks of its node");
     }
   }
-  if (!device_error.empty()) std::fprintf(stderr, "ringattn-bench ring: rank %d: %s\n", rank, device_error.c_str());
-  if (!none.empty() || !short_of.empty()) {
-    if (rank == 0 && !none.empty()) {
-      std::fprintf(stderr,
-                   "ringattn-bench ring: no CUDA GPU visible on rank%s %s; the ring benchmark needs one GPU per "
-                   "rank: run it on a GPU machine\n",
-                   none.find(',') == std::string::npos ? "" : "s", none.c_str());
-    } else if (rank == 0) {
-      std::fprintf(stderr,
-                   "ringattn-bench ring: needs one CUDA GPU per rank, but %s: start at most as many ranks per "
-                   "node as it has GPUs\n",
-                   short_of.c_str());
-    }
+  if (!device_error.empty()) session.report(device_error);
+  if (!none.empty()) {
+    session.report(ringattn::detail::concat(
+        "no CUDA GPU visible on rank", none.find(',') == std::string::npos ? "" : "s", " ", none,
+        "; the ring benchmark needs one GPU per rank: run it on a GPU machine"));
+    return 2;
+  }
+  if (!short_of.empty()) {
+    session.report(
+        ringattn::detail::concat("needs one CUDA GPU per rank, but ", short_of,
+                                 ": start at most as many ranks per node as it has GPUs"));
     return 2;
   }
 
@@ -1057,9 +1050,12 @@ int run_ring(const RingOptions& opt) {
 #endif  // RINGATTN_WITH_CUDA
 
 int run_attention(const std::string& seqlens, const std::string& head_dims, const std::string& json) {
-  if (const std::string problem = check_attention_options(seqlens, head_dims); !problem.empty()) {
-    std::fprintf(stderr, "ringattn-bench attention: %s\n", problem.c_str());
-    return 2;
+  for (const std::string& problem :
+       {check_attention_options(head_dims), ringattn::tools::unwritable("--json", json)}) {
+    if (!problem.empty()) {
+      std::fprintf(stderr, "ringattn-bench attention: %s\n", problem.c_str());
+      return 2;
+    }
   }
 #if RINGATTN_WITH_CUDA
   if (ringattn::cuda_device_count() == 0) {
@@ -1108,24 +1104,40 @@ int run_attention(const std::string& seqlens, const std::string& head_dims, cons
 #endif
 }
 
-// The ring subcommand around MPI: an error that reaches here may have left other ranks waiting in
+// The ring subcommand around MPI: the ranks agree on the command line and check the options
+// before any GPU work; an error that reaches here afterwards may have left other ranks waiting in
 // a collective, so it ends the whole job.
-int main_ring(const RingOptions& opt) {
-#if RINGATTN_WITH_CUDA
-  MPI_Init(nullptr, nullptr);
-  int code = 0;
-  try {
-    code = run_ring(opt);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ringattn-bench ring: %s\n", e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+int main_ring(const ringattn::tools::CommandLine& line, const RingOptions& opt) {
+  ringattn::tools::MpiSession session("ringattn-bench ring");
+  if (const int code = session.agree_on(line); code >= 0) return code;
+  if (const std::string problem = check_ring_options(opt, session.size()); !problem.empty()) {
+    session.report(problem);
+    return 2;
   }
-  MPI_Finalize();
-  return code;
+  if (!session.no_rank_failed(session.rank() == 0 ? ringattn::tools::unwritable("--json", opt.json)
+                                                  : "")) {
+    return 2;
+  }
+#if RINGATTN_WITH_CUDA
+  try {
+    return run_ring(opt, session);
+  } catch (const ringattn::CollectiveError& e) {
+    // Every rank of the world threw it alike: each says so and all end normally.
+    if (e.ranks() == session.size()) {
+      session.report(e.what());
+      return 2;
+    }
+    session.fail_alone(e.what());
+  } catch (const std::bad_alloc&) {
+    session.fail_alone("out of host memory (std::bad_alloc) with --seqlens " + opt.seqlens +
+                       " --heads " + std::to_string(opt.heads) + " --head-dim " +
+                       std::to_string(opt.head_dim));
+  } catch (const std::exception& e) {
+    session.fail_alone(e.what());
+  }
+  return 2;
 #else
-  (void)opt;
-  std::fprintf(stderr, "ringattn-bench ring: this ringattn was built without CUDA\n");
+  session.report("this ringattn was built without CUDA");
   return 2;
 #endif
 }
@@ -1133,32 +1145,49 @@ int main_ring(const RingOptions& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace tools = ringattn::tools;
   CLI::App app{"ringattn-bench: timings of ringattn's local block and of ring attention"};
   app.require_subcommand(1);
   auto* attention = app.add_subcommand("attention", "the CUDA local block, forward and backward");
   std::string seqlens = "512,1024,2048,4096,8192,16384", head_dims = "64,128", json;
-  attention->add_option("--seqlens", seqlens, "comma-separated sequence lengths");
-  attention->add_option("--head-dims", head_dims, "comma-separated head dims (64, 128)");
+  attention->add_option("--seqlens", seqlens, "comma-separated sequence lengths")
+      ->check(tools::whole_number_list(1, kMaxSeq));
+  attention->add_option("--head-dims", head_dims, "comma-separated head dims (64, 128)")
+      ->check(tools::whole_number_list(1));
   attention->add_option("--json", json, "write the rows as JSON to this file");
 
   auto* ring = app.add_subcommand("ring", "ring attention across the ranks of mpirun, one GPU each (NCCL)");
   RingOptions ro;
-  ring->add_option("--seqlens", ro.seqlens, "comma-separated total sequence lengths")->capture_default_str();
-  ring->add_option("--heads", ro.heads, "query heads")->capture_default_str();
-  ring->add_option("--kv-heads", ro.kv_heads, "comma-separated key/value head counts (--fit: the first)")
+  ring->add_option("--seqlens", ro.seqlens, "comma-separated total sequence lengths")
+      ->check(tools::whole_number_list(1, kMaxSeq))
       ->capture_default_str();
-  ring->add_option("--head-dim", ro.head_dim, "head dimension (64 or 128)")->capture_default_str();
+  ring->add_option("--heads", ro.heads, "query heads")
+      ->check(tools::whole_number(1))
+      ->capture_default_str();
+  ring->add_option("--kv-heads", ro.kv_heads,
+                   "comma-separated key/value head counts, each dividing --heads "
+                   "(--fit: the first)")
+      ->check(tools::whole_number_list(1))
+      ->capture_default_str();
+  ring->add_option("--head-dim", ro.head_dim, "head dimension (64 or 128)")
+      ->check(tools::whole_number(1))
+      ->capture_default_str();
   ring->add_option("--causal", ro.causal, "masks to time: both, on (causal) or off (full)")
       ->check(CLI::IsMember({"both", "on", "off"}))
       ->capture_default_str();
   ring->add_option("--layout", ro.layout, "zigzag or contiguous")
       ->check(CLI::IsMember({"zigzag", "contiguous"}))
       ->capture_default_str();
-  ring->add_option("--repeats", ro.repeats, "timed runs per measurement (default: 5 below 128k tokens, 3 below 512k, 2)")
-      ->check(CLI::PositiveNumber);
-  ring->add_option("--warmup", ro.warmup, "untimed runs before them (default: 1 below 512k tokens, 0)")
-      ->check(CLI::NonNegativeNumber);
-  ring->add_option("--max-full-seq", ro.max_full_seq, "time the full (non-causal) mask only up to this length");
+  ring->add_option("--repeats", ro.repeats,
+                   "timed runs per measurement (default: 5 below 128k tokens, 3 below 512k, 2)")
+      ->check(tools::whole_number(1, std::numeric_limits<int>::max()));
+  ring->add_option("--warmup", ro.warmup,
+                   "untimed runs before them (default: 1 below 512k tokens, 0)")
+      ->check(tools::whole_number(0, std::numeric_limits<int>::max()));
+  ring->add_option(
+          "--max-full-seq", ro.max_full_seq,
+          "time the full (non-causal) mask only up to this length (default 0: at every length)")
+      ->check(tools::whole_number(0));
   ring->add_flag("--fit", ro.fit, "find the longest sequence whose forward + backward fits on 1 and on N GPUs");
   ring->add_flag("--verify,!--no-verify", ro.verify, "--fit: run the longest length found (default) or not");
   ring->add_option("--scratch", ro.scratch,
@@ -1168,13 +1197,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ring->add_option("--revision", ro.revision, "source revision for the JSON (default: $RINGATTN_REVISION)");
   ring->add_option("--json", ro.json, "write the results as JSON to this file (rank 0)");
-  CLI11_PARSE(app, argc, argv);
-  if (ring->parsed()) return main_ring(ro);
-  try {
-    if (attention->parsed()) return run_attention(seqlens, head_dims, json);
-  } catch (const ringattn::Error& e) {
-    std::fprintf(stderr, "ringattn-bench: %s\n", e.what());
-    return 1;
+  // Parsed before MPI or a GPU: --help works anywhere. The ring's ranks then agree on the command
+  // line, its help and its errors included, so that none goes on alone.
+  const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
+  if (ring->parsed() || (argc > 1 && std::string_view(argv[1]) == "ring")) {
+    return main_ring(line, ro);
   }
-  return 0;
+  if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-bench");
+  try {
+    return run_attention(seqlens, head_dims, json);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(
+        stderr, "ringattn-bench attention: out of host memory (std::bad_alloc) with --seqlens %s\n",
+        seqlens.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ringattn-bench attention: %s\n", e.what());
+  }
+  return 1;
 }

@@ -7,16 +7,20 @@
 // data/text.val.h5. Each input is split on its own, its last floor(size * fraction) bytes going to
 // validation, so validation draws from every file; the files are concatenated in argument order,
 // without separators. Both outputs appear only when complete (written as .tmp, then renamed).
+// Before any byte is converted, the inputs are checked readable and the outputs writable.
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "ringattn/error.hpp"
+#include "tools/cli_checks.hpp"
 #include "train/token_dataset_writer.hpp"
 
 namespace {
@@ -64,6 +68,21 @@ fs::path output_path(const fs::path& out, const char* split) {
   return stem + "." + split + ".h5";
 }
 
+// --val-fraction: a number from 0 up to, not including, 1.
+CLI::Validator fraction_below_one() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = -1.0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error == std::errc{} && end == text.data() + text.size() && value >= 0.0 &&
+            value < 1.0) {
+          return {};
+        }
+        return "got '" + text + "', expected a number >= 0 and < 1";
+      },
+      "in [0, 1)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -81,15 +100,13 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "output name: OUT.train.h5 and OUT.val.h5 (a trailing .h5 dropped)")
       ->required();
   app.add_option("--val-fraction", val_fraction,
-                 "fraction of each file for validation, 0 <= FRACTION < 1 (default 0.05)");
+                 "fraction of each file for validation, 0 <= FRACTION < 1 (default 0.05)")
+      ->check(fraction_below_one());
   app.add_option("FILE", files, "text files")->required();
-  CLI11_PARSE(app, argc, argv);
+  const ringattn::tools::CommandLine line = ringattn::tools::parse_command_line(app, argc, argv);
+  if (line.exit_code >= 0) return ringattn::tools::finish_command_line(line, "ringattn-data");
 
   try {
-    if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {
-      ringattn::detail::fail("ringattn-data", "--val-fraction is ", val_fraction,
-                             "; expected 0 <= fraction < 1");
-    }
     std::vector<Input> inputs;
     std::int64_t total = 0, val_total = 0;
     for (const std::string& name : files) {
@@ -121,7 +138,22 @@ int main(int argc, char** argv) {
     }
 
     const fs::path train_path = output_path(out, "train"), val_path = output_path(out, "val");
-    if (train_path.has_parent_path()) fs::create_directories(train_path.parent_path());
+    if (train_path.has_parent_path()) {
+      std::error_code error;
+      fs::create_directories(train_path.parent_path(), error);
+      if (error) {
+        ringattn::detail::fail_as(ErrorKind::io, "ringattn-data", "--out '", out,
+                                  "': cannot create the directory '",
+                                  train_path.parent_path().string(), "': ", error.message());
+      }
+    }
+    for (const fs::path& path : {train_path, val_path}) {
+      if (path == val_path && val_total == 0) continue;
+      if (const std::string problem = ringattn::tools::unwritable("--out", path.string());
+          !problem.empty()) {
+        ringattn::detail::fail_as(ErrorKind::io, "ringattn-data", problem);
+      }
+    }
     TokenDatasetWriter train(train_path, train_total, kByteVocab, "byte");
     for (const Input& input : inputs) copy_bytes(input, 0, input.bytes - input.val_bytes, train);
     train.finish();
@@ -149,6 +181,12 @@ int main(int argc, char** argv) {
   } catch (const ringattn::Error& e) {
     // Errors raised here already begin with "ringattn-data: ".
     std::fprintf(stderr, "%s%s\n", e.where() == "ringattn-data" ? "" : "ringattn-data: ", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(
+        stderr,
+        "ringattn-data: out of host memory (std::bad_alloc) converting %zu file%s to '%s'\n",
+        files.size(), files.size() == 1 ? "" : "s", out.c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringattn-data: %s\n", e.what());

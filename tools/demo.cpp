@@ -6,12 +6,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <new>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/runtime.hpp"
+#include "tools/cli_checks.hpp"
 
 namespace {
 
@@ -37,18 +42,50 @@ double relative_max_error(const std::vector<float>& out, const std::vector<doubl
   return scale > 0 ? diff / scale : diff;
 }
 
+std::string size_options(const Problem& p) {
+  return ringattn::detail::concat("--seq ", p.seq, " --heads ", p.q_heads, " --kv-heads ",
+                                  p.kv_heads, " --head-dim ", p.head_dim);
+}
+
+// The host memory the run needs: q, dO, O and dQ (and k, v, dK, dV) in fp32 and fp64 (48 bytes an
+// element), LSE and delta in fp32 and LSE in fp64, and the oracle's scores and their gradients
+// for one head (2 S^2 doubles). In double, which no product of the options overflows.
+double host_bytes(const Problem& p) {
+  const double tokens = static_cast<double>(p.batch) * static_cast<double>(p.seq);
+  const double d = static_cast<double>(p.head_dim);
+  return 48.0 * tokens * d * (static_cast<double>(p.q_heads) + static_cast<double>(p.kv_heads)) +
+         16.0 * tokens * static_cast<double>(p.q_heads) +
+         16.0 * static_cast<double>(p.seq) * static_cast<double>(p.seq);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace tools = ringattn::tools;
   CLI::App app{"ringattn demo: the CPU flash block against the fp64 oracle on a long sequence"};
   Problem p;
   unsigned seed = std::random_device{}();
-  app.add_option("--seq", p.seq, "sequence length")->check(CLI::PositiveNumber);
-  app.add_option("--heads", p.q_heads, "query heads")->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", p.kv_heads, "key/value heads")->check(CLI::PositiveNumber);
-  app.add_option("--head-dim", p.head_dim, "head dimension")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "random seed");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--seq", p.seq, "sequence length")->check(tools::whole_number(1));
+  app.add_option("--heads", p.q_heads, "query heads")->check(tools::whole_number(1));
+  app.add_option("--kv-heads", p.kv_heads, "key/value heads, dividing --heads")
+      ->check(tools::whole_number(1));
+  app.add_option("--head-dim", p.head_dim, "head dimension")->check(tools::whole_number(1));
+  app.add_option("--seed", seed, "random seed (default: random)")
+      ->check(tools::whole_number(0, std::numeric_limits<unsigned>::max()));
+  const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
+  if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-demo");
+  if (p.q_heads % p.kv_heads != 0) {
+    std::fprintf(stderr, "ringattn-demo: --kv-heads %lld does not divide --heads %lld\n",
+                 static_cast<long long>(p.kv_heads), static_cast<long long>(p.q_heads));
+    return 2;
+  }
+  if (const std::string problem = tools::host_memory_shortfall(
+          size_options(p), host_bytes(p),
+          "the inputs and outputs in fp32 and fp64 and the oracle's scores");
+      !problem.empty()) {
+    std::fprintf(stderr, "ringattn-demo: %s\n", problem.c_str());
+    return 2;
+  }
 
   try {
     const std::int64_t q_n = p.batch * p.seq * p.q_heads * p.head_dim;
@@ -138,8 +175,15 @@ int main(int argc, char** argv) {
     std::printf("\n%s\n", ok ? "PASS: every output within 1e-4 of the oracle"
                              : "FAIL: an output is further than 1e-4 from the oracle");
     return ok ? 0 : 1;
-  } catch (const ringattn::Error& e) {
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ringattn-demo: out of host memory (std::bad_alloc) for %s\n",
+                 size_options(p).c_str());
+  } catch (const std::length_error&) {
+    std::fprintf(stderr,
+                 "ringattn-demo: a buffer too large to allocate (std::length_error) for %s\n",
+                 size_options(p).c_str());
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "ringattn-demo: %s\n", e.what());
-    return 2;
   }
+  return 2;
 }

@@ -55,7 +55,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,7 @@
 #include "ringattn/dtype.hpp"
 #include "ringattn/error.hpp"
 #include "ringattn/runtime.hpp"
+#include "tools/cli_checks.hpp"
 
 #if RINGATTN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -915,56 +918,59 @@ int run(const Options& opt) {
 #endif  // RINGATTN_WITH_CUDA
 
 int main(int argc, char** argv) {
+  namespace tools = ringattn::tools;
   CLI::App app{
       "ringattn-flash-check: random cases of the CUDA flash block against the fp32 GPU reference"};
   Options opt;
   std::random_device entropy;
   opt.seed = (std::uint64_t{entropy()} << 32) | entropy();
-  app.add_option("--cases", opt.cases, "number of cases (default 200)");
-  app.add_option("--seed", opt.seed, "seed of case 0 (default: random, printed)");
-  app.add_option("--first-case", opt.first_case, "index of the first case (default 0)");
-  app.add_option("--max-len", opt.max_len, "longest q_len and k_len (default 2048)");
+  app.add_option("--cases", opt.cases, "number of cases (default 200)")
+      ->check(tools::whole_number(1));
+  app.add_option("--seed", opt.seed, "seed of case 0 (default: random, printed)")
+      ->check(tools::seed_number());
+  app.add_option("--first-case", opt.first_case, "index of the first case (default 0)")
+      ->check(tools::whole_number(0));
+  app.add_option("--max-len", opt.max_len, "longest q_len and k_len (default 2048)")
+      ->check(tools::whole_number(1, std::int64_t{1} << 20));
   app.add_option("--family", opt.family,
-                 "kernel family: both (alternate), hopper or sm80 (default both)");
+                 "kernel family: both (alternate), hopper or sm80 (default both)")
+      ->check(CLI::IsMember({"both", "hopper", "sm80"}));
   app.add_option("--json", opt.json, "write a summary as JSON");
   app.add_option(
-      "--inject", opt.inject,
-      "corrupt the kernel's side to show the check fails: none, lse-inf, o-row-zero, o-row-off, "
-      "key-tile, dk-double, dv-lost (default none)");
+         "--inject", opt.inject,
+         "corrupt the kernel's side to show the check fails: none, lse-inf, o-row-zero, o-row-off, "
+         "key-tile, dk-double, dv-lost (default none)")
+      ->check(CLI::IsMember(
+          {"none", "lse-inf", "o-row-zero", "o-row-off", "key-tile", "dk-double", "dv-lost"}));
   app.add_flag("--verbose", opt.verbose, "print every case");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& error) {
-    return app.exit(error) == 0 ? 0 : kExitError;
+  const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
+  if (line.exit_code >= 0) {
+    return tools::finish_command_line(line, "ringattn-flash-check") == 0 ? 0 : kExitError;
   }
-
-  auto refuse = [](const std::string& what, const std::string& expected) {
-    std::fprintf(stderr, "ringattn-flash-check: %s: expected %s\n", what.c_str(), expected.c_str());
+  // The case loop counts to --first-case + --cases, which must fit in 64 bits.
+  if (opt.first_case > std::numeric_limits<std::int64_t>::max() - opt.cases) {
+    std::fprintf(stderr,
+                 "ringattn-flash-check: --first-case %lld with --cases %lld counts past %lld\n",
+                 static_cast<long long>(opt.first_case), static_cast<long long>(opt.cases),
+                 static_cast<long long>(std::numeric_limits<std::int64_t>::max()));
     return kExitError;
-  };
-  if (opt.cases < 1) return refuse("--cases " + std::to_string(opt.cases), "at least 1");
-  if (opt.first_case < 0)
-    return refuse("--first-case " + std::to_string(opt.first_case), "0 or more");
-  if (opt.max_len < 1 || opt.max_len > (std::int64_t{1} << 20)) {
-    return refuse("--max-len " + std::to_string(opt.max_len), "1 to 1048576");
   }
-  if (opt.family != "both" && opt.family != "hopper" && opt.family != "sm80") {
-    return refuse("--family '" + opt.family + "'", "both, hopper or sm80");
-  }
-  const std::string faults[] = {"none",     "lse-inf",   "o-row-zero", "o-row-off",
-                                "key-tile", "dk-double", "dv-lost"};
-  if (std::find(std::begin(faults), std::end(faults), opt.inject) == std::end(faults)) {
-    return refuse("--inject '" + opt.inject + "'",
-                  "none, lse-inf, o-row-zero, o-row-off, key-tile, dk-double or dv-lost");
+  if (const std::string problem = tools::unwritable("--json", opt.json); !problem.empty()) {
+    std::fprintf(stderr, "ringattn-flash-check: %s\n", problem.c_str());
+    return kExitError;
   }
 
 #if RINGATTN_WITH_CUDA
   try {
     return run(opt);
-  } catch (const ringattn::Error& error) {
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "ringattn-flash-check: out of host memory (std::bad_alloc) with --max-len %lld\n",
+                 static_cast<long long>(opt.max_len));
+  } catch (const std::exception& error) {
     std::fprintf(stderr, "ringattn-flash-check: %s\n", error.what());
-    return kExitError;
   }
+  return kExitError;
 #else
   std::printf("ringattn-flash-check: ringattn was built without CUDA: skipped\n");
   return kExitSkipped;

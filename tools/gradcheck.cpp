@@ -10,6 +10,10 @@
 // (relative) of the oracle; otherwise the ring's relative error ||ring - ref|| / ||ref|| on every
 // output is at most 1.1x the one-device error (LSE: plus one fp32 rounding per merge, random-walk
 // style). Prints a table and JSON; exits 1 when the criterion fails, 2 on errors.
+//
+// Before any work every rank checks the same command line (tools/mpi_session.hpp): the options'
+// ranges and combinations, --json writable (rank 0), the host memory the sizes need; an error
+// prints on every rank and all exit with 2.
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 
@@ -20,6 +24,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +42,8 @@
 #include "src/element_access.hpp"
 #include "src/owned_buffer.hpp"
 #include "src/thread_pool.hpp"
+#include "tools/cli_checks.hpp"
+#include "tools/mpi_session.hpp"
 
 #if RINGATTN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -48,7 +56,7 @@ namespace {
 using namespace ringattn;
 
 struct Options {
-  std::int64_t seq = 4096, batch = 1, heads = 8, kv_heads = 0, head_dim = 64;
+  std::int64_t seq = 4096, batch = 1, heads = 8, kv_heads = 0, head_dim = 64;  // kv_heads 0: heads
   bool causal = false;
   std::string layout = "zigzag", dtype = "f32", backend = "cpu", oracle = "auto", json;
   std::uint64_t seed = 1234;
@@ -266,14 +274,84 @@ std::vector<double> gather_whole(const std::vector<double>& local, const std::ve
   return whole;
 }
 
+// The fp64 CPU oracle (else the fp32 GPU streaming reference, --backend cuda only).
+bool uses_fp64_oracle(const Options& opt) {
+  const double oracle_flop = 6.0 * opt.batch * opt.heads * double(opt.seq) * opt.seq * opt.head_dim;
+  return opt.oracle == "fp64" ||
+         (opt.oracle == "auto" && (oracle_flop < 2e11 || opt.backend != "cuda"));
+}
+
+// The sizes of a run, for messages.
+std::string size_options(const Options& opt) {
+  return detail::concat("--seq ", opt.seq, " --batch ", opt.batch, " --heads ", opt.heads,
+                        " --kv-heads ", opt.kv_heads > 0 ? opt.kv_heads : opt.heads, " --head-dim ",
+                        opt.head_dim);
+}
+
+// The errors of options that every rank finds alike (every rank got the same command line), on
+// `ranks` ranks; empty when the options can run. The single options' ranges are CLI11's checks.
+std::string check_options(const Options& opt, int ranks) {
+  if (opt.kv_heads > 0 && opt.heads % opt.kv_heads != 0) {
+    return detail::concat("--kv-heads ", opt.kv_heads, " does not divide --heads ", opt.heads);
+  }
+  const std::int64_t parts = opt.layout == "zigzag" ? 2 * std::int64_t{ranks} : ranks;
+  if (opt.seq % parts != 0) {
+    return detail::concat("--seq ", opt.seq, " is not a multiple of ", parts, " (--layout ",
+                          opt.layout, " over ", ranks, " rank", ranks == 1 ? "" : "s", ")");
+  }
+  if (opt.oracle == "gpu" && opt.backend != "cuda") return "--oracle gpu needs --backend cuda";
+  const bool cuda_backend = opt.backend == "cuda";
+  try {
+    detail::check_block_dtype(parse_dtype(opt.dtype), opt.head_dim,
+                              cuda_backend ? Memory::device : Memory::host,
+                              cuda_backend ? "--backend cuda" : "--backend cpu");
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return {};
+}
+
+// The checks of this rank alone, before any work: --json writable where it is written (rank 0);
+// the host memory this rank's part needs, at least: its shard of q, k, v and dO in fp64, and on
+// rank 0 the whole sequence's inputs, the ring's gathered outputs and the reference's outputs in
+// fp64 (three times the inputs' size) and the fp64 oracle's scores and their gradients for one
+// head (2 S^2 doubles); a shard that one MPI call can move.
+std::string check_this_rank(const Options& opt, int rank, int ranks) {
+  if (rank == 0) {
+    if (std::string problem = tools::unwritable("--json", opt.json); !problem.empty()) {
+      return problem;
+    }
+  }
+  const double kv_heads = static_cast<double>(opt.kv_heads > 0 ? opt.kv_heads : opt.heads);
+  const double token_bytes = 8.0 * opt.batch * opt.head_dim * (2.0 * opt.heads + 2.0 * kv_heads);
+  double bytes = token_bytes * static_cast<double>(opt.seq) / ranks;
+  if (rank == 0) {
+    bytes += 3.0 * token_bytes * static_cast<double>(opt.seq);
+    if (uses_fp64_oracle(opt)) {
+      bytes += 16.0 * static_cast<double>(opt.seq) * static_cast<double>(opt.seq);
+    }
+  }
+  const std::string shortfall = tools::host_memory_shortfall(
+      size_options(opt), bytes,
+      rank == 0 ? "the whole sequence's inputs, outputs and reference in fp64"
+                : "this rank's shard of the inputs in fp64");
+  if (!shortfall.empty()) return shortfall;
+  // gather_whole moves a rank's shard of q (its largest tensor) in one MPI call, counted in int.
+  const double shard_elements = static_cast<double>(opt.batch) *
+                                static_cast<double>(opt.seq / ranks) *
+                                static_cast<double>(opt.heads) * static_cast<double>(opt.head_dim);
+  if (shard_elements > std::numeric_limits<int>::max()) {
+    return detail::concat(size_options(opt), " give each rank ", shard_elements,
+                          " elements of q; one MPI call moves at most ",
+                          std::numeric_limits<int>::max());
+  }
+  return {};
+}
+
 int run(const Options& opt) {
   const DType dtype = parse_dtype(opt.dtype);
   const bool cuda_backend = opt.backend == "cuda";
   const Memory memory = cuda_backend ? Memory::device : Memory::host;
-  // A dtype or head dim the backend's block cannot run fails here, alike on every rank (the
-  // options are the same), before a communicator or a buffer exists.
-  detail::check_block_dtype(dtype, opt.head_dim, memory,
-                            cuda_backend ? "--backend cuda" : "--backend cpu");
   std::shared_ptr<Communicator> comm = cuda_backend ? nccl_world_communicator() : mpi_world_communicator();
   // The CPU backend's threads: at most this rank's part of its node.
   if (!cuda_backend) use_rank_threads(dynamic_cast<const MpiCommunicator&>(*comm));
@@ -330,9 +408,7 @@ int run(const Options& opt) {
     for (std::int64_t t = 0; t < s.S; ++t) all[t] = t;
     const std::vector<double> fq = draw(opt, dtype, 1, s.Hq, all), fk = draw(opt, dtype, 2, s.Hkv, all),
                               fv = draw(opt, dtype, 3, s.Hkv, all), fg = draw(opt, dtype, 4, s.Hq, all);
-    const double oracle_flop = 6.0 * s.B * s.Hq * double(s.S) * s.S * s.D;
-    const bool use_fp64 = opt.oracle == "fp64" || (opt.oracle == "auto" && (oracle_flop < 2e11 || !cuda_backend));
-    if (!use_fp64 && !cuda_backend) detail::fail("ringattn-gradcheck", "--oracle gpu needs --backend cuda");
+    const bool use_fp64 = uses_fp64_oracle(opt);
     start = std::chrono::steady_clock::now();
     const Result ref = use_fp64 ? fp64_oracle(opt, s, fq, fk, fv, fg) : one_device(opt, s, DType::f32, memory, true, fq, fk, fv, fg);
     const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -389,6 +465,11 @@ int run(const Options& opt) {
           << ", \"causal\": " << (opt.causal ? "true" : "false") << ",\n  \"reference\": \""
           << (use_fp64 ? "fp64" : "gpu-fp32") << "\", \"passed\": " << (verdict == 0 ? "true" : "false")
           << ",\n  \"rows\": [\n" << rows << "\n  ]\n}\n";
+      if (!out.flush()) {
+        std::fprintf(stderr, "%sringattn-gradcheck: could not write --json '%s'\n",
+                     size > 1 ? "rank 0: " : "", opt.json.c_str());
+        verdict = 2;
+      }
     }
   }
   MPI_Bcast(&verdict, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -398,32 +479,49 @@ int run(const Options& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
   CLI::App app{"ringattn-gradcheck: ring attention against a reference on the whole sequence"};
   Options opt;
-  app.add_option("--seq", opt.seq, "total sequence length")->check(CLI::PositiveNumber);
-  app.add_option("--batch", opt.batch, "batch")->check(CLI::PositiveNumber);
-  app.add_option("--heads", opt.heads, "query heads")->check(CLI::PositiveNumber);
-  app.add_option("--kv-heads", opt.kv_heads, "key/value heads (default: --heads)");
-  app.add_option("--head-dim", opt.head_dim, "head dimension")->check(CLI::PositiveNumber);
+  app.add_option("--seq", opt.seq, "total sequence length")->check(tools::whole_number(1));
+  app.add_option("--batch", opt.batch, "batch")->check(tools::whole_number(1));
+  app.add_option("--heads", opt.heads, "query heads")->check(tools::whole_number(1));
+  app.add_option("--kv-heads", opt.kv_heads, "key/value heads, dividing --heads (default: --heads)")
+      ->check(tools::whole_number(1));
+  app.add_option("--head-dim", opt.head_dim, "head dimension")->check(tools::whole_number(1));
   app.add_flag("--causal", opt.causal, "causal mask");
   app.add_option("--layout", opt.layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
   app.add_option("--dtype", opt.dtype, "f32, f64 (cpu); bf16, f16 (cuda)")->check(CLI::IsMember({"f32", "f64", "bf16", "f16"}));
   app.add_option("--backend", opt.backend, "cpu (MPI) or cuda (NCCL)")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--oracle", opt.oracle, "auto, fp64 (CPU) or gpu (fp32 streaming)")->check(CLI::IsMember({"auto", "fp64", "gpu"}));
-  app.add_option("--seed", opt.seed, "random seed");
+  app.add_option("--seed", opt.seed, "random seed")->check(tools::seed_number());
   app.add_option("--json", opt.json, "write the result as JSON (rank 0)");
-  app.add_option("--time", opt.timed, "also time this many forward+backward runs of the ring and of one device");
-  int code = 0;
-  try {
-    app.parse(argc, argv);
-    code = run(opt);
-  } catch (const CLI::ParseError& e) {
-    code = app.exit(e) == 0 ? 0 : 2;
-  } catch (const ringattn::Error& e) {
-    std::fprintf(stderr, "ringattn-gradcheck: %s\n", e.what());
-    code = 2;
+  app.add_option("--time", opt.timed,
+                 "also time this many forward+backward runs of the ring and of one device")
+      ->check(tools::whole_number(0, std::numeric_limits<int>::max()));
+  // Parsed before MPI starts; the ranks then agree on it, so that none goes on alone.
+  const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
+  tools::MpiSession session("ringattn-gradcheck");
+  if (const int code = session.agree_on(line); code >= 0) return code;
+  if (const std::string problem = check_options(opt, session.size()); !problem.empty()) {
+    session.report(problem);
+    return 2;
   }
-  MPI_Finalize();
-  return code;
+  if (!session.no_rank_failed(check_this_rank(opt, session.rank(), session.size()))) return 2;
+  try {
+    return run(opt);
+  } catch (const CollectiveError& e) {
+    // Every rank of the world threw it alike: each says so and all end normally.
+    if (e.ranks() == session.size()) {
+      session.report(e.what());
+      return 2;
+    }
+    session.fail_alone(e.what());
+  } catch (const std::bad_alloc&) {
+    session.fail_alone("out of host memory (std::bad_alloc) for " + size_options(opt));
+  } catch (const std::length_error&) {
+    session.fail_alone("a buffer too large to allocate (std::length_error) for " +
+                       size_options(opt));
+  } catch (const std::exception& e) {
+    session.fail_alone(e.what());
+  }
+  return 2;
 }

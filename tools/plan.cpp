@@ -7,30 +7,54 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
+#include <string>
 
 #include "parallel/performance_model.hpp"
 #include "ringattn/error.hpp"
+#include "tools/cli_checks.hpp"
 
 int main(int argc, char** argv) {
+  namespace tools = ringattn::tools;
   CLI::App app{"ringattn-plan: when ring attention's communication hides, and what fits"};
   ringattn::RingPlanInput in;
   std::string layout = "zigzag";
-  app.add_option("--ranks", in.ranks, "GPUs in the ring");
-  app.add_option("--seq", in.seq, "total sequence length");
-  app.add_option("--heads", in.heads, "query heads");
-  app.add_option("--kv-heads", in.kv_heads, "key/value heads (default: --heads)");
-  app.add_option("--head-dim", in.head_dim, "head dimension");
+  // Up to 2^24 GPUs: the model doubles the count in 32 bits (2 x ranks, zigzag).
+  app.add_option("--ranks", in.ranks, "GPUs in the ring")->check(tools::whole_number(1, 1 << 24));
+  app.add_option("--seq", in.seq,
+                 "total sequence length, a multiple of 2 x --ranks (zigzag) or --ranks")
+      ->check(tools::whole_number(1));
+  app.add_option("--heads", in.heads, "query heads")->check(tools::whole_number(1));
+  app.add_option("--kv-heads", in.kv_heads, "key/value heads, dividing --heads (default: --heads)")
+      ->check(tools::whole_number(1));
+  app.add_option("--head-dim", in.head_dim, "head dimension")->check(tools::whole_number(1));
   app.add_flag("--causal,!--full", in.causal, "causal mask (default) or full");
   app.add_option("--layout", layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
-  app.add_option("--tflops", in.attention_tflops, "achieved attention TFLOP/s of the local block");
-  app.add_option("--link-gbps", in.link_gbytes_per_s, "link bandwidth per direction, GB/s");
-  app.add_option("--memory-gib", in.memory_gib, "device memory per GPU, GiB");
-  app.add_option("--element-bytes", in.element_bytes, "2 for bf16/f16");
-  bool kv_given = false;
-  app.callback([&] { kv_given = app.count("--kv-heads") > 0; });
-  CLI11_PARSE(app, argc, argv);
-  if (!kv_given) in.kv_heads = in.heads;
+  app.add_option("--tflops", in.attention_tflops, "achieved attention TFLOP/s of the local block")
+      ->check(tools::positive_real());
+  app.add_option("--link-gbps", in.link_gbytes_per_s, "link bandwidth per direction, GB/s")
+      ->check(tools::positive_real());
+  app.add_option("--memory-gib", in.memory_gib, "device memory per GPU, GiB")
+      ->check(tools::positive_real());
+  app.add_option("--element-bytes", in.element_bytes, "2 for bf16/f16, 4 for f32")
+      ->check(CLI::IsMember({2, 4}));
+  const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
+  if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-plan");
+  if (app.count("--kv-heads") == 0) in.kv_heads = in.heads;
   in.zigzag = layout == "zigzag";
+  const std::int64_t parts = in.zigzag ? 2 * std::int64_t{in.ranks} : in.ranks;
+  if (in.heads % in.kv_heads != 0) {
+    std::fprintf(stderr, "ringattn-plan: --kv-heads %lld does not divide --heads %lld\n",
+                 (long long)in.kv_heads, (long long)in.heads);
+    return 2;
+  }
+  if (in.seq % parts != 0) {
+    std::fprintf(
+        stderr,
+        "ringattn-plan: --seq %lld is not a multiple of %lld (--layout %s over --ranks %d)\n",
+        (long long)in.seq, (long long)parts, layout.c_str(), in.ranks);
+    return 2;
+  }
   try {
     const ringattn::RingPlan p = ringattn::plan_ring(in);
     std::printf("ring of %d, seq %lld (%lld tokens a rank), heads %lld/%lld, head_dim %lld, %s, %s\n",
@@ -46,7 +70,7 @@ int main(int argc, char** argv) {
     std::printf("\nattention memory: %.0f bytes a local token; longest sequence that fits on %d GPUs: %lld\n",
                 p.bytes_per_local_token, in.ranks, (long long)p.longest_seq);
     return 0;
-  } catch (const ringattn::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "ringattn-plan: %s\n", e.what());
     return 2;
   }
