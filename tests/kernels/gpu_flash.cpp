@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -321,12 +322,14 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   args.q.data = host.data();
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"q", "host memory", "device memory"}));
   // A head dimension without kernels.
-  DeviceBuffer wide(64 * 2 * 96 * 2 * 3);
+  // (q, k and v may share memory, being read; o has its own.)
+  DeviceBuffer wide(64 * 2 * 96 * 2 * 2);
   args = good;
   args.q = TensorView::contiguous(wide.data(), DType::bf16, {1, 64, 2, 96}, Memory::device);
   args.k = args.q;
   args.v = args.q;
-  args.o = args.q;
+  args.o = TensorView::contiguous(static_cast<std::byte*>(wide.data()) + 64 * 2 * 96 * 2, DType::bf16,
+                                  {1, 64, 2, 96}, Memory::device);
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"head_dim 96", "64 or 128"}));
   // Rows that are not 16-byte aligned.
   args = good;
@@ -335,8 +338,14 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   args.v = args.k;
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"k", "stride 132", "multiple of 8"}));
   // The CPU dtypes.
+  // (Tensors of 4-byte elements in their own memory, disjoint from lse.)
+  DeviceBuffer wide_f32(64 * 2 * 64 * 4 * 2);
   args = good;
-  args.q.dtype = args.k.dtype = args.v.dtype = args.o.dtype = DType::f32;
+  args.q = TensorView::contiguous(wide_f32.data(), DType::f32, {1, 64, 2, 64}, Memory::device);
+  args.k = args.q;
+  args.v = args.q;
+  args.o = TensorView::contiguous(static_cast<std::byte*>(wide_f32.data()) + 64 * 2 * 64 * 4,
+                                  DType::f32, {1, 64, 2, 64}, Memory::device);
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"dtype f32", "bf16 or f16"}));
   // GQA divisibility.
   args = good;

@@ -11,7 +11,9 @@ source "$here/bench/launch_env.sh"
 work="$(mktemp -d "${TMPDIR:-/tmp}/ringattn-faults.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
-short=(--set train.steps=12 --set train.eval_every=0 --set run.dir="$work/run")
+# The tiny CPU config, named, so that a GPU on the machine does not change the cases.
+short=("$here/configs/tiny-cpu.yaml" --set train.steps=12 --set train.eval_every=0
+       --set run.dir="$work/run")
 
 expect_message=() expect_count=1
 case "$case_name" in
