@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian/Ubuntu packages that building and testing ringattn need, those missing only;
+# Installs the Debian/Ubuntu packages that building and testing ringattn need, those missing only
+# (a package of a program already on PATH, such as cmake or ninja, is not missing);
 # tools/main.sh and tools/test.sh (and so .ci/run) run it before building. When nothing is missing
 # it prints nothing and uses no network. Missing packages are installed with apt-get, as root or
 # through sudo without a password; where neither works it stops (status 1) with the command to
@@ -42,9 +43,14 @@ else
   installed=$(dpkg-query -W -f='${db:Status-Status} ${Package}\n' "${packages[@]}" 2>/dev/null |
               sed -n 's/^installed //p' || true)
 fi
+# A package whose program is on PATH counts as present, however it came there (a pip cmake or
+# ninja in a virtual environment, a compiler or an MPI of a module system).
+declare -A program_of=([cmake]=cmake [ninja-build]=ninja [g++]=g++ [openmpi-bin]=mpiexec)
 missing=()
 for package in "${packages[@]}"; do
-  if [[ " ${installed//[[:space:]]/ } " != *" $package "* ]]; then missing+=("$package"); fi
+  if [[ " ${installed//[[:space:]]/ } " == *" $package "* ]]; then continue; fi
+  if [[ -n ${program_of[$package]:-} ]] && have "${program_of[$package]}"; then continue; fi
+  missing+=("$package")
 done
 if [[ ${#missing[@]} -eq 0 ]]; then exit 0; fi
 

@@ -2,7 +2,7 @@
 # Checks tools/deps.sh in its dry run (nothing is installed) on package lists whose missing ones are
 # known by construction: what it prints, on which stream, and its exit status.
 #   tests/tools/deps_dry_run.sh CASE DEPS_SH
-#   CASE: one_missing, none_missing, no_sudo, other_system, dpkg_query
+#   CASE: one_missing, none_missing, on_path, no_sudo, other_system, dpkg_query
 # Exit status 0 when the case holds, 1 (with what was expected and what came) when not, 77 to skip.
 set -uo pipefail
 case_name=$1
@@ -45,6 +45,19 @@ case $case_name in
     deps RINGATTN_DEPS_PACKAGES="cmake libhdf5-dev g++" \
          RINGATTN_DEPS_INSTALLED=$'g++\nlibhdf5-dev-doc\nlibhdf5-dev\ncmake' RINGATTN_DEPS_PRIVILEGE=root
     [[ $status == 0 && -z $out && -z $err ]] || fail "expected status 0 and no output"
+    ;;
+  on_path)
+    # cmake and ninja-build not installed as packages, but cmake is on PATH (as a pip cmake is):
+    # only ninja-build is missing.
+    bin_dir=$(mktemp -d)
+    trap 'rm -f "$err_file"; rm -rf "$bin_dir"' EXIT
+    printf '#!/bin/sh\nexit 0\n' >"$bin_dir/cmake"
+    chmod +x "$bin_dir/cmake"
+    deps PATH="$bin_dir" RINGATTN_DEPS_PACKAGES="cmake ninja-build libhdf5-dev" \
+         RINGATTN_DEPS_INSTALLED="libhdf5-dev" RINGATTN_DEPS_PRIVILEGE=root
+    want="apt-get update -qq"$'\n'"env DEBIAN_FRONTEND=noninteractive $install_line ninja-build"
+    [[ $status == 0 && $out == "$want" && -z $err ]] ||
+      fail "expected status 0, nothing on stderr and on stdout exactly:"$'\n'"$want"
     ;;
   no_sudo)
     deps RINGATTN_DEPS_PACKAGES="cmake libhdf5-dev libgtest-dev" RINGATTN_DEPS_INSTALLED="cmake" \
