@@ -14,6 +14,11 @@ tools/build.sh --quiet
 # takes its part of the cores itself (parallel/host_threads.hpp).
 source bench/launch_env.sh
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# On Ctrl-C or SIGTERM, OpenMPI passes the signal on to the ranks after this many seconds and
+# SIGKILLs them as many seconds later (its default, 1 s, leaves no time for a checkpoint). The
+# ranks stop at the next block boundary and save the last completed step; the trainer prints a
+# checkpoint's write time beside this timeout before step 1, and warns where it is too short.
+export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-10}"
 # A progress bar when this script writes to a terminal, plain lines otherwise.
 if [[ -t 1 ]]; then export RINGATTN_PROGRESS=1; else export RINGATTN_PROGRESS=0; fi
 ranks=2

@@ -9,13 +9,21 @@
 // metrics.png beside metrics.jsonl.
 // Errors (a bad config, a missing dataset, a non-finite loss) that every rank meets alike print
 // one line on rank 0 and exit with status 1 on every rank; an error of one rank alone prints on
-// that rank, prefixed by it, and ends the job with MPI_Abort (the others may wait for it). SIGINT/SIGTERM stop the run after the current step with a final
-// checkpoint, on all ranks (they agree after every step).
+// that rank, prefixed by it, and ends the job with MPI_Abort (the others may wait for it).
+// SIGINT/SIGTERM stop the run at the next block boundary of the step in flight, on all ranks (they
+// agree at every boundary), and write a checkpoint of the last completed step where it can be
+// written before the launcher's SIGKILL, then exit with status 128 + the signal's number (143 for
+// SIGTERM) when steps were left; a second signal exits at once. Under mpiexec the ranks get
+// SIGTERM odls_base_sigkill_timeout seconds after mpiexec does, and SIGKILL as many seconds later:
+// launch with --mca odls_base_sigkill_timeout N (tools/main.sh does), N above the checkpoint write
+// time the trainer prints before step 1.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 
+#include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -24,7 +32,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
+
+#include <time.h>
+#include <unistd.h>
 
 #include "parallel/communicator.hpp"
 #include "parallel/host_threads.hpp"
@@ -38,9 +51,33 @@
 namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
+std::atomic<std::int64_t> g_stop_time_ns{0};
+static_assert(std::atomic<std::int64_t>::is_always_lock_free, "the signal handler stores a time");
 
-extern "C" void request_stop(int) {
-  g_stop = 1;
+// The first SIGINT/SIGTERM asks the trainer to stop (at the next block boundary, with a final
+// checkpoint); a second one ends this process at once.
+extern "C" void request_stop(int signal_number) {
+  if (g_stop != 0) {
+    constexpr char kMessage[] = "ringattn-train: a second stop signal: exiting now\n";
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    _exit(128 + signal_number);
+  }
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  g_stop_time_ns.store(static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+  g_stop = signal_number;
+}
+
+// Seconds between OpenMPI's forwarding of SIGTERM to the ranks and its SIGKILL: its MCA parameter
+// odls_base_sigkill_timeout (1 s unless set), which reaches each rank's environment.
+std::pair<double, std::string> launcher_kill_timeout() {
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return {0.0, ""};
+  const char* text = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  if (text == nullptr) return {1.0, "OpenMPI's default odls_base_sigkill_timeout"};
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (end == text || !(seconds > 0.0)) return {1.0, "OpenMPI's default odls_base_sigkill_timeout"};
+  return {seconds, "mpiexec's odls_base_sigkill_timeout"};
 }
 
 // "ringattn-train: x" -> "x": messages of the collective checks in main() already name the program.
@@ -115,10 +152,15 @@ int main(int argc, char** argv) {
       ringattn::train::TrainerOptions options;
       options.log = &std::cout;
       options.stop_requested = &g_stop;
+      options.stop_time_ns = &g_stop_time_ns;
+      std::tie(options.kill_timeout_s, options.kill_timeout_source) = launcher_kill_timeout();
       std::signal(SIGINT, request_stop);
       std::signal(SIGTERM, request_stop);
       ringattn::train::Trainer trainer(config, world, options);
       trainer.run();
+      // Stopped by a signal before the last step: the shell's status of that signal, so that a
+      // job script does not take the run for finished.
+      if (g_stop != 0 && trainer.steps_done() < config.train.steps) status = 128 + g_stop;
     }
   } catch (const ringattn::CollectiveError& e) {
     // Every rank of the world threw it alike: one rank says it, and all end normally.

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -79,6 +80,10 @@ struct ModelOptions {
   std::int64_t loss_chunk_tokens = 8192;
   // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
   bool shard_optimizer = false;
+  // Called before each block's forward and backward in forward_backward (not in forward alone).
+  // It may throw to abandon the step there (the trainer does on a stop signal, every rank at the
+  // same boundary): the gradients are then partial, and the parameters and moments untouched.
+  std::function<void()> layer_boundary;
 };
 
 // What the trainer needs of a model, whatever its backend. Parameters, gradients and moments
@@ -212,7 +217,8 @@ class Model final : public TrainModel {
   // x_in_[l + 1]. Recomputing (before the block's backward) writes only `L`, and reads the
   // attention output where every block keeps its own instead of running the ring again.
   void layer_forward(std::size_t l, Layer& L, bool recomputing);
-  void run_forward(const ShardBatch& batch);
+  // `interruptible`: layer_boundary before each block (in forward_backward).
+  void run_forward(const ShardBatch& batch, bool interruptible);
   // The output head and the loss, chunk by chunk over the tokens (the loss sums from the backend's
   // loss_sums() once they are needed); with_grad also adds the head's gradient and writes dh_
   // (the gradient of the final norm's output).

@@ -342,7 +342,7 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
 }
 
 template <class B>
-void Model<B>::run_forward(const ShardBatch& batch) {
+void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
   const std::int64_t n = local_tokens();
   const auto check = [&](std::size_t size, const char* name) {
     if (static_cast<std::int64_t>(size) != n) {
@@ -358,6 +358,7 @@ void Model<B>::run_forward(const ShardBatch& batch) {
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
   timed("embedding", [&] { be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d}); });
   for (std::size_t l = 0; l < lp_.size(); ++l) {
+    if (interruptible && options_.layer_boundary) options_.layer_boundary();
     layer_forward(l, layers_[options_.recompute ? 0 : l], false);
   }
   timed("rmsnorm", [&] {
@@ -396,7 +397,7 @@ void Model<B>::head_and_loss(bool with_grad, double grad_scale,
 template <class B>
 cpu::CrossEntropySums Model<B>::forward(const ShardBatch& batch,
                                         std::span<std::int32_t> predictions) {
-  run_forward(batch);
+  run_forward(batch, false);
   head_and_loss(false, 0.0, predictions);
   return backend_->loss_sums();
 }
@@ -404,7 +405,7 @@ cpu::CrossEntropySums Model<B>::forward(const ShardBatch& batch,
 template <class B>
 cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double grad_scale,
                                                  std::span<std::int32_t> predictions) {
-  run_forward(batch);
+  run_forward(batch, true);
   B& be = *backend_;
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
@@ -416,6 +417,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                         master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
   });
   for (std::size_t l = lp_.size(); l-- > 0;) {
+    if (options_.layer_boundary) options_.layer_boundary();
     Layer& L = layers_[options_.recompute ? 0 : l];
     if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];

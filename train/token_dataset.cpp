@@ -1,9 +1,12 @@
 #include "train/token_dataset.hpp"
 
+#include <algorithm>
+#include <system_error>
 #include <vector>
 
 #include "ringattn/error.hpp"
 #include "src/hdf5_check.hpp"
+#include "train/digest.hpp"
 
 namespace ringattn::train {
 namespace {
@@ -83,6 +86,22 @@ TokenDataset::TokenDataset(const std::filesystem::path& path, int model_vocab_si
     detail::fail(kWhere, "token dataset '", name_, "' holds ", num_tokens_,
                  " tokens; one sequence of train.seq_len = ", seq_len, " needs ", seq_len + 1);
   }
+}
+
+std::string TokenDataset::identity() const {
+  constexpr std::int64_t kEnds = 4096;
+  Digest digest;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(std::min(kEnds, num_tokens_)));
+  read_tokens(0, tokens);
+  digest.add(tokens.data(), tokens.size() * sizeof(std::int32_t));
+  read_tokens(num_tokens_ - static_cast<std::int64_t>(tokens.size()), tokens);
+  digest.add(tokens.data(), tokens.size() * sizeof(std::int32_t));
+  std::error_code error;
+  const std::uintmax_t bytes = std::filesystem::file_size(path_, error);
+  return std::to_string(num_tokens_) + " tokens, vocab " + std::to_string(vocab_size_) +
+         ", tokenizer " + tokenizer_ + ", " + token_type_ + ", " +
+         (error ? std::string("size unknown") : std::to_string(bytes) + " bytes") + ", digest " +
+         digest.hex();
 }
 
 void TokenDataset::read_tokens(std::int64_t begin, std::span<std::int32_t> out) const {

@@ -41,6 +41,10 @@ class TokenDataset {
   // Windows of seq_len + 1 tokens starting at multiples of seq_len: (num_tokens - 1) / seq_len.
   std::int64_t num_sequences() const { return (num_tokens_ - 1) / seq_len_; }
 
+  // What ranks compare to know they read the same corpus, wherever each one's copy lies: "N tokens,
+  // vocab V, tokenizer T, type, B bytes, digest H", the digest of the first and last 4096 tokens.
+  std::string identity() const;
+
   // Tokens [begin, begin + out.size()) of the file.
   void read_tokens(std::int64_t begin, std::span<std::int32_t> out) const;
 

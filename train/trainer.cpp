@@ -13,6 +13,7 @@
 #include <new>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "train/checkpoint.hpp"
+#include "train/digest.hpp"
 #include "parallel/device_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "ringattn/runtime.hpp"
@@ -47,6 +49,10 @@ double learning_rate(const TrainingConfig& t, int step) {
 }
 
 namespace {
+
+// Thrown at a block boundary of a step when every rank agreed to stop there (not an exception of
+// the std::exception kind, so that no handler on the way takes it for an error).
+struct StepInterrupted {};
 
 struct MicroBatch {
   std::vector<std::int32_t> inputs, targets;
@@ -123,6 +129,7 @@ struct Trainer::Impl {
   std::optional<EvalMetrics> last_eval;       // the newest evaluation of run()
   std::vector<int> stage_of_metrics;          // the stage of each step run() returned
   std::filesystem::path last_checkpoint;      // the newest checkpoint written
+  double checkpoint_seconds = 0.0;            // the longest checkpoint write so far
   int profiled_steps = 0;
   double profiled_ms = 0.0;
   int first_step = -1;
@@ -136,6 +143,130 @@ struct Trainer::Impl {
       return std::string(forced) == "1";
     }
     return std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && isatty(fileno(stdout)) == 1;
+  }
+
+  // Whether any rank has a stop signal (collective).
+  bool stop_agreed() const {
+    double stop = *options.stop_requested != 0 ? 1.0 : 0.0;
+    world->all_reduce_sum(&stop, 1, DType::f64, nullptr);
+    return stop > 0.0;
+  }
+
+  // Seconds since this rank's stop signal (0 when its time is unknown).
+  double seconds_since_stop() const {
+    if (options.stop_time_ns == nullptr) return 0.0;
+    const std::int64_t at = options.stop_time_ns->load();
+    if (at == 0) return 0.0;
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+    return 1e-9 * static_cast<double>(now - at);
+  }
+
+  // The checkpoint of steps_done into `dir` (rank 0 writes it, keeping the newest `keep`), and the
+  // seconds it took; collective: a rank that fails makes all fail alike.
+  std::pair<std::filesystem::path, double> write_checkpoint(const std::filesystem::path& dir,
+                                                            int keep) {
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<Error> failure;
+    std::filesystem::path path;
+    std::vector<float> params, m, v;
+    // With train.shard_optimizer every rank holds a share of the moments: then it is collective.
+    if (world_rank == 0 || config.train.shard_optimizer) model->export_state(params, m, v);
+    if (world_rank == 0) try {
+        CheckpointState state;
+        state.step = steps_done;
+        state.data_position.sequences = sequences_before(steps_done);
+        state.config_yaml = dump_config(config);
+        std::vector<CheckpointTensor> tensors;
+        std::size_t offset = 0;
+        for (const ParameterInfo& info : model->parameter_infos()) {
+          tensors.push_back({info.name, info.shape, params.data() + offset});
+          tensors.push_back({"adam_m." + info.name, info.shape, m.data() + offset});
+          tensors.push_back({"adam_v." + info.name, info.shape, v.data() + offset});
+          offset += static_cast<std::size_t>(info.elements);
+        }
+        path = train::save_checkpoint(dir, state, tensors, keep);
+      } catch (const std::exception& e) {
+        failure = as_error("Trainer", e);
+      }
+    // Every rank waits for the file and fails alike when it could not be written.
+    check_no_rank_failed(*world, "Trainer::save_checkpoint", failure ? &*failure : nullptr);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    checkpoint_seconds = std::max(checkpoint_seconds, seconds);
+    return {path, seconds};
+  }
+
+  // Before step 1 of a run that a signal may stop: writes a checkpoint into a scratch directory
+  // of run.dir and deletes it, to know how long one takes (and that run.dir takes one), and says
+  // so beside the launcher's kill timeout.
+  void measure_checkpoint_write() {
+    const std::filesystem::path scratch =
+        std::filesystem::path(config.run.dir) / ".checkpoint-write-test";
+    const auto [path, seconds] = write_checkpoint(scratch, 1);
+    std::uintmax_t bytes = 0;
+    if (world_rank == 0) {
+      std::error_code error;
+      bytes = std::filesystem::file_size(path, error);
+      std::filesystem::remove_all(scratch, error);
+    }
+    char line[320];
+    std::snprintf(line, sizeof line, "checkpoint write: %.1f MiB in %.2f s",
+                  static_cast<double>(bytes) / (1024.0 * 1024.0), seconds);
+    std::string text = line;
+    if (options.kill_timeout_s > 0.0) {
+      std::snprintf(line, sizeof line, "; a stop signal leaves %.0f s before SIGKILL (%s)",
+                    options.kill_timeout_s, options.kill_timeout_source.c_str());
+      text += line;
+      // The stop waits for one block of the step in flight, then writes.
+      const double needed = 3.0 * seconds + 5.0;
+      if (needed > options.kill_timeout_s) {
+        std::snprintf(line, sizeof line,
+                      "\nwarning: a checkpoint on SIGTERM may not be written in time; launch with "
+                      "mpiexec --mca odls_base_sigkill_timeout %.0f (or "
+                      "OMPI_MCA_odls_base_sigkill_timeout=%.0f)",
+                      std::ceil(needed), std::ceil(needed));
+        text += line;
+      }
+    }
+    log(text);
+  }
+
+  // On a stop: the checkpoint of the last completed step, unless there is one already or it would
+  // not be written before the launcher's SIGKILL (all ranks agree on both).
+  void final_checkpoint_on_stop() {
+    if (!options.write_checkpoints) return;
+    double votes[2] = {0.0, 0.0};  // ranks whose checkpoint of this step exists; ranks short of time
+    if (world_rank == 0 && !last_checkpoint.empty() &&
+        last_checkpoint == checkpoint_path(config.run.dir, steps_done)) {
+      votes[0] = 1.0;
+    }
+    const double left = options.kill_timeout_s - seconds_since_stop();
+    if (options.kill_timeout_s > 0.0 && checkpoint_seconds > left) votes[1] = 1.0;
+    world->all_reduce_sum(votes, 2, DType::f64, nullptr);
+    if (votes[0] > 0.0) return;
+    if (votes[1] > 0.0) {
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "stop requested: no checkpoint of step %d: one takes %.1f s and SIGKILL comes "
+                    "%.0f s after the signal (%s)",
+                    steps_done, checkpoint_seconds, options.kill_timeout_s,
+                    options.kill_timeout_source.c_str());
+      log(line);
+      return;
+    }
+    save_run_checkpoint();
+  }
+
+  // The checkpoint of steps_done into run.dir, said with its time (collective).
+  void save_run_checkpoint() {
+    const auto [path, seconds] =
+        write_checkpoint(config.run.dir, std::max(1, config.train.keep_checkpoints));
+    last_checkpoint = path;
+    char took[64];
+    std::snprintf(took, sizeof took, " (%.2f s)", seconds);
+    log("checkpoint " + path.string() + took);
   }
 
   void log(const std::string& line) const {
@@ -260,6 +391,13 @@ struct Trainer::Impl {
       failure = as_error("Trainer", e);
     }
     check_no_rank_failed(*world, "Trainer", failure ? &*failure : nullptr);
+    // Each rank may read its own copy of the datasets (their paths may differ): the copies must
+    // hold the same tokens, or the replicas and the ring's shards would train on different data.
+    if (first && train_data) {
+      std::string identity = "data.train_path " + train_data->identity();
+      if (val_data) identity += "; data.val_path " + val_data->identity();
+      check_same_on_all_ranks(*world, "Trainer", identity);
+    }
     if (first) {
       model->init(config.train.seed);
     } else {
@@ -464,6 +602,12 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.model_options.shard_optimizer = config.train.shard_optimizer;
   s.model_options.deterministic = config.train.deterministic;
   s.model_options.local_attention = config.parallel.local_attention;
+  if (s.options.stop_requested != nullptr) {
+    // Every rank asks at the same boundaries, so all stop at the same one.
+    s.model_options.layer_boundary = [&s] {
+      if (s.stop_agreed()) throw StepInterrupted{};
+    };
+  }
   if (s.backend == Backend::cuda) {
     // The ring and the gradients move device memory over NCCL, bootstrapped from the world's MPI
     // communicator; host scalars keep going through `world`.
@@ -481,6 +625,9 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   // The checkpoint is opened on every rank; a rank that fails makes all fail alike (instead of
   // leaving the others waiting in the first collective).
   std::optional<Error> failure;
+  // What each rank resumed from: they must agree (a rank that found no checkpoint, or another one,
+  // would train from other weights).
+  std::string resumed = "resumed step none";
   try {
     s.log("ringattn-train: world " + std::to_string(s.world->size()) + " = dp " +
           std::to_string(s.dp) + " x cp " + std::to_string(s.cp) + " (" +
@@ -521,6 +668,12 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
         offset += static_cast<std::size_t>(info.elements);
       }
       const CheckpointState state = load_checkpoint(*resume, slots);
+      Digest digest;
+      for (const std::vector<float>* part : {&params, &m, &v}) {
+        digest.add(part->data(), part->size() * sizeof(float));
+      }
+      resumed = "resumed step " + std::to_string(state.step) + "; resumed state digest " +
+                digest.hex();
       s.model->import_state(params, m, v);
       s.steps_done = static_cast<int>(state.step);
       s.log("resumed from " + resume->string() + " at step " + std::to_string(s.steps_done));
@@ -529,39 +682,13 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     failure = as_error("Trainer", e);
   }
   check_no_rank_failed(*s.world, "Trainer", failure ? &*failure : nullptr);
+  check_same_on_all_ranks(*s.world, "Trainer", resumed);
   // A run resumed in a later stage goes on in it.
   s.enter_stage(stage_of_step(config.train, s.steps_done));
 }
 
 void Trainer::save_checkpoint() {
-  Impl& s = *impl_;
-  std::optional<Error> failure;
-  std::vector<float> params, m, v;
-  // With train.shard_optimizer every rank holds a share of the moments: then it is collective.
-  if (s.world_rank == 0 || s.config.train.shard_optimizer) s.model->export_state(params, m, v);
-  if (s.world_rank == 0) try {
-      const TrainingConfig& t = s.config.train;
-      CheckpointState state;
-      state.step = s.steps_done;
-      state.data_position.sequences = s.sequences_before(s.steps_done);
-      state.config_yaml = dump_config(s.config);
-      std::vector<CheckpointTensor> tensors;
-      std::size_t offset = 0;
-      for (const ParameterInfo& info : s.model->parameter_infos()) {
-        tensors.push_back({info.name, info.shape, params.data() + offset});
-        tensors.push_back({"adam_m." + info.name, info.shape, m.data() + offset});
-        tensors.push_back({"adam_v." + info.name, info.shape, v.data() + offset});
-        offset += static_cast<std::size_t>(info.elements);
-      }
-      const std::filesystem::path path =
-          train::save_checkpoint(s.config.run.dir, state, tensors, std::max(1, t.keep_checkpoints));
-      s.last_checkpoint = path;
-      s.log("checkpoint " + path.string());
-    } catch (const std::exception& e) {
-      failure = as_error("Trainer", e);
-    }
-  // Every rank waits for the file and fails alike when it could not be written.
-  check_no_rank_failed(*s.world, "Trainer::save_checkpoint", failure ? &*failure : nullptr);
+  impl_->save_run_checkpoint();
 }
 
 Trainer::~Trainer() = default;
@@ -731,8 +858,22 @@ std::vector<StepMetrics> Trainer::run() {
   check_no_rank_failed(*s.world, "Trainer::run", failure ? &*failure : nullptr);
   std::vector<StepMetrics> all;
   s.stage_of_metrics.clear();
+  if (s.options.stop_requested != nullptr && s.options.write_checkpoints) {
+    s.measure_checkpoint_write();
+  }
   while (s.steps_done < t.steps) {
-    const StepMetrics m = step();
+    StepMetrics m;
+    try {
+      m = step();
+    } catch (const StepInterrupted&) {
+      // Every rank stopped at the same block boundary of step steps_done + 1, before its
+      // optimizer update: the parameters and moments are those of step steps_done.
+      s.log("stop requested: step " + std::to_string(s.steps_done + 1) +
+            " abandoned at a block boundary; the parameters are those after step " +
+            std::to_string(s.steps_done));
+      s.final_checkpoint_on_stop();
+      break;
+    }
     if (metrics_file.is_open()) {
       metrics_file << "{\"step\": " << m.step << ", \"loss\": " << format_double(m.loss)
                    << ", \"lr\": " << format_double(m.lr)
@@ -790,14 +931,10 @@ std::vector<StepMetrics> Trainer::run() {
     }
     all.push_back(m);
     s.stage_of_metrics.push_back(s.stage);
-    if (s.options.stop_requested != nullptr && !last) {
-      double stop = *s.options.stop_requested != 0 ? 1.0 : 0.0;
-      s.world->all_reduce_sum(&stop, 1, DType::f64, nullptr);
-      if (stop > 0.0) {
-        s.log("stop requested: stopping after step " + std::to_string(m.step));
-        if (s.options.write_checkpoints) save_checkpoint();
-        break;
-      }
+    if (s.options.stop_requested != nullptr && !last && s.stop_agreed()) {
+      s.log("stop requested: stopping after step " + std::to_string(m.step));
+      s.final_checkpoint_on_stop();
+      break;
     }
   }
   if (t.profile) s.report_profile();

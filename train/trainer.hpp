@@ -26,6 +26,7 @@
 // <run.dir>/profile.json when it writes metrics.
 #pragma once
 
+#include <atomic>
 #include <csignal>
 #include <cstdint>
 #include <functional>
@@ -69,10 +70,21 @@ struct TrainerOptions {
   // rank 0 writes <run.dir>/ckpt-<step>.h5 every train.checkpoint_every steps and at the end of
   // run() (train/checkpoint.hpp; the newest train.keep_checkpoints kept)
   bool write_checkpoints = true;
-  // Polled by run() after every step (all ranks agree through an all-reduce): when set on any
-  // rank, run() writes a checkpoint (if write_checkpoints) and returns early. main() sets it from
-  // SIGINT/SIGTERM.
+  // A stop signal (main() sets it from SIGINT/SIGTERM). When given, run() measures a checkpoint
+  // write before step 1 and prints it beside kill_timeout_s, and polls the flag at every block
+  // boundary of a step and after every step (all ranks agree through an all-reduce). When set on
+  // any rank, the step in flight is abandoned at the next block boundary (its parameters and
+  // moments untouched: those of the last completed step), run() writes a checkpoint of the last
+  // completed step (if write_checkpoints, and where it can be written before kill_timeout_s
+  // passes) and returns early.
   const volatile std::sig_atomic_t* stop_requested = nullptr;
+  // steady_clock nanoseconds at the first signal (0 before), set by the signal handler.
+  const std::atomic<std::int64_t>* stop_time_ns = nullptr;
+  // Seconds between the stop signal and a SIGKILL of the launcher (OpenMPI's
+  // odls_base_sigkill_timeout); 0: none known.
+  double kill_timeout_s = 0.0;
+  // Where kill_timeout_s comes from, for messages ("mpiexec's odls_base_sigkill_timeout").
+  std::string kill_timeout_source;
 };
 
 // The learning rate of optimizer step `step` (0-based).

@@ -35,6 +35,29 @@ case "$case_name" in
     touch blocker
     command=("$mpiexec" -n 2 --oversubscribe "$train" "${short[@]}" --set run.dir="$work/blocker/run")
     expect_message=("rank 0: filesystem error: cannot create directories" "blocker/run") ;;
+  mpmd_data)  # each rank its own copy of the dataset, the copies different: named with both
+    data="$(dirname "$train")/ringattn-data"
+    # 40000 bytes each, different in their first byte.
+    seq 1 10000 | head -c 40000 >a.txt
+    { printf x; tail -c +2 a.txt; } >b.txt
+    "$data" --out a --val-fraction 0 a.txt >/dev/null && "$data" --out b --val-fraction 0 b.txt >/dev/null ||
+      { echo "FAIL: ringattn-data could not make the datasets"; exit 1; }
+    hdf5=(--set data.source=hdf5 --set model.vocab_size=256)
+    command=("$mpiexec" -n 1 "$train" "${short[@]}" "${hdf5[@]}" --set data.train_path=a.train.h5
+             : -n 1 "$train" "${short[@]}" "${hdf5[@]}" --set data.train_path=b.train.h5)
+    expect_message=("the ranks disagree: " "rank 0 has data.train_path 40000 tokens, vocab 256"
+                    "but rank 1 has data.train_path 40000 tokens, vocab 256") ;;
+  mpmd_resume)  # the same config, but each rank's run.resume (a relative path) names another
+    # checkpoint (as node-local disks may hold): named with the steps of both
+    mkdir -p at3 at2
+    for steps in 3 2; do
+      "$mpiexec" -n 2 --oversubscribe "$train" "${short[@]}" --set train.steps=$steps --set train.warmup_steps=0 \
+        --set run.dir="$work/at$steps" >/dev/null 2>&1 || { echo "FAIL: no checkpoint of step $steps"; exit 1; }
+      cp "at$steps/ckpt-$steps.h5" "at$steps/resume.h5"
+    done
+    command=("$mpiexec" -n 1 -wdir "$work/at3" "$train" "${short[@]}" --set run.resume=resume.h5
+             : -n 1 -wdir "$work/at2" "$train" "${short[@]}" --set run.resume=resume.h5)
+    expect_message=("the ranks disagree: " "rank 0 has resumed step 3 but rank 1 has resumed step 2") ;;
   invalid_everywhere)  # a config every rank finds invalid: said once
     command=("$mpiexec" -n 2 --oversubscribe "$train" "${short[@]}" --set train.warmup_steps=50)
     expect_message=("train.warmup_steps (50) is more than train.steps (12)" "(on every rank)") ;;
