@@ -4,6 +4,10 @@
     ra = Ringattn("build/libringattn.so")
     o, lse = ra.forward(q, k, v, causal=True)             # q, k, v: [B, S, H, D] bf16/f16 CUDA
     dq, dk, dv = ra.backward(q, k, v, o, lse, do, causal=True)   # fp32 gradients
+
+v (and so o, do and dv) may have a head dim Dv of its own on the host (f32/f64 CPU tensors), as
+multi-head latent attention's 192/128; the scale defaults to 1/sqrt(D) of q and k. The CUDA block
+takes Dv == D only and says so.
 """
 import ctypes
 import math
@@ -69,7 +73,7 @@ class Ringattn:
 
     def forward(self, q, k, v, causal=False, scale=None, q_start=0, k_start=0):
         b, sq, h, d = q.shape
-        o = torch.empty_like(q)
+        o = q.new_empty(b, sq, h, v.shape[-1])  # O has V's head dim
         lse = torch.empty(b, h, sq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype,
                           device=q.device)
         p = ForwardParams(ctypes.sizeof(ForwardParams), describe(q), describe(k), describe(v),

@@ -24,7 +24,8 @@ std::string cuda_block_head_dims_text() {
   return text;
 }
 
-void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where) {
+void check_block_dtype(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, Memory memory,
+                       const char* where) {
   if (memory == Memory::host) {
     if (dtype != DType::f32 && dtype != DType::f64) {
       fail(
@@ -37,10 +38,21 @@ void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const 
     fail(where, "q has dtype ", dtype_name(dtype),
          "; device tensors run on the CUDA block, which takes bf16 or f16");
   }
+  // The CUDA kernels hold one head dim for the Q K^T and the P V products (tiles, shared memory,
+  // registers are sized by it), so a V of another width has no kernel, whatever the two sizes.
+  if (v_head_dim != head_dim) {
+    fail_as(ErrorKind::unsupported, where, "v has head_dim ", v_head_dim, " but q and k have ",
+            head_dim, "; the CUDA block takes one head_dim for q, k and v (",
+            cuda_block_head_dims_text(), "); a v_head_dim of its own runs on the CPU block only");
+  }
   if (!cuda_block_takes_head_dim(head_dim)) {
     fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim,
             " is not supported; the CUDA block takes ", cuda_block_head_dims_text());
   }
+}
+
+void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where) {
+  check_block_dtype(dtype, head_dim, head_dim, memory, where);
 }
 
 // 16-bit rows move in 16-byte copies (cp.async), fp32 accumulators in 8-byte pairs.

@@ -19,9 +19,13 @@ bool cuda_block_takes_head_dim(std::int64_t head_dim);
 // kCudaBlockHeadDims for a message: "64 or 128".
 std::string cuda_block_head_dims_text();
 
-// Input dtypes and head dims: f32/f64 (any head_dim) on the host (CPU block), bf16/f16 with a
-// head_dim of kCudaBlockHeadDims on the device (CUDA block). A head dim without kernels is
-// ErrorKind::unsupported: "head_dim 96 is not supported; the CUDA block takes 64 or 128".
+// Input dtypes and head dims: f32/f64 (any head_dim, any v_head_dim) on the host (CPU block),
+// bf16/f16 with one head_dim of kCudaBlockHeadDims for Q, K and V on the device (CUDA block). A
+// head dim without kernels is ErrorKind::unsupported: "head_dim 96 is not supported; the CUDA
+// block takes 64 or 128", and so is a v_head_dim other than head_dim on the device, naming both.
+void check_block_dtype(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, Memory memory,
+                       const char* where);
+// The same where V has the head_dim of Q and K.
 void check_block_dtype(DType dtype, std::int64_t head_dim, Memory memory, const char* where);
 // On the device, the layout of one tensor: unit stride along head_dim, rows in 16-byte units for
 // 16-bit tensors and 8-byte units for fp32 ones, aligned data. Host tensors and rank-3 row

@@ -1,7 +1,7 @@
 // The ring schedule, written once against Communicator and the backend switch of local_block.hpp.
 //
 // Forward. K and V travel together in one contiguous buffer (only the kv_heads heads, in the input
-// dtype), double buffered: at step s a rank starts sending the shard it holds to rank + 1 while
+// dtype; K of d_qk and V of d_v elements a head, which may differ), double buffered: at step s a rank starts sending the shard it holds to rank + 1 while
 // receiving the next one from rank - 1, computes its Q against the shard it holds, then waits. The
 // running (O, LSE) stays in the accumulator dtype (the block's combine mode merges into it; LSE is
 // the caller's output itself) and O is written in the input dtype once, after the last step.
@@ -136,17 +136,20 @@ TensorView columns(const TensorView& t, std::int64_t start, std::int64_t length)
   return v;
 }
 
-// A K half and a V half of [batch, Sl, kv_heads, head_dim] back to back in one buffer: the message
-// of a step. The V half starts at an offset of batch * Sl * kv_heads * head_dim elements, which
-// keeps the alignment the CUDA block needs (head_dim is a multiple of 8 there).
+// K [batch, Sl, kv_heads, head_dim] and V [batch, Sl, kv_heads, v_head_dim] back to back in one
+// buffer: the message of a step (or the dK|dV accumulator of a shard). V starts at an offset of
+// batch * Sl * kv_heads * head_dim elements, which keeps the alignment the CUDA block needs
+// (head_dim is a multiple of 8 there, and the same for K and V).
 struct PairedViews {
   TensorView k, v;
-  TensorView both;  // [2 * batch, Sl, kv_heads, head_dim]: both halves, for fill and add
+  // Every element of the buffer once, as [batch, Sl, kv_heads, head_dim + v_head_dim], for fill
+  // and add, which pair the elements of two such views by position (its axes are not K's and V's).
+  TensorView both;
   std::size_t bytes = 0;
 };
 
 std::size_t paired_bytes(const AttentionShape& s, DType dtype) {
-  return 2 * static_cast<std::size_t>(s.batch * s.k_len * s.kv_heads * s.head_dim) *
+  return static_cast<std::size_t>(s.batch * s.k_len * s.kv_heads * (s.head_dim + s.v_head_dim)) *
          dtype_size(dtype);
 }
 
@@ -177,7 +180,7 @@ void check_ring_inputs(const AttentionShape& s, const TensorView& q, Memory memo
     detail::fail(where, "k has ", s.k_len, " tokens but q has ", s.q_len,
                  "; every rank holds the same tokens of q, k and v");
   }
-  detail::check_block_dtype(q.dtype, s.head_dim, memory, where);
+  detail::check_block_dtype(q.dtype, s.head_dim, s.v_head_dim, memory, where);
 }
 
 // Runs the local checks of a call on this rank, then compares and agrees across the ranks, so
@@ -282,8 +285,9 @@ PairedViews paired_views(const Slice& buffer, const AttentionShape& s, DType dty
   PairedViews p;
   p.bytes = paired_bytes(s, dtype);
   p.k = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim});
-  p.v = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim}, p.bytes / 2);
-  p.both = buffer.view(dtype, {2 * s.batch, s.k_len, s.kv_heads, s.head_dim});
+  p.v = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.v_head_dim},
+                    static_cast<std::size_t>(p.k.numel()) * dtype_size(dtype));
+  p.both = buffer.view(dtype, {s.batch, s.k_len, s.kv_heads, s.head_dim + s.v_head_dim});
   return p;
 }
 
@@ -403,7 +407,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
   const DType acc = accumulator_dtype(args.q.dtype);
   const PairedViews kv[2] = {paired_views(kv_slices[0], s, args.q.dtype),
                              paired_views(kv_slices[1], s, args.q.dtype)};
-  const TensorView running = running_slice.view(acc, {s.batch, s.q_len, s.q_heads, s.head_dim});
+  const TensorView running = running_slice.view(acc, {s.batch, s.q_len, s.q_heads, s.v_head_dim});
   if (compute) {
     detail::copy(args.k, kv[0].k, stream);
     detail::copy(args.v, kv[0].v, stream);

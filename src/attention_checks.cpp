@@ -196,14 +196,19 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
   check_view(q, "q", 4, memory, where);
   check_view(k, "k", 4, memory, where);
   check_view(v, "v", 4, memory, where);
-  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]};
+  AttentionShape s{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3],
+                   v.shape[3]};
   if (s.head_dim < 1) detail::fail(where, "q has head_dim ", s.head_dim, "; expected >= 1");
+  if (s.v_head_dim < 1) detail::fail(where, "v has head_dim ", s.v_head_dim, "; expected >= 1");
   if (s.kv_heads < 1) detail::fail(where, "k has ", s.kv_heads, " heads; expected >= 1");
   check_extent_limits(q, "q", where);
   check_extent_limits(k, "k", where);
+  check_extent_limits(v, "v", where);
   check_shape(k, "k", {s.batch, s.k_len, s.kv_heads, s.head_dim},
               "batch and head_dim of q", where);
-  check_shape(v, "v", {s.batch, s.k_len, s.kv_heads, s.head_dim}, "the shape of k", where);
+  // V's head dim is d_v, its own: only its other extents must be those of k.
+  check_shape(v, "v", {s.batch, s.k_len, s.kv_heads, s.v_head_dim},
+              "batch, k_len and kv_heads of k", where);
   if (s.q_heads % s.kv_heads != 0) {
     detail::fail(where, "q has ", s.q_heads, " heads, not a multiple of the ", s.kv_heads,
                  " heads of k and v (GQA needs q_heads % kv_heads == 0)");
@@ -214,6 +219,18 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
     detail::fail(where, "scale is ", scale, "; expected a finite value > 0 such as 1/sqrt(head_dim)");
   }
   return s;
+}
+
+void check_value_shape(const TensorView& t, const char* name, std::int64_t batch,
+                       std::int64_t len, std::int64_t heads, const AttentionShape& s,
+                       const char* what, const char* where) {
+  if (t.shape[0] == batch && t.shape[1] == len && t.shape[2] == heads &&
+      t.shape[3] != s.v_head_dim) {
+    detail::fail(where, name, " has head_dim ", t.shape[3], " (shape ", shape_text(t),
+                 "); expected ", s.v_head_dim, ", the head_dim of v (q and k have head_dim ",
+                 s.head_dim, ")");
+  }
+  check_shape(t, name, {batch, len, heads, s.v_head_dim}, what, where);
 }
 
 }  // namespace detail
@@ -237,7 +254,8 @@ AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const 
   const AttentionShape s = detail::check_attention_inputs(args.q, args.k, args.v, args.scale, memory, where);
   const DType acc = accumulator_dtype(args.q.dtype);
   check_view(args.o, "o", 4, memory, where);
-  check_shape(args.o, "o", {s.batch, s.q_len, s.q_heads, s.head_dim}, "the shape of q", where);
+  detail::check_value_shape(args.o, "o", s.batch, s.q_len, s.q_heads, s,
+                            "batch, q_len and q_heads of q, head_dim of v", where);
   if (args.combine) {
     check_dtype(args.o, "o", acc, "combine mode keeps the running output in the accumulator dtype",
                 where);
@@ -255,19 +273,25 @@ AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, cons
   const AttentionShape s = detail::check_attention_inputs(args.q, args.k, args.v, args.scale, memory, where);
   const DType acc = accumulator_dtype(args.q.dtype);
   check_view(args.dout, "dout", 4, memory, where);
-  check_shape(args.dout, "dout", {s.batch, s.q_len, s.q_heads, s.head_dim}, "the shape of q",
-              where);
+  detail::check_value_shape(args.dout, "dout", s.batch, s.q_len, s.q_heads, s,
+                            "batch, q_len and q_heads of q, head_dim of v", where);
   check_dtype(args.dout, "dout", args.q.dtype, "the dtype of q", where);
   check_row_stats(args.lse, "lse", s, acc, memory, where);
   check_row_stats(args.delta, "delta", s, acc, memory, where);
   const char* grad_names[] = {"dq", "dk", "dv"};
   const TensorView* grads[] = {&args.dq, &args.dk, &args.dv};
   const TensorView* inputs[] = {&args.q, &args.k, &args.v};
+  const char* input_shapes[] = {"the shape of q", "the shape of k", "the shape of v"};
   for (int i = 0; i < 3; ++i) {
     check_view(*grads[i], grad_names[i], 4, memory, where);
     const TensorView& in = *inputs[i];
-    check_shape(*grads[i], grad_names[i], {in.shape[0], in.shape[1], in.shape[2], in.shape[3]},
-                i == 0 ? "the shape of q" : "the shape of k", where);
+    if (i == 2) {
+      detail::check_value_shape(args.dv, "dv", s.batch, s.k_len, s.kv_heads, s, input_shapes[i],
+                                where);
+    } else {
+      check_shape(*grads[i], grad_names[i], {in.shape[0], in.shape[1], in.shape[2], in.shape[3]},
+                  input_shapes[i], where);
+    }
     // dK and dV may have the input dtype when overwritten: rounded once (both alike).
     const bool rounded = i > 0 && args.overwrite_key_gradients && args.dk.dtype == args.q.dtype;
     if (rounded) {

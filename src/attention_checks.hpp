@@ -26,8 +26,9 @@ inline constexpr std::int64_t kMaxBatch = 65535;
 inline constexpr std::int64_t kMaxHeads = 65535;
 inline constexpr std::int64_t kMaxHeadDim = std::numeric_limits<std::int32_t>::max();
 
-// Q, K, V: rank 4, same batch and head_dim, K and V alike, q_heads % kv_heads == 0, one dtype,
-// extents within the limits above, scale finite and > 0.
+// Q, K, V: rank 4, same batch, K with the head_dim of Q (d_qk), V with the batch, length and heads
+// of K and a head_dim of its own (d_v, AttentionShape::v_head_dim), q_heads % kv_heads == 0, one
+// dtype, extents within the limits above, scale finite and > 0.
 AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                       double scale, Memory memory, const char* where);
 // Rank, memory kind, non-negative extents and an element count that fits in int64; for a view
@@ -36,6 +37,12 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
 // address space. A view's strides may still reach past the caller's allocation: the API is given
 // no allocation sizes to check them against.
 void check_view(const TensorView& t, const char* name, int rank, Memory memory, const char* where);
+// A tensor of d_v (o, dout, dv): [batch, len, heads, s.v_head_dim]. A wrong head_dim alone is named
+// with both head dims ("o has head_dim 192 ...; expected 128, the head_dim of v (q and k have
+// head_dim 192)"); other extents as check_shape does, with `what` saying where they come from.
+void check_value_shape(const TensorView& t, const char* name, std::int64_t batch,
+                       std::int64_t len, std::int64_t heads, const AttentionShape& s,
+                       const char* what, const char* where);
 // A [batch, len, heads, head_dim] view within kMaxBatch, kMaxRows, kMaxHeads and kMaxHeadDim.
 void check_extent_limits(const TensorView& t, const char* name, const char* where);
 void check_shape(const TensorView& t, const char* name, std::initializer_list<std::int64_t> expected,

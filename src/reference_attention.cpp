@@ -20,7 +20,8 @@ bool visible(const Mask& mask, std::int64_t i, std::int64_t j) {
   return !mask.causal || mask.k_start + j <= mask.q_start + i;
 }
 
-// rows x head_dim of one (batch, head) of a [batch, seq, heads, head_dim] view, as doubles.
+// rows x head_dim of one (batch, head) of a [batch, seq, heads, head_dim] view, as doubles (each
+// view's own head_dim: d_qk for q and k, d_v for v and dout).
 std::vector<double> gather(const TensorView& t, std::int64_t b, std::int64_t h) {
   const std::int64_t rows = t.shape[1], d = t.shape[3];
   std::vector<double> out(rows * d);
@@ -68,7 +69,8 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
   constexpr const char* kWhere = "reference::attention_forward";
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::host, kWhere);
   detail::check_view(o, "o", 4, Memory::host, kWhere);
-  detail::check_shape(o, "o", {s.batch, s.q_len, s.q_heads, s.head_dim}, "the shape of q", kWhere);
+  detail::check_value_shape(o, "o", s.batch, s.q_len, s.q_heads, s,
+                            "batch, q_len and q_heads of q, head_dim of v", kWhere);
   const bool write_lse = lse.data != nullptr;
   if (write_lse) {
     detail::check_view(lse, "lse", 3, Memory::host, kWhere);
@@ -79,17 +81,17 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
 
   detail::parallel_for(s.batch * s.q_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.q_heads, h = task % s.q_heads, kv_h = h / group;
-    const std::int64_t sq = s.q_len, sk = s.k_len, d = s.head_dim;
+    const std::int64_t sq = s.q_len, sk = s.k_len, d = s.head_dim, dv = s.v_head_dim;
     const std::vector<double> qh = gather(q, b, h), kh = gather(k, b, kv_h), vh = gather(v, b, kv_h);
     std::vector<double> p, row_lse;
     probabilities(qh, kh, sq, sk, d, mask, scale, p, row_lse);
-    std::vector<double> out(d);
+    std::vector<double> out(dv);
     for (std::int64_t i = 0; i < sq; ++i) {
       std::fill(out.begin(), out.end(), 0.0);
       for (std::int64_t j = 0; j < sk; ++j) {
-        for (std::int64_t x = 0; x < d; ++x) out[x] += p[i * sk + j] * vh[j * d + x];
+        for (std::int64_t x = 0; x < dv; ++x) out[x] += p[i * sk + j] * vh[j * dv + x];
       }
-      for (std::int64_t x = 0; x < d; ++x) detail::store_element(o, o.offset(b, i, h, x), out[x]);
+      for (std::int64_t x = 0; x < dv; ++x) detail::store_element(o, o.offset(b, i, h, x), out[x]);
       if (write_lse) detail::store_element(lse, lse.offset(b, h, i), row_lse[i]);
     }
   });
@@ -100,22 +102,25 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dq, const TensorView& dk, const TensorView& dv) {
   constexpr const char* kWhere = "reference::attention_backward";
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::host, kWhere);
-  const char* names[] = {"dout", "dq", "dk", "dv"};
-  const TensorView* views[] = {&dout, &dq, &dk, &dv};
-  for (int i = 0; i < 4; ++i) {
-    const TensorView& like = i < 2 ? q : k;
-    detail::check_view(*views[i], names[i], 4, Memory::host, kWhere);
-    detail::check_shape(*views[i], names[i], {like.shape[0], like.shape[1], like.shape[2], like.shape[3]},
-                        i < 2 ? "the shape of q" : "the shape of k", kWhere);
-  }
+  detail::check_view(dout, "dout", 4, Memory::host, kWhere);
+  detail::check_value_shape(dout, "dout", s.batch, s.q_len, s.q_heads, s,
+                            "batch, q_len and q_heads of q, head_dim of v", kWhere);
+  detail::check_view(dq, "dq", 4, Memory::host, kWhere);
+  detail::check_shape(dq, "dq", {s.batch, s.q_len, s.q_heads, s.head_dim}, "the shape of q",
+                      kWhere);
+  detail::check_view(dk, "dk", 4, Memory::host, kWhere);
+  detail::check_shape(dk, "dk", {s.batch, s.k_len, s.kv_heads, s.head_dim}, "the shape of k",
+                      kWhere);
+  detail::check_view(dv, "dv", 4, Memory::host, kWhere);
+  detail::check_value_shape(dv, "dv", s.batch, s.k_len, s.kv_heads, s, "the shape of v", kWhere);
   const std::int64_t group = s.q_heads / s.kv_heads;
-  const std::int64_t sq = s.q_len, sk = s.k_len, d = s.head_dim;
+  const std::int64_t sq = s.q_len, sk = s.k_len, d = s.head_dim, d_v = s.v_head_dim;
 
   // One task per (batch, kv head): it owns dK and dV of that head and dQ of its query heads.
   detail::parallel_for(s.batch * s.kv_heads, [&](std::int64_t task) {
     const std::int64_t b = task / s.kv_heads, kv_h = task % s.kv_heads;
     const std::vector<double> kh = gather(k, b, kv_h), vh = gather(v, b, kv_h);
-    std::vector<double> dk_acc(sk * d, 0.0), dv_acc(sk * d, 0.0), dq_acc(sq * d);
+    std::vector<double> dk_acc(sk * d, 0.0), dv_acc(sk * d_v, 0.0), dq_acc(sq * d);
     std::vector<double> p, row_lse, ds(sq * sk);
     for (std::int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
       const std::vector<double> qh = gather(q, b, h), gh = gather(dout, b, h);
@@ -123,7 +128,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
       for (std::int64_t i = 0; i < sq; ++i) {
         double row_dot = 0.0;  // sum_j P_ij dP_ij
         for (std::int64_t j = 0; j < sk; ++j) {
-          ds[i * sk + j] = dot(&gh[i * d], &vh[j * d], d);  // dP_ij
+          ds[i * sk + j] = dot(&gh[i * d_v], &vh[j * d_v], d_v);  // dP_ij
           row_dot += p[i * sk + j] * ds[i * sk + j];
         }
         for (std::int64_t j = 0; j < sk; ++j) ds[i * sk + j] = p[i * sk + j] * (ds[i * sk + j] - row_dot);
@@ -135,8 +140,8 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
           for (std::int64_t x = 0; x < d; ++x) {
             dq_acc[i * d + x] += dsij * kh[j * d + x] * scale;
             dk_acc[j * d + x] += dsij * qh[i * d + x] * scale;
-            dv_acc[j * d + x] += pij * gh[i * d + x];
           }
+          for (std::int64_t x = 0; x < d_v; ++x) dv_acc[j * d_v + x] += pij * gh[i * d_v + x];
         }
       }
       for (std::int64_t i = 0; i < sq; ++i) {
@@ -148,7 +153,9 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
     for (std::int64_t j = 0; j < sk; ++j) {
       for (std::int64_t x = 0; x < d; ++x) {
         detail::store_element(dk, dk.offset(b, j, kv_h, x), dk_acc[j * d + x]);
-        detail::store_element(dv, dv.offset(b, j, kv_h, x), dv_acc[j * d + x]);
+      }
+      for (std::int64_t x = 0; x < d_v; ++x) {
+        detail::store_element(dv, dv.offset(b, j, kv_h, x), dv_acc[j * d_v + x]);
       }
     }
   });

@@ -3,6 +3,8 @@
 //
 //   mpirun -np 2 ringattn-gradcheck --seq 131072 --heads 16 --head-dim 128 --causal \
 //       --backend cuda --dtype bf16 [--layout zigzag] [--json FILE]
+//   mpirun -np 3 ringattn-gradcheck --backend cpu --seq 1002 --heads 4 --kv-heads 2 \
+//       --head-dim 192 --v-head-dim 128 --causal        (V of its own head dim: CPU ranks only)
 //
 // The reference is the fp64 CPU oracle when the problem is small enough (--oracle auto), else
 // the streaming fp32 GPU reference (cuda backend). Beside the ring, rank 0 runs the same local
@@ -57,6 +59,8 @@ using namespace ringattn;
 
 struct Options {
   std::int64_t seq = 4096, batch = 1, heads = 8, kv_heads = 0, head_dim = 64;  // kv_heads 0: heads
+  std::int64_t v_head_dim = 0;  // 0: head_dim
+  std::int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   bool causal = false;
   std::string layout = "zigzag", dtype = "f32", backend = "cpu", oracle = "auto", json;
   std::uint64_t seed = 1234;
@@ -88,10 +92,10 @@ double round_to(DType dtype, double x) {
   return x;
 }
 
-// Values [B, len, H, D] of tensor `id` at the given global positions, rounded to `dtype`.
+// Values [B, len, H, d] of tensor `id` at the given global positions, rounded to `dtype`.
 std::vector<double> draw(const Options& o, DType dtype, std::uint64_t id, std::int64_t heads,
-                         const std::vector<std::int64_t>& positions) {
-  const std::int64_t len = static_cast<std::int64_t>(positions.size()), d = o.head_dim;
+                         std::int64_t d, const std::vector<std::int64_t>& positions) {
+  const std::int64_t len = static_cast<std::int64_t>(positions.size());
   std::vector<double> out(o.batch * len * heads * d);
   detail::parallel_for(o.batch * len, [&](std::int64_t row) {
     const std::int64_t b = row / len, t = positions[row % len];
@@ -141,7 +145,7 @@ struct Result {  // logical [B,S,H,D] / [B,H,S] order
 };
 
 struct Shapes {
-  std::int64_t B, S, Hq, Hkv, D;
+  std::int64_t B, S, Hq, Hkv, D, Dv;  // D: q and k, Dv: v, o and their gradients
 };
 
 void synchronize(Memory memory) {
@@ -162,15 +166,16 @@ Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memor
   const DType out_dtype = gpu_reference ? DType::f32 : dtype;
   OwnedBuffer qb = upload(q, dtype, memory), kb = upload(k, dtype, memory), vb = upload(v, dtype, memory),
               gb = upload(g, dtype, memory);
-  const std::size_t nq = q.size(), nk = k.size(), rows = s.B * s.Hq * s.S;
-  OwnedBuffer ob(memory, nq * dtype_size(out_dtype)), lse(memory, rows * dtype_size(acc)),
+  const std::size_t nq = q.size(), nk = k.size(), nv = v.size(), no = g.size(),
+                    rows = s.B * s.Hq * s.S;
+  OwnedBuffer ob(memory, no * dtype_size(out_dtype)), lse(memory, rows * dtype_size(acc)),
       delta(memory, rows * dtype_size(acc)), dq(memory, nq * dtype_size(acc)), dk(memory, nk * dtype_size(acc)),
-      dv(memory, nk * dtype_size(acc));
+      dv(memory, nv * dtype_size(acc));
   const TensorView qv = qb.view(dtype, {s.B, s.S, s.Hq, s.D}), kv = kb.view(dtype, {s.B, s.S, s.Hkv, s.D}),
-                   vv = vb.view(dtype, {s.B, s.S, s.Hkv, s.D}), gv = gb.view(dtype, {s.B, s.S, s.Hq, s.D});
-  const TensorView ov = ob.view(out_dtype, {s.B, s.S, s.Hq, s.D}), lv = lse.view(acc, {s.B, s.Hq, s.S}),
+                   vv = vb.view(dtype, {s.B, s.S, s.Hkv, s.Dv}), gv = gb.view(dtype, {s.B, s.S, s.Hq, s.Dv});
+  const TensorView ov = ob.view(out_dtype, {s.B, s.S, s.Hq, s.Dv}), lv = lse.view(acc, {s.B, s.Hq, s.S}),
                    dl = delta.view(acc, {s.B, s.Hq, s.S}), dqv = dq.view(acc, {s.B, s.S, s.Hq, s.D}),
-                   dkv = dk.view(acc, {s.B, s.S, s.Hkv, s.D}), dvv = dv.view(acc, {s.B, s.S, s.Hkv, s.D});
+                   dkv = dk.view(acc, {s.B, s.S, s.Hkv, s.D}), dvv = dv.view(acc, {s.B, s.S, s.Hkv, s.Dv});
   const double scale = default_scale(s.D);
   const Mask mask{opt.causal, 0, 0};
   if (gpu_reference) {
@@ -195,14 +200,14 @@ Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memor
 #if RINGATTN_WITH_CUDA
   if (memory == Memory::device) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
-  return {download(ob, out_dtype, nq), download(lse, acc, rows), download(dq, acc, nq), download(dk, acc, nk),
-          download(dv, acc, nk)};
+  return {download(ob, out_dtype, no), download(lse, acc, rows), download(dq, acc, nq), download(dk, acc, nk),
+          download(dv, acc, nv)};
 }
 
 Result fp64_oracle(const Options& opt, const Shapes& s, std::vector<double> q, std::vector<double> k,
                    std::vector<double> v, std::vector<double> g) {
   Result r;
-  r.o.resize(q.size());
+  r.o.resize(g.size());
   r.lse.resize(s.B * s.Hq * s.S);
   r.dq.resize(q.size());
   r.dk.resize(k.size());
@@ -213,12 +218,12 @@ Result fp64_oracle(const Options& opt, const Shapes& s, std::vector<double> q, s
   const double scale = default_scale(s.D);
   const Mask mask{opt.causal, 0, 0};
   reference::attention_forward(view(q, {s.B, s.S, s.Hq, s.D}), view(k, {s.B, s.S, s.Hkv, s.D}),
-                               view(v, {s.B, s.S, s.Hkv, s.D}), mask, scale, view(r.o, {s.B, s.S, s.Hq, s.D}),
+                               view(v, {s.B, s.S, s.Hkv, s.Dv}), mask, scale, view(r.o, {s.B, s.S, s.Hq, s.Dv}),
                                view(r.lse, {s.B, s.Hq, s.S}));
   reference::attention_backward(view(q, {s.B, s.S, s.Hq, s.D}), view(k, {s.B, s.S, s.Hkv, s.D}),
-                                view(v, {s.B, s.S, s.Hkv, s.D}), view(g, {s.B, s.S, s.Hq, s.D}), mask, scale,
+                                view(v, {s.B, s.S, s.Hkv, s.Dv}), view(g, {s.B, s.S, s.Hq, s.Dv}), mask, scale,
                                 view(r.dq, {s.B, s.S, s.Hq, s.D}), view(r.dk, {s.B, s.S, s.Hkv, s.D}),
-                                view(r.dv, {s.B, s.S, s.Hkv, s.D}));
+                                view(r.dv, {s.B, s.S, s.Hkv, s.Dv}));
   return r;
 }
 
@@ -276,7 +281,8 @@ std::vector<double> gather_whole(const std::vector<double>& local, const std::ve
 
 // The fp64 CPU oracle (else the fp32 GPU streaming reference, --backend cuda only).
 bool uses_fp64_oracle(const Options& opt) {
-  const double oracle_flop = 6.0 * opt.batch * opt.heads * double(opt.seq) * opt.seq * opt.head_dim;
+  const double oracle_flop = 3.0 * opt.batch * opt.heads * double(opt.seq) * opt.seq *
+                            double(opt.head_dim + opt.value_dim());
   return opt.oracle == "fp64" ||
          (opt.oracle == "auto" && (oracle_flop < 2e11 || opt.backend != "cuda"));
 }
@@ -285,7 +291,10 @@ bool uses_fp64_oracle(const Options& opt) {
 std::string size_options(const Options& opt) {
   return detail::concat("--seq ", opt.seq, " --batch ", opt.batch, " --heads ", opt.heads,
                         " --kv-heads ", opt.kv_heads > 0 ? opt.kv_heads : opt.heads, " --head-dim ",
-                        opt.head_dim);
+                        opt.head_dim,
+                        opt.value_dim() != opt.head_dim
+                            ? detail::concat(" --v-head-dim ", opt.value_dim())
+                            : std::string());
 }
 
 // The errors of options that every rank finds alike (every rank got the same command line), on
@@ -302,7 +311,7 @@ std::string check_options(const Options& opt, int ranks) {
   if (opt.oracle == "gpu" && opt.backend != "cuda") return "--oracle gpu needs --backend cuda";
   const bool cuda_backend = opt.backend == "cuda";
   try {
-    detail::check_block_dtype(parse_dtype(opt.dtype), opt.head_dim,
+    detail::check_block_dtype(parse_dtype(opt.dtype), opt.head_dim, opt.value_dim(),
                               cuda_backend ? Memory::device : Memory::host,
                               cuda_backend ? "--backend cuda" : "--backend cpu");
   } catch (const Error& error) {
@@ -312,7 +321,8 @@ std::string check_options(const Options& opt, int ranks) {
 }
 
 // The checks of this rank alone, before any work: --json writable where it is written (rank 0);
-// the host memory this rank's part needs, at least: its shard of q, k, v and dO in fp64, and on
+// the host memory this rank's part needs, at least: its shard of q, k, v and dO in fp64 (q and k of
+// --head-dim elements a head, v and dO of --v-head-dim), and on
 // rank 0 the whole sequence's inputs, the ring's gathered outputs and the reference's outputs in
 // fp64 (three times the inputs' size) and the fp64 oracle's scores and their gradients for one
 // head (2 S^2 doubles); a shard that one MPI call can move.
@@ -323,7 +333,8 @@ std::string check_this_rank(const Options& opt, int rank, int ranks) {
     }
   }
   const double kv_heads = static_cast<double>(opt.kv_heads > 0 ? opt.kv_heads : opt.heads);
-  const double token_bytes = 8.0 * opt.batch * opt.head_dim * (2.0 * opt.heads + 2.0 * kv_heads);
+  const double token_bytes = 8.0 * opt.batch * static_cast<double>(opt.head_dim + opt.value_dim()) *
+                             (opt.heads + kv_heads);
   double bytes = token_bytes * static_cast<double>(opt.seq) / ranks;
   if (rank == 0) {
     bytes += 3.0 * token_bytes * static_cast<double>(opt.seq);
@@ -336,10 +347,12 @@ std::string check_this_rank(const Options& opt, int rank, int ranks) {
       rank == 0 ? "the whole sequence's inputs, outputs and reference in fp64"
                 : "this rank's shard of the inputs in fp64");
   if (!shortfall.empty()) return shortfall;
-  // gather_whole moves a rank's shard of q (its largest tensor) in one MPI call, counted in int.
+  // gather_whole moves a rank's shard of q or o (its largest tensors) in one MPI call, counted in
+  // int.
   const double shard_elements = static_cast<double>(opt.batch) *
                                 static_cast<double>(opt.seq / ranks) *
-                                static_cast<double>(opt.heads) * static_cast<double>(opt.head_dim);
+                                static_cast<double>(opt.heads) *
+                                static_cast<double>(std::max(opt.head_dim, opt.value_dim()));
   if (shard_elements > std::numeric_limits<int>::max()) {
     return detail::concat(size_options(opt), " give each rank ", shard_elements,
                           " elements of q; one MPI call moves at most ",
@@ -357,25 +370,28 @@ int run(const Options& opt) {
   if (!cuda_backend) use_rank_threads(dynamic_cast<const MpiCommunicator&>(*comm));
   RingAttention ring(comm, parse_sequence_layout(opt.layout));
   const int rank = ring.rank(), size = ring.size();
-  const Shapes s{opt.batch, opt.seq, opt.heads, opt.kv_heads > 0 ? opt.kv_heads : opt.heads, opt.head_dim};
+  const Shapes s{opt.batch, opt.seq, opt.heads, opt.kv_heads > 0 ? opt.kv_heads : opt.heads, opt.head_dim,
+                 opt.value_dim()};
   const DType acc = accumulator_dtype(dtype);
   const std::vector<std::int64_t> positions = ring.global_positions(s.S);
   const std::int64_t len = static_cast<std::int64_t>(positions.size());
 
   auto start = std::chrono::steady_clock::now();
-  const std::vector<double> q = draw(opt, dtype, 1, s.Hq, positions), k = draw(opt, dtype, 2, s.Hkv, positions),
-                            v = draw(opt, dtype, 3, s.Hkv, positions), g = draw(opt, dtype, 4, s.Hq, positions);
+  const std::vector<double> q = draw(opt, dtype, 1, s.Hq, s.D, positions),
+                            k = draw(opt, dtype, 2, s.Hkv, s.D, positions),
+                            v = draw(opt, dtype, 3, s.Hkv, s.Dv, positions),
+                            g = draw(opt, dtype, 4, s.Hq, s.Dv, positions);
   OwnedBuffer qb = upload(q, dtype, memory), kb = upload(k, dtype, memory), vb = upload(v, dtype, memory),
               gb = upload(g, dtype, memory);
-  OwnedBuffer ob(memory, q.size() * dtype_size(dtype)), lse(memory, s.B * s.Hq * len * dtype_size(acc)),
+  OwnedBuffer ob(memory, g.size() * dtype_size(dtype)), lse(memory, s.B * s.Hq * len * dtype_size(acc)),
       dq(memory, q.size() * dtype_size(acc)), dk(memory, k.size() * dtype_size(acc)), dv(memory, v.size() * dtype_size(acc));
   RingForwardArgs fwd{qb.view(dtype, {s.B, len, s.Hq, s.D}), kb.view(dtype, {s.B, len, s.Hkv, s.D}),
-                      vb.view(dtype, {s.B, len, s.Hkv, s.D}), ob.view(dtype, {s.B, len, s.Hq, s.D}),
+                      vb.view(dtype, {s.B, len, s.Hkv, s.Dv}), ob.view(dtype, {s.B, len, s.Hq, s.Dv}),
                       lse.view(acc, {s.B, s.Hq, len}), default_scale(s.D), opt.causal};
   ring.forward(fwd);
-  RingBackwardArgs bwd{fwd.q, fwd.k, fwd.v, fwd.o, fwd.lse, gb.view(dtype, {s.B, len, s.Hq, s.D}),
+  RingBackwardArgs bwd{fwd.q, fwd.k, fwd.v, fwd.o, fwd.lse, gb.view(dtype, {s.B, len, s.Hq, s.Dv}),
                        dq.view(acc, {s.B, len, s.Hq, s.D}), dk.view(acc, {s.B, len, s.Hkv, s.D}),
-                       dv.view(acc, {s.B, len, s.Hkv, s.D}), default_scale(s.D), opt.causal};
+                       dv.view(acc, {s.B, len, s.Hkv, s.Dv}), default_scale(s.D), opt.causal};
   ring.backward(bwd);
 #if RINGATTN_WITH_CUDA
   if (cuda_backend) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -396,18 +412,20 @@ int run(const Options& opt) {
 
   if (rank == 0) std::fprintf(stderr, "gradcheck: ring forward+backward done (%.1f s)\n", ring_s);
   Result ring_result{
-      gather_whole(download(ob, dtype, q.size()), positions, s, s.Hq, s.D, false, rank, size),
+      gather_whole(download(ob, dtype, g.size()), positions, s, s.Hq, s.Dv, false, rank, size),
       gather_whole(download(lse, acc, s.B * s.Hq * len), positions, s, s.Hq, 1, true, rank, size),
       gather_whole(download(dq, acc, q.size()), positions, s, s.Hq, s.D, false, rank, size),
       gather_whole(download(dk, acc, k.size()), positions, s, s.Hkv, s.D, false, rank, size),
-      gather_whole(download(dv, acc, v.size()), positions, s, s.Hkv, s.D, false, rank, size)};
+      gather_whole(download(dv, acc, v.size()), positions, s, s.Hkv, s.Dv, false, rank, size)};
 
   int verdict = 0;
   if (rank == 0) {
     std::vector<std::int64_t> all(s.S);
     for (std::int64_t t = 0; t < s.S; ++t) all[t] = t;
-    const std::vector<double> fq = draw(opt, dtype, 1, s.Hq, all), fk = draw(opt, dtype, 2, s.Hkv, all),
-                              fv = draw(opt, dtype, 3, s.Hkv, all), fg = draw(opt, dtype, 4, s.Hq, all);
+    const std::vector<double> fq = draw(opt, dtype, 1, s.Hq, s.D, all),
+                              fk = draw(opt, dtype, 2, s.Hkv, s.D, all),
+                              fv = draw(opt, dtype, 3, s.Hkv, s.Dv, all),
+                              fg = draw(opt, dtype, 4, s.Hq, s.Dv, all);
     const bool use_fp64 = uses_fp64_oracle(opt);
     start = std::chrono::steady_clock::now();
     const Result ref = use_fp64 ? fp64_oracle(opt, s, fq, fk, fv, fg) : one_device(opt, s, DType::f32, memory, true, fq, fk, fv, fg);
@@ -416,9 +434,11 @@ int run(const Options& opt) {
     double single_s = 0.0;
     const Result single = one_device(opt, s, dtype, memory, false, fq, fk, fv, fg, &single_s);
     if (opt.timed > 0) {
-      // FlashAttention's count: 4 b h s^2 d forward (half when causal), backward 2.5x.
-      const double flop =
-          (1.0 + kBackwardFlopFactor) * attention_forward_flops(s.B, s.Hq, s.S, s.D, opt.causal);
+      // FlashAttention's count: 4 b h s^2 d forward (half when causal), backward 2.5x; d is the
+      // mean of D (the scores) and Dv (the outputs), the count being linear in each.
+      const double flop = (1.0 + kBackwardFlopFactor) *
+                          (attention_forward_flops(s.B, s.Hq, s.S, s.D, opt.causal) +
+                           attention_forward_flops(s.B, s.Hq, s.S, s.Dv, opt.causal)) / 2.0;
       std::printf("timing (mean of %d): ring forward+backward %.2f ms (%.0f TFLOP/s per rank), one device %.2f ms "
                   "(%.0f TFLOP/s); efficiency one-device / (%d x ring) = %.3f\n",
                   opt.timed, ring_step_s * 1e3, flop / size / ring_step_s * 1e-12, single_s * 1e3,
@@ -429,12 +449,13 @@ int run(const Options& opt) {
     const std::vector<double>* rings[] = {&ring_result.o, &ring_result.lse, &ring_result.dq, &ring_result.dk, &ring_result.dv};
     const std::vector<double>* singles[] = {&single.o, &single.lse, &single.dq, &single.dk, &single.dv};
     const std::vector<double>* refs[] = {&ref.o, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
+    const std::string v_dim = s.Dv != s.D ? detail::concat(", v_head_dim ", s.Dv) : std::string();
     std::printf("ringattn-gradcheck: %d ranks, %s layout, %s %s (exchanges by %s), seq %lld, batch %lld, "
-                "heads %lld/%lld, head_dim %lld, %s; reference: %s (%.1f s); ring forward+backward+transfers "
-                "%.1f s\n",
+                "heads %lld/%lld, head_dim %lld%s, %s; reference: %s (%.1f s); ring "
+                "forward+backward+transfers %.1f s\n",
                 size, opt.layout.c_str(), opt.backend.c_str(), opt.dtype.c_str(), comm->transport().c_str(),
                 (long long)s.S, (long long)s.B,
-                (long long)s.Hq, (long long)s.Hkv, (long long)s.D, opt.causal ? "causal" : "full",
+                (long long)s.Hq, (long long)s.Hkv, (long long)s.D, v_dim.c_str(), opt.causal ? "causal" : "full",
                 use_fp64 ? "fp64 CPU oracle" : "fp32 GPU streaming reference", ref_s, ring_s);
     std::printf("%-4s %14s %14s %14s %14s %8s  %s\n", "out", "ring max err", "1-dev max err", "ring rel err",
                 "1-dev rel err", "ratio", "verdict");
@@ -462,6 +483,7 @@ int run(const Options& opt) {
           << "\",\n  \"ranks\": " << size << ", \"layout\": \"" << opt.layout << "\", \"backend\": \"" << opt.backend
           << "\", \"exchanges\": \"" << comm->transport() << "\", \"dtype\": \"" << opt.dtype << "\", \"seq\": " << s.S << ", \"batch\": " << s.B
           << ", \"heads\": " << s.Hq << ", \"kv_heads\": " << s.Hkv << ", \"head_dim\": " << s.D
+          << ", \"v_head_dim\": " << s.Dv
           << ", \"causal\": " << (opt.causal ? "true" : "false") << ",\n  \"reference\": \""
           << (use_fp64 ? "fp64" : "gpu-fp32") << "\", \"passed\": " << (verdict == 0 ? "true" : "false")
           << ",\n  \"rows\": [\n" << rows << "\n  ]\n}\n";
@@ -486,7 +508,11 @@ int main(int argc, char** argv) {
   app.add_option("--heads", opt.heads, "query heads")->check(tools::whole_number(1));
   app.add_option("--kv-heads", opt.kv_heads, "key/value heads, dividing --heads (default: --heads)")
       ->check(tools::whole_number(1));
-  app.add_option("--head-dim", opt.head_dim, "head dimension")->check(tools::whole_number(1));
+  app.add_option("--head-dim", opt.head_dim, "head dimension of q and k")
+      ->check(tools::whole_number(1));
+  app.add_option("--v-head-dim", opt.v_head_dim,
+                 "head dimension of v and o (default: --head-dim; another one on --backend cpu only)")
+      ->check(tools::whole_number(1));
   app.add_flag("--causal", opt.causal, "causal mask");
   app.add_option("--layout", opt.layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
   app.add_option("--dtype", opt.dtype, "f32, f64 (cpu); bf16, f16 (cuda)")->check(CLI::IsMember({"f32", "f64", "bf16", "f16"}));

@@ -1,9 +1,14 @@
 // The local attention block: its arguments, the fp64 reference and the CPU flash block.
 //
 // Layouts (strides in elements, any order, so packed QKV buffers are views):
-//   Q, dQ, O, dO   [batch, q_len,  q_heads,  head_dim]
-//   K, V, dK, dV   [batch, k_len,  kv_heads, head_dim]     q_heads % kv_heads == 0 (GQA/MQA)
+//   Q, dQ          [batch, q_len,  q_heads,  head_dim]
+//   K, dK          [batch, k_len,  kv_heads, head_dim]     q_heads % kv_heads == 0 (GQA/MQA)
+//   V, dV          [batch, k_len,  kv_heads, v_head_dim]
+//   O, dO          [batch, q_len,  q_heads,  v_head_dim]
 //   LSE, delta     [batch, q_heads, q_len]                 accumulator dtype
+// The value head dim d_v (v_head_dim) may differ from the query/key head dim d_qk (head_dim), as
+// in multi-head latent attention (192/128): scores are Q K^T over d_qk, outputs P V over d_v. The
+// CPU block and the oracle take any pair; the CUDA block takes d_v == d_qk only (see cuda::).
 // The accumulator dtype is f64 for f64 inputs and f32 for every other input dtype.
 #pragma once
 
@@ -24,8 +29,14 @@ struct Mask {
   std::int64_t k_start = 0;
 };
 
+// The extents of one call. head_dim is d_qk (the last extent of Q and K), v_head_dim d_v (the
+// last extent of V and O). The checks below always set both; in a shape written by hand,
+// v_head_dim 0 means d_v = head_dim (value_dim()), so {B, Sq, Sk, Hq, Hkv, D} reads as before.
 struct AttentionShape {
   std::int64_t batch = 0, q_len = 0, k_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t v_head_dim = 0;
+
+  constexpr std::int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
 // Forward of one block: O = softmax(Q K^T * scale + mask) V and LSE = log(sum(exp(scores))).
@@ -38,7 +49,7 @@ struct ForwardArgs {
   TensorView q, k, v;
   TensorView o;
   TensorView lse;
-  double scale = 0.0;  // > 0, typically 1/sqrt(head_dim)
+  double scale = 0.0;  // > 0, typically 1/sqrt(head_dim) (d_qk, whatever d_v)
   Mask mask;
   bool combine = false;
 };
@@ -79,7 +90,8 @@ struct BackwardArgs {
 
 // Reads the shapes from the views and checks everything a kernel relies on (ranks, matching
 // sizes, GQA divisibility, dtypes, memory kind, non-null pointers, scale); throws Error naming the
-// argument otherwise. `where` names the calling function in the message.
+// argument otherwise. `where` names the calling function in the message. d_v is read from v; a
+// tensor of d_v (o, dout, dv) whose last extent differs is named with both head dims.
 AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const char* where);
 AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, const char* where);
 
@@ -90,7 +102,7 @@ inline double default_scale(std::int64_t head_dim) {
 // The oracle: naive attention in fp64 with materialised scores, on host tensors of any dtype
 // (converted to fp64 on the way in, rounded to the output dtype on the way out).
 namespace reference {
-// o [B, Sq, Hq, D]; lse [B, Hq, Sq] may have data == nullptr to skip it.
+// o [B, Sq, Hq, Dv]; lse [B, Hq, Sq] may have data == nullptr to skip it.
 void attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const Mask& mask, double scale, const TensorView& o, const TensorView& lse);
 // Textbook backward (P, dP = dO V^T, dS = P * (dP - rowsum(P * dP))); dq, dk, dv are overwritten.
@@ -103,7 +115,8 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
 // below, device tensors (bf16, f16) the CUDA block; `stream` is a cudaStream_t, unused on the host.
 void flash_forward(const ForwardArgs& args, void* stream = nullptr);
 // flash_backward_prepare: delta = rowsum(dO * O) for flash_backward; with dq_to_zero (the
-// accumulator [B, Sq, Hq, D] flash_backward will add dQ into), also dq = 0 in the same pass.
+// accumulator [B, Sq, Hq, D] flash_backward will add dQ into; O and dO are [B, Sq, Hq, Dv]), also
+// dq = 0 in the same pass.
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
                             void* stream = nullptr, const TensorView* dq_to_zero = nullptr);
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);
@@ -112,7 +125,8 @@ void flash_backward(const BackwardArgs& args, void* stream = nullptr);
 // for f32 and f64 inputs, multithreaded over (batch, head, row block).
 namespace cpu {
 void flash_forward(const ForwardArgs& args);
-// delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d], in the accumulator dtype.
+// delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d], in the accumulator dtype; dq_to_zero
+// has the batch, length and heads of o and any head_dim (d_qk).
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
                             const TensorView* dq_to_zero = nullptr);
 void flash_backward(const BackwardArgs& args);
@@ -124,9 +138,10 @@ void set_num_threads(int threads);
 }  // namespace cpu
 
 // The CUDA flash block (tensor cores, sm_80 and later): the same contract on device memory.
-// Inputs f16 or bf16; head_dim 64 or 128; every tensor in device memory; Q, K, V, O and dO with
-// unit stride along head_dim, other strides multiples of 8 elements and 16-byte aligned data;
-// the fp32 buffers (running O, dQ, dK, dV) with unit stride along head_dim and even strides.
+// Inputs f16 or bf16; head_dim 64 or 128, the same for Q, K and V (a v_head_dim that differs is
+// refused as ErrorKind::unsupported, naming both); every tensor in device memory; Q, K, V, O and
+// dO with unit stride along head_dim, other strides multiples of 8 elements and 16-byte aligned
+// data; the fp32 buffers (running O, dQ, dK, dV) with unit stride along head_dim and even strides.
 // `stream` is a cudaStream_t (nullptr: the default stream); the calls are asynchronous to the
 // host. Everything is checked before any launch; a library built without CUDA throws Error.
 namespace cuda {
@@ -139,7 +154,8 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);
 
 // Streaming reference on the GPU for long sequences: fp32 arithmetic on CUDA cores, O(S) memory,
-// one warp a row. Inputs f32, bf16 or f16 (any strides), head_dim up to 256; outputs fp32
+// one warp a row. Inputs f32, bf16 or f16 (any strides), head_dim up to 256 and v_head_dim equal
+// to it (ErrorKind::unsupported otherwise); outputs fp32
 // (o [B, Sq, Hq, D], lse and delta [B, Hq, Sq], dq/dk/dv overwritten). The backward takes the
 // reference's own o and lse and writes delta = rowsum(dout * o) on the way.
 void reference_forward(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -11,9 +11,10 @@
 //   ring.shard(q_full, q);                               // or load this rank's tokens directly
 //   ring.forward({.q = q, .k = k, .v = v, .o = o, .lse = lse, .scale = 0.125, .causal = true});
 //
-// Backends: host tensors (f32, f64) run the CPU block and move over MPI; device tensors (bf16,
-// f16; head_dim 64 or 128) run the CUDA block and move over NCCL, queued on a CUDA stream. The
-// communicator's memory must be the tensors' memory.
+// Backends: host tensors (f32, f64; any head dims, V's may differ from Q's and K's) run the CPU
+// block and move over MPI; device tensors (bf16, f16; head_dim 64 or 128, the same for Q, K and V)
+// run the CUDA block and move over NCCL, queued on a CUDA stream. The communicator's memory must be
+// the tensors' memory.
 //
 // Errors: every call validates its arguments on every rank and compares shapes, dtypes, layout,
 // mask and scale across the ranks before the first transfer, so a mismatch or a bad argument on
@@ -61,8 +62,9 @@ std::string_view sequence_layout_name(SequenceLayoutKind kind);
 SequenceLayoutKind parse_sequence_layout(std::string_view name);  // "contiguous" or "zigzag"
 
 // The local shards of one forward call (Sl = S/N tokens on every rank):
-//   q     [batch, Sl, q_heads, head_dim]       k, v  [batch, Sl, kv_heads, head_dim]
-//   o     [batch, Sl, q_heads, head_dim]       input dtype, overwritten
+//   q     [batch, Sl, q_heads, head_dim]       k  [batch, Sl, kv_heads, head_dim]
+//   v     [batch, Sl, kv_heads, v_head_dim]    (v_head_dim may differ from head_dim on the host)
+//   o     [batch, Sl, q_heads, v_head_dim]     input dtype, overwritten
 //   lse   [batch, q_heads, Sl]                 accumulator dtype (f64 for f64, f32 otherwise),
 //                                              overwritten; keep it for the backward
 // Any strides (packed QKV views work). `causal` masks by global position: the token at position i
@@ -93,9 +95,9 @@ struct RingForwardArgs {
 };
 
 // The local shards of one backward call: q, k, v, scale and causal as in the forward, o and lse
-// its outputs, dout the gradient of o (input dtype). dq [batch, Sl, q_heads, head_dim] and dk, dv
-// [batch, Sl, kv_heads, head_dim] are in the accumulator dtype and overwritten with the gradients
-// of this rank's q, k and v over the whole sequence. On one rank dk and dv may instead have the
+// its outputs, dout the gradient of o (input dtype, o's shape). dq, dk and dv (the shapes of q, k
+// and v) are in the accumulator dtype and overwritten with the gradients of this rank's q, k and
+// v over the whole sequence. On one rank dk and dv may instead have the
 // input dtype (both): the local block then writes them rounded once (see BackwardArgs). Also on
 // one rank only, key_rotation (tables [Sl, head_dim / 2]) undoes the keys' RoPE on dk in the same
 // call (see BackwardArgs); a ring of more ranks names it as an error.

@@ -2,14 +2,18 @@
  *
  * Tensors are described by ringattn_tensor_t: a pointer, a dtype, where the memory lives, and up
  * to four extents and strides in elements. Layouts:
- *   q, o, dout, dq   [batch, q_len, q_heads, head_dim]
- *   k, v, dk, dv     [batch, k_len, kv_heads, head_dim]      q_heads % kv_heads == 0
+ *   q, dq            [batch, q_len, q_heads, head_dim]
+ *   k, dk            [batch, k_len, kv_heads, head_dim]      q_heads % kv_heads == 0
+ *   v, dv            [batch, k_len, kv_heads, v_head_dim]
+ *   o, dout          [batch, q_len, q_heads, v_head_dim]
  *   lse, delta       [batch, q_heads, q_len]                  accumulator dtype
- * The accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64, any
- * head_dim) run on the CPU flash block, device tensors (f16 or bf16, head_dim 64 or 128) on the
- * CUDA one; a device call of another head_dim returns RINGATTN_ERROR_UNSUPPORTED before any CUDA
- * call. See ringattn/attention.hpp for the full contract (combine mode, add-into gradients, masks
- * by global position).
+ * v_head_dim (d_v) is read from v's descriptor and may differ from head_dim (d_qk, q's and k's),
+ * as in multi-head latent attention (192/128); the usual scale is 1/sqrt(head_dim). The
+ * accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64, any
+ * head_dim and v_head_dim) run on the CPU flash block, device tensors (f16 or bf16, head_dim 64 or
+ * 128, v_head_dim equal to it) on the CUDA one; a device call of other head dims returns
+ * RINGATTN_ERROR_UNSUPPORTED, naming them, before any CUDA call. See ringattn/attention.hpp for the
+ * full contract (combine mode, add-into gradients, masks by global position).
  *
  * Every call returns a status; on failure ringattn_last_error() gives a message naming the
  * argument, its value and what was expected. Parameter structs start with struct_size, which the
@@ -59,7 +63,7 @@ typedef struct ringattn_forward_params {
   ringattn_tensor_t q, k, v;
   ringattn_tensor_t o;   /* input dtype, or the running accumulator when combine != 0 */
   ringattn_tensor_t lse; /* accumulator dtype */
-  double scale;          /* > 0, usually 1/sqrt(head_dim) */
+  double scale;          /* > 0, usually 1/sqrt(head_dim) (q's, whatever v's) */
   int32_t causal;        /* query at global position i sees keys at positions <= i */
   int32_t combine;       /* merge into a running (o, lse) pair instead of overwriting */
   int64_t q_start;       /* global position of the first query row */
@@ -124,8 +128,8 @@ typedef enum ringattn_layout {
 
 typedef struct ringattn_ring_forward_params {
   size_t struct_size; /* sizeof(ringattn_ring_forward_params_t) */
-  ringattn_tensor_t q, k, v; /* this rank's shard: [B, S/N, H, D] */
-  ringattn_tensor_t o;       /* input dtype, overwritten */
+  ringattn_tensor_t q, k, v; /* this rank's shard: [B, S/N, H, D] (v: [B, S/N, Hkv, Dv]) */
+  ringattn_tensor_t o;       /* [B, S/N, Hq, Dv] input dtype, overwritten */
   ringattn_tensor_t lse;     /* [B, Hq, S/N] accumulator dtype, overwritten; keep for backward */
   double scale;
   int32_t causal; /* by global position, whichever ranks hold the keys */

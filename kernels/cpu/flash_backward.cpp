@@ -19,19 +19,20 @@ using detail::kKeysPerTile;
 using detail::kRowsPerTile;
 
 // Everything one (row tile, key tile) pair needs, gathered into contiguous buffers.
+// Q and K rows have d (d_qk) elements, dO and V rows dv (d_v).
 template <typename T>
 struct PairTiles {
-  std::int64_t d;
+  std::int64_t d, dv;
   std::vector<T> q, dout, kt, vt, p, ds, lse, delta;
-  explicit PairTiles(std::int64_t head_dim)
-      : d(head_dim), q(kRowsPerTile * d), dout(kRowsPerTile * d), kt(d * kKeysPerTile),
-        vt(d * kKeysPerTile), p(kRowsPerTile * kKeysPerTile), ds(kRowsPerTile * kKeysPerTile),
-        lse(kRowsPerTile), delta(kRowsPerTile) {}
+  PairTiles(std::int64_t head_dim, std::int64_t v_head_dim)
+      : d(head_dim), dv(v_head_dim), q(kRowsPerTile * d), dout(kRowsPerTile * dv),
+        kt(d * kKeysPerTile), vt(dv * kKeysPerTile), p(kRowsPerTile * kKeysPerTile),
+        ds(kRowsPerTile * kKeysPerTile), lse(kRowsPerTile), delta(kRowsPerTile) {}
 
   void load_rows(const BackwardArgs& a, std::int64_t b, std::int64_t h, std::int64_t first,
                  std::int64_t rows) {
     detail::load_rows(a.q, b, h, first, rows, d, q.data());
-    detail::load_rows(a.dout, b, h, first, rows, d, dout.data());
+    detail::load_rows(a.dout, b, h, first, rows, dv, dout.data());
     for (std::int64_t r = 0; r < rows; ++r) {
       lse[r] = a.lse.as<const T>()[a.lse.offset(b, h, first + r)];
       delta[r] = a.delta.as<const T>()[a.delta.offset(b, h, first + r)];
@@ -40,14 +41,14 @@ struct PairTiles {
   void load_keys(const BackwardArgs& a, std::int64_t b, std::int64_t kv_h, std::int64_t first,
                  std::int64_t keys) {
     detail::load_rows_transposed(a.k, b, kv_h, first, keys, d, kt.data());
-    detail::load_rows_transposed(a.v, b, kv_h, first, keys, d, vt.data());
+    detail::load_rows_transposed(a.v, b, kv_h, first, keys, dv, vt.data());
   }
 
   // P = exp(scale * Q K^T - LSE) (0 where masked) and dS = P * (dO V^T - delta).
   void recompute(const detail::Visibility& vis, T scale, std::int64_t row_first, std::int64_t rows,
                  std::int64_t key_first, std::int64_t keys) {
     detail::scaled_products(q.data(), kt.data(), rows, keys, d, scale, p.data());
-    detail::scaled_products(dout.data(), vt.data(), rows, keys, d, T(1), ds.data());
+    detail::scaled_products(dout.data(), vt.data(), rows, keys, dv, T(1), ds.data());
     const bool masked = !vis.all_visible(row_first, key_first + keys);
     for (std::int64_t r = 0; r < rows; ++r) {
       T* pr = p.data() + r * keys;
@@ -113,12 +114,12 @@ void rotate_back(const KeyRotation& rotation, std::int64_t key_first, std::int64
 template <typename T>
 void key_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int64_t b,
                         std::int64_t kv_h, std::int64_t key_first) {
-  const std::int64_t d = s.head_dim, group = s.q_heads / s.kv_heads;
+  const std::int64_t d = s.head_dim, d_v = s.v_head_dim, group = s.q_heads / s.kv_heads;
   const std::int64_t keys = std::min(kKeysPerTile, s.k_len - key_first);
   const detail::Visibility vis(a.mask);
   const T scale = static_cast<T>(a.scale);
-  PairTiles<T> t(d);
-  std::vector<T> dk(keys * d, T(0)), dv(keys * d, T(0));
+  PairTiles<T> t(d, d_v);
+  std::vector<T> dk(keys * d, T(0)), dv(keys * d_v, T(0));
   t.load_keys(a, b, kv_h, key_first, keys);
   for (std::int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
     for (std::int64_t row_first = vis.row_begin(key_first, s.q_len); row_first < s.q_len;
@@ -126,14 +127,14 @@ void key_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int
       const std::int64_t rows = std::min(kRowsPerTile, s.q_len - row_first);
       t.load_rows(a, b, h, row_first, rows);
       t.recompute(vis, scale, row_first, rows, key_first, keys);
-      accumulate_transposed(t.p.data(), t.dout.data(), rows, keys, d, dv.data());
+      accumulate_transposed(t.p.data(), t.dout.data(), rows, keys, d_v, dv.data());
       accumulate_transposed(t.ds.data(), t.q.data(), rows, keys, d, dk.data());
     }
   }
   for (T& value : dk) value *= scale;
   if (a.key_rotation.active()) rotate_back(a.key_rotation, key_first, keys, d, dk.data());
   add_rows(a.dk, b, kv_h, key_first, keys, d, dk.data(), a.overwrite_key_gradients);
-  add_rows(a.dv, b, kv_h, key_first, keys, d, dv.data(), a.overwrite_key_gradients);
+  add_rows(a.dv, b, kv_h, key_first, keys, d_v, dv.data(), a.overwrite_key_gradients);
 }
 
 template <typename T>
@@ -143,7 +144,7 @@ void row_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int
   const std::int64_t rows = std::min(kRowsPerTile, s.q_len - row_first);
   const detail::Visibility vis(a.mask);
   const T scale = static_cast<T>(a.scale);
-  PairTiles<T> t(d);
+  PairTiles<T> t(d, s.v_head_dim);
   std::vector<T> k(kKeysPerTile * d), dq(rows * d, T(0));
   t.load_rows(a, b, h, row_first, rows);
   const std::int64_t key_end = vis.key_end(row_first + rows, s.k_len);
@@ -184,9 +185,9 @@ void prepare(const TensorView& o, const TensorView& dout, const TensorView& delt
       T sum = 0;
       for (std::int64_t x = 0; x < d; ++x) sum += o_row[x * o.strides[3]] * g_row[x * dout.strides[3]];
       delta.as<T>()[delta.offset(b, h, i)] = sum;
-      if (dq != nullptr) {
+      if (dq != nullptr) {  // d_qk wide, which may differ from o's d
         T* dq_row = dq->as<T>() + dq->offset(b, i, h, 0);
-        for (std::int64_t x = 0; x < d; ++x) dq_row[x * dq->strides[3]] = T(0);
+        for (std::int64_t x = 0; x < dq->shape[3]; ++x) dq_row[x * dq->strides[3]] = T(0);
       }
     }
   });
@@ -208,8 +209,11 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
   ringattn::detail::check_dtype(delta, "delta", o.dtype, "the dtype of o", kWhere);
   if (dq_to_zero != nullptr) {
     ringattn::detail::check_view(*dq_to_zero, "dq", 4, Memory::host, kWhere);
-    ringattn::detail::check_shape(*dq_to_zero, "dq", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]},
-                                  "the shape of o", kWhere);
+    // dq is [B, S, H, d_qk]: o's extents but its head_dim, which prepare cannot know (d_v != d_qk
+    // is allowed); flash_backward checks it against q.
+    ringattn::detail::check_shape(*dq_to_zero, "dq",
+                                  {o.shape[0], o.shape[1], o.shape[2], dq_to_zero->shape[3]},
+                                  "batch, len and heads of o", kWhere);
     ringattn::detail::check_dtype(*dq_to_zero, "dq", o.dtype, "the dtype of o", kWhere);
   }
   switch (o.dtype) {

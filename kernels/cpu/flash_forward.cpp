@@ -18,21 +18,21 @@ template <typename T>
 void forward_tile(const ForwardArgs& args, const AttentionShape& s, std::int64_t b, std::int64_t h,
                   std::int64_t row_begin) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  const std::int64_t d = s.head_dim;
+  const std::int64_t d = s.head_dim, dv = s.v_head_dim;  // scores over d, outputs over dv
   const std::int64_t kv_h = h / (s.q_heads / s.kv_heads);
   const std::int64_t rows = std::min(kRowsPerTile, s.q_len - row_begin);
   const detail::Visibility vis(args.mask);
   const std::int64_t key_end = vis.key_end(row_begin + rows, s.k_len);
 
-  std::vector<T> q(rows * d), kt(d * kKeysPerTile), v(kKeysPerTile * d);
-  std::vector<T> p(rows * kKeysPerTile), acc(rows * d, T(0));
+  std::vector<T> q(rows * d), kt(d * kKeysPerTile), v(kKeysPerTile * dv);
+  std::vector<T> p(rows * kKeysPerTile), acc(rows * dv, T(0));
   std::vector<T> row_max(rows, kNegInf), row_sum(rows, T(0));
   detail::load_rows(args.q, b, h, row_begin, rows, d, q.data());
 
   for (std::int64_t key_begin = 0; key_begin < key_end; key_begin += kKeysPerTile) {
     const std::int64_t keys = std::min(kKeysPerTile, key_end - key_begin);
     detail::load_rows_transposed(args.k, b, kv_h, key_begin, keys, d, kt.data());
-    detail::load_rows(args.v, b, kv_h, key_begin, keys, d, v.data());
+    detail::load_rows(args.v, b, kv_h, key_begin, keys, dv, v.data());
     detail::scaled_products(q.data(), kt.data(), rows, keys, d, static_cast<T>(args.scale),
                             p.data());
     const bool masked = !vis.all_visible(row_begin, key_begin + keys);
@@ -60,10 +60,10 @@ void forward_tile(const ForwardArgs& args, const AttentionShape& s, std::int64_t
       row_sum[r] = row_sum[r] * correction + tile_sum;
       row_max[r] = new_max;
       if (correction != T(1)) {
-        for (std::int64_t x = 0; x < d; ++x) acc[r * d + x] *= correction;
+        for (std::int64_t x = 0; x < dv; ++x) acc[r * dv + x] *= correction;
       }
     }
-    detail::accumulate_weighted_rows(p.data(), v.data(), rows, keys, d, acc.data());
+    detail::accumulate_weighted_rows(p.data(), v.data(), rows, keys, dv, acc.data());
   }
 
   T* o = args.o.as<T>();
@@ -75,7 +75,7 @@ void forward_tile(const ForwardArgs& args, const AttentionShape& s, std::int64_t
     T& out_lse = lse[args.lse.offset(b, h, i)];
     if (!args.combine) {
       const T inv = row_sum[r] > T(0) ? T(1) / row_sum[r] : T(0);
-      for (std::int64_t x = 0; x < d; ++x) out[x * args.o.strides[3]] = acc[r * d + x] * inv;
+      for (std::int64_t x = 0; x < dv; ++x) out[x * args.o.strides[3]] = acc[r * dv + x] * inv;
       out_lse = tile_lse;
       continue;
     }
@@ -87,9 +87,9 @@ void forward_tile(const ForwardArgs& args, const AttentionShape& s, std::int64_t
                                std::log1p(std::exp(-std::fabs(out_lse - tile_lse)));
     const T keep = std::exp(out_lse - merged);
     const T add = std::exp(tile_lse - merged) / row_sum[r];
-    for (std::int64_t x = 0; x < d; ++x) {
+    for (std::int64_t x = 0; x < dv; ++x) {
       T& value = out[x * args.o.strides[3]];
-      value = value * keep + acc[r * d + x] * add;
+      value = value * keep + acc[r * dv + x] * add;
     }
     out_lse = merged;
   }

@@ -57,8 +57,11 @@ constexpr bool table_has_the_checked_head_dims() {
 static_assert(table_has_the_checked_head_dims(),
               "kKernels must hold one kernel set per dtype and head dim of kCudaBlockHeadDims");
 
-const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, const char* where) {
-  detail::check_block_dtype(dtype, head_dim, Memory::device, where);
+// Refuses (ErrorKind::unsupported) a dtype or head dims without kernels, a v_head_dim other than
+// head_dim included, before anything touches the GPU.
+const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim,
+                              const char* where) {
+  detail::check_block_dtype(dtype, head_dim, v_head_dim, Memory::device, where);
   for (const KernelSet& set : kKernels) {
     if (set.dtype == dtype && set.head_dim == head_dim) return set;
   }
@@ -160,7 +163,7 @@ FlashParams make_params(const TensorView& q, const TensorView& k, const TensorVi
 void flash_forward(const ForwardArgs& args, void* stream) {
   constexpr const char* kWhere = "cuda::flash_forward";
   const AttentionShape s = check_forward_args(args, Memory::device, kWhere);
-  const KernelSet& kernels = find_kernels(args.q.dtype, s.head_dim, kWhere);
+  const KernelSet& kernels = find_kernels(args.q.dtype, s.head_dim, s.v_head_dim, kWhere);
   check_sizes(s, kWhere);
   check_device(kWhere);
   check_layout(args.q, "q", kWhere);
@@ -189,14 +192,23 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
                       "[batch, heads, len] of o", kWhere);
   detail::check_dtype(dout, "dout", o.dtype, "the dtype of o", kWhere);
   detail::check_dtype(delta, "delta", DType::f32, "the accumulator dtype", kWhere);
-  const KernelSet& kernels = find_kernels(o.dtype, o.shape[3], kWhere);
+  // dq has the head_dim of q (d_qk), o that of v (d_v); the kernels take one head dim for both.
+  if (dq_to_zero != nullptr) {
+    detail::check_view(*dq_to_zero, "dq", 4, Memory::device, kWhere);
+    if (dq_to_zero->shape[3] != o.shape[3]) {
+      detail::fail_as(ErrorKind::unsupported, kWhere, "dq has head_dim ", dq_to_zero->shape[3],
+                      " but o has ", o.shape[3],
+                      "; the CUDA block takes one head_dim for q, k and v (",
+                      detail::cuda_block_head_dims_text(), ")");
+    }
+  }
+  const KernelSet& kernels = find_kernels(o.dtype, o.shape[3], o.shape[3], kWhere);
   check_sizes({o.shape[0], o.shape[1], o.shape[1], o.shape[2], o.shape[2], o.shape[3]}, kWhere);
   check_device(kWhere);
   check_layout(o, "o", kWhere);
   check_layout(dout, "dout", kWhere);
   check_layout(delta, "delta", kWhere);
   if (dq_to_zero != nullptr) {
-    detail::check_view(*dq_to_zero, "dq", 4, Memory::device, kWhere);
     detail::check_shape(*dq_to_zero, "dq", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]},
                         "the shape of o", kWhere);
     detail::check_dtype(*dq_to_zero, "dq", DType::f32, "the accumulator dtype", kWhere);
@@ -224,7 +236,7 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
 void flash_backward(const BackwardArgs& args, void* stream) {
   constexpr const char* kWhere = "cuda::flash_backward";
   const AttentionShape s = check_backward_args(args, Memory::device, kWhere);
-  const KernelSet& kernels = find_kernels(args.q.dtype, s.head_dim, kWhere);
+  const KernelSet& kernels = find_kernels(args.q.dtype, s.head_dim, s.v_head_dim, kWhere);
   check_sizes(s, kWhere);
   check_device(kWhere);
   const char* names[] = {"q", "k", "v", "dout", "lse", "delta", "dq", "dk", "dv"};

@@ -193,6 +193,12 @@ RefParams common(const TensorView& q, const TensorView& k, const TensorView& v, 
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::device, where);
   if (q.dtype == DType::f64) detail::fail(where, "q has dtype f64; the GPU reference takes f32, bf16 or f16");
   if (s.head_dim > kMaxHeadDim) detail::fail(where, "head_dim ", s.head_dim, " exceeds ", kMaxHeadDim);
+  // One head dim for the scores and the outputs: the kernels read V and write O with head_dim.
+  if (s.v_head_dim != s.head_dim) {
+    detail::fail_as(ErrorKind::unsupported, where, "v has head_dim ", s.v_head_dim,
+                    " but q and k have ", s.head_dim,
+                    "; the GPU reference takes one head_dim for q, k and v");
+  }
   if (s.batch > 65535 || s.q_heads > 65535) detail::fail(where, "batch and heads must be at most 65535");
   RefParams p{};
   p.q = in_view(q);

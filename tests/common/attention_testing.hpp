@@ -131,7 +131,8 @@ inline const char* layout_name(Layout layout) {
   return "?";
 }
 
-// Storage for q/k/v-like triples (also for dq/dk/dv): views of the given layout.
+// Storage for q/k/v-like triples (also for dq/dk/dv): views of the given layout; v has the
+// shape's value_dim() (d_v), q and k its head_dim (d_qk).
 template <typename T>
 struct QkvBuffers {
   std::vector<T> q_storage, k_storage, v_storage;  // packed: everything in q_storage
@@ -139,31 +140,31 @@ struct QkvBuffers {
 
   QkvBuffers(const AttentionShape& s, Layout layout, T fill) {
     const std::int64_t B = s.batch, Sq = s.q_len, Sk = s.k_len, Hq = s.q_heads,
-                       Hkv = s.kv_heads, D = s.head_dim;
+                       Hkv = s.kv_heads, D = s.head_dim, Dv = s.value_dim();
     switch (layout) {
       case Layout::contiguous:
         q_storage.assign(B * Sq * Hq * D, fill);
         k_storage.assign(B * Sk * Hkv * D, fill);
-        v_storage.assign(B * Sk * Hkv * D, fill);
+        v_storage.assign(B * Sk * Hkv * Dv, fill);
         q = TensorView::contiguous(q_storage.data(), dtype_of<T>(), {B, Sq, Hq, D});
         k = TensorView::contiguous(k_storage.data(), dtype_of<T>(), {B, Sk, Hkv, D});
-        v = TensorView::contiguous(v_storage.data(), dtype_of<T>(), {B, Sk, Hkv, D});
+        v = TensorView::contiguous(v_storage.data(), dtype_of<T>(), {B, Sk, Hkv, Dv});
         break;
       case Layout::packed: {
-        const std::int64_t row = (Hq + 2 * Hkv) * D;  // one token: its q, k and v heads
+        const std::int64_t row = (Hq + Hkv) * D + Hkv * Dv;  // one token: its q, k and v heads
         q_storage.assign(B * Sq * row, fill);
         q = strided_view(q_storage, 0, {B, Sq, Hq, D}, {Sq * row, row, D, 1});
         k = strided_view(q_storage, Hq * D, {B, Sk, Hkv, D}, {Sk * row, row, D, 1});
-        v = strided_view(q_storage, (Hq + Hkv) * D, {B, Sk, Hkv, D}, {Sk * row, row, D, 1});
+        v = strided_view(q_storage, (Hq + Hkv) * D, {B, Sk, Hkv, Dv}, {Sk * row, row, Dv, 1});
         break;
       }
       case Layout::head_major:
         q_storage.assign(B * Sq * Hq * D, fill);
         k_storage.assign(B * Sk * Hkv * D, fill);
-        v_storage.assign(B * Sk * Hkv * D, fill);
+        v_storage.assign(B * Sk * Hkv * Dv, fill);
         q = strided_view(q_storage, 0, {B, Sq, Hq, D}, {Hq * Sq * D, D, Sq * D, 1});
         k = strided_view(k_storage, 0, {B, Sk, Hkv, D}, {Hkv * Sk * D, D, Sk * D, 1});
-        v = strided_view(v_storage, 0, {B, Sk, Hkv, D}, {Hkv * Sk * D, D, Sk * D, 1});
+        v = strided_view(v_storage, 0, {B, Sk, Hkv, Dv}, {Hkv * Sk * Dv, Dv, Sk * Dv, 1});
         break;
     }
   }
@@ -205,9 +206,9 @@ struct PaddedTensor {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Independent naive attention on logical [B, S, H, D] values (LSE [B, Hq, Sq]), every operation
-// in `Acc`: long double for an independent check of the oracle, float for the "same inputs in
-// fp32" baseline. Returns O and LSE as doubles.
+// Independent naive attention on logical [B, S, H, D] values (V, O, dO, dV: [B, S, H, Dv] with
+// Dv = s.value_dim(); LSE [B, Hq, Sq]), every operation in `Acc`: long double for an independent
+// check of the oracle, float for the "same inputs in fp32" baseline. Returns O and LSE as doubles.
 
 inline bool sees(const Mask& mask, std::int64_t i, std::int64_t j) {
   return !mask.causal || mask.k_start + j <= mask.q_start + i;
@@ -218,10 +219,10 @@ void naive_forward(const AttentionShape& s, const std::vector<double>& q,
                    const std::vector<double>& k, const std::vector<double>& v, const Mask& mask,
                    double scale, std::vector<double>& o, std::vector<double>& lse) {
   const std::int64_t B = s.batch, Sq = s.q_len, Sk = s.k_len, Hq = s.q_heads, Hkv = s.kv_heads,
-                     D = s.head_dim, group = Hq / Hkv;
-  o.assign(B * Sq * Hq * D, 0.0);
+                     D = s.head_dim, Dv = s.value_dim(), group = Hq / Hkv;
+  o.assign(B * Sq * Hq * Dv, 0.0);
   lse.assign(B * Hq * Sq, 0.0);
-  std::vector<Acc> scores(Sk), out(D);
+  std::vector<Acc> scores(Sk), out(Dv);
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < Hq; ++h) {
       const std::int64_t g = h / group;
@@ -243,12 +244,12 @@ void naive_forward(const AttentionShape& s, const std::vector<double>& q,
             if (!sees(mask, i, j)) continue;
             const Acc p = std::exp(scores[j] - row_max);
             sum += p;
-            const double* vj = &v[((b * Sk + j) * Hkv + g) * D];
-            for (std::int64_t x = 0; x < D; ++x) out[x] += p * static_cast<Acc>(vj[x]);
+            const double* vj = &v[((b * Sk + j) * Hkv + g) * Dv];
+            for (std::int64_t x = 0; x < Dv; ++x) out[x] += p * static_cast<Acc>(vj[x]);
           }
         }
-        double* oi = &o[((b * Sq + i) * Hq + h) * D];
-        for (std::int64_t x = 0; x < D; ++x) oi[x] = sum > 0 ? static_cast<double>(out[x] / sum) : 0.0;
+        double* oi = &o[((b * Sq + i) * Hq + h) * Dv];
+        for (std::int64_t x = 0; x < Dv; ++x) oi[x] = sum > 0 ? static_cast<double>(out[x] / sum) : 0.0;
         lse[(b * Hq + h) * Sq + i] = sum > 0 ? static_cast<double>(row_max + std::log(sum))
                                              : -std::numeric_limits<double>::infinity();
       }
@@ -263,16 +264,16 @@ void naive_backward(const AttentionShape& s, const std::vector<double>& q,
                     const std::vector<double>& dout, const Mask& mask, double scale,
                     std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
   const std::int64_t B = s.batch, Sq = s.q_len, Sk = s.k_len, Hq = s.q_heads, Hkv = s.kv_heads,
-                     D = s.head_dim, group = Hq / Hkv;
+                     D = s.head_dim, Dv = s.value_dim(), group = Hq / Hkv;
   std::vector<Acc> dq_acc(B * Sq * Hq * D, 0), dk_acc(B * Sk * Hkv * D, 0),
-      dv_acc(B * Sk * Hkv * D, 0);
+      dv_acc(B * Sk * Hkv * Dv, 0);
   std::vector<Acc> p(Sk), dp(Sk);
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < Hq; ++h) {
       const std::int64_t g = h / group;
       for (std::int64_t i = 0; i < Sq; ++i) {
         const double* qi = &q[((b * Sq + i) * Hq + h) * D];
-        const double* gi = &dout[((b * Sq + i) * Hq + h) * D];
+        const double* gi = &dout[((b * Sq + i) * Hq + h) * Dv];
         Acc row_max = -std::numeric_limits<Acc>::infinity();
         for (std::int64_t j = 0; j < Sk; ++j) {
           p[j] = 0;
@@ -292,9 +293,9 @@ void naive_backward(const AttentionShape& s, const std::vector<double>& q,
         Acc row_dot = 0;
         for (std::int64_t j = 0; j < Sk; ++j) {
           p[j] /= sum;
-          const double* vj = &v[((b * Sk + j) * Hkv + g) * D];
+          const double* vj = &v[((b * Sk + j) * Hkv + g) * Dv];
           Acc dot = 0;
-          for (std::int64_t x = 0; x < D; ++x) dot += static_cast<Acc>(gi[x]) * static_cast<Acc>(vj[x]);
+          for (std::int64_t x = 0; x < Dv; ++x) dot += static_cast<Acc>(gi[x]) * static_cast<Acc>(vj[x]);
           dp[j] = dot;
           row_dot += p[j] * dot;
         }
@@ -304,12 +305,12 @@ void naive_backward(const AttentionShape& s, const std::vector<double>& q,
           const double* kj = &k[((b * Sk + j) * Hkv + g) * D];
           Acc* dqi = &dq_acc[((b * Sq + i) * Hq + h) * D];
           Acc* dkj = &dk_acc[((b * Sk + j) * Hkv + g) * D];
-          Acc* dvj = &dv_acc[((b * Sk + j) * Hkv + g) * D];
+          Acc* dvj = &dv_acc[((b * Sk + j) * Hkv + g) * Dv];
           for (std::int64_t x = 0; x < D; ++x) {
             dqi[x] += ds * static_cast<Acc>(kj[x]);
             dkj[x] += ds * static_cast<Acc>(qi[x]);
-            dvj[x] += p[j] * static_cast<Acc>(gi[x]);
           }
+          for (std::int64_t x = 0; x < Dv; ++x) dvj[x] += p[j] * static_cast<Acc>(gi[x]);
         }
       }
     }

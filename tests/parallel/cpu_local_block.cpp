@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/local_block.hpp"
@@ -115,6 +117,22 @@ TEST(LocalBlockChecks, BlockDtypesAndDeviceLayout) {
   EXPECT_TRUE(
       ThrowsNaming([] { detail::check_block_dtype(DType::bf16, 96, Memory::device, "ring"); },
                    {"head_dim 96", "64 or 128"}));
+  // A v_head_dim of its own: any on the host, none on the device (unsupported, naming both).
+  EXPECT_NO_THROW(detail::check_block_dtype(DType::f32, 192, 128, Memory::host, "ring"));
+  EXPECT_NO_THROW(detail::check_block_dtype(DType::bf16, 128, 128, Memory::device, "ring"));
+  for (const auto& [d, dv] : {std::pair<std::int64_t, std::int64_t>{192, 128}, {128, 64}}) {
+    try {
+      detail::check_block_dtype(DType::bf16, d, dv, Memory::device, "ring");
+      ADD_FAILURE() << "head_dim " << d << " with v_head_dim " << dv << " passed on the device";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.kind(), ErrorKind::unsupported) << error.what();
+      EXPECT_NE(std::string(error.what())
+                    .find("ring: v has head_dim " + std::to_string(dv) + " but q and k have " +
+                          std::to_string(d) + "; the CUDA block takes one head_dim for q, k and v"),
+                std::string::npos)
+          << error.what();
+    }
+  }
   // Layout rules of device tensors (no memory is touched; the views only describe it).
   alignas(16) static std::uint16_t storage[64];
   TensorView q = TensorView::contiguous(storage, DType::bf16, {1, 2, 1, 16}, Memory::device);

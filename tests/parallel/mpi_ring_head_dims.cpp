@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/communicator.hpp"
@@ -60,20 +61,28 @@ TensorView device_view(DType dtype, std::initializer_list<std::int64_t> shape, i
 }
 
 // One rank's shards: Sl tokens, 4 query heads on 2 K/V heads, batch 2, `dtype` inputs, fp32
-// statistics and gradients.
+// statistics and gradients; V, O, dO and dV of Dv elements a head (0: D).
 struct DeviceShards {
   static constexpr std::int64_t B = 2, Sl = 16, Hq = 4, Hkv = 2;
   DType dtype;
   std::int64_t D;
+  std::int64_t Dv = 0;
 
+  std::int64_t value_dim() const { return Dv > 0 ? Dv : D; }
   TensorView queries(int index, DType as) const { return device_view(as, {B, Sl, Hq, D}, index); }
   TensorView keys(int index, DType as) const { return device_view(as, {B, Sl, Hkv, D}, index); }
+  TensorView outputs(int index, DType as) const {
+    return device_view(as, {B, Sl, Hq, value_dim()}, index);
+  }
+  TensorView values(int index, DType as) const {
+    return device_view(as, {B, Sl, Hkv, value_dim()}, index);
+  }
 
   RingForwardArgs forward() const {
     return {queries(0, dtype),
             keys(1, dtype),
-            keys(2, dtype),
-            queries(3, dtype),
+            values(2, dtype),
+            outputs(3, dtype),
             device_view(DType::f32, {B, Hq, Sl}, 4),
             0.125,
             true,
@@ -87,10 +96,10 @@ struct DeviceShards {
             f.v,
             f.o,
             f.lse,
-            queries(5, dtype),
+            outputs(5, dtype),
             queries(6, DType::f32),
             keys(7, DType::f32),
-            keys(8, DType::f32),
+            values(8, DType::f32),
             0.125,
             true,
             false,
@@ -154,6 +163,28 @@ TEST_F(RingHeadDims, EveryRankRefusesAnUnsupportedHeadDim) {
                                      {"RingAttention::backward: " + refusal(head_dim)},
                                      ErrorKind::unsupported);
       }
+    }
+    EXPECT_EQ(ring.owned_workspace_bytes(), 0u) << "the refused calls allocated a workspace";
+  }
+}
+
+// A V of its own head dim (d_v != d_qk, each alone a head dim of kernels or not): refused on every
+// rank alike, naming both head dims, before any transfer.
+TEST_F(RingHeadDims, EveryRankRefusesAValueHeadDimOfItsOwn) {
+  const std::pair<std::int64_t, std::int64_t> dims[] = {{192, 128}, {128, 64}, {64, 32}};
+  for (const SequenceLayoutKind layout :
+       {SequenceLayoutKind::zigzag, SequenceLayoutKind::contiguous}) {
+    RingAttention ring(device_, layout);
+    for (const auto& [d, dv] : dims) {
+      SCOPED_TRACE("head_dim " + std::to_string(d) + ", v_head_dim " + std::to_string(dv));
+      const DeviceShards shards{DType::bf16, d, dv};
+      const std::string named = "v has head_dim " + std::to_string(dv) + " but q and k have " +
+                                std::to_string(d) +
+                                "; the CUDA block takes one head_dim for q, k and v (64 or 128)";
+      expect_same_error_everywhere([&] { ring.forward(shards.forward()); },
+                                   {"RingAttention::forward: " + named}, ErrorKind::unsupported);
+      expect_same_error_everywhere([&] { ring.backward(shards.backward()); },
+                                   {"RingAttention::backward: " + named}, ErrorKind::unsupported);
     }
     EXPECT_EQ(ring.owned_workspace_bytes(), 0u) << "the refused calls allocated a workspace";
   }

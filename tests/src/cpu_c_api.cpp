@@ -129,6 +129,87 @@ TEST(CApi, HostForwardAndBackwardEqualTheCppBlock) {
   EXPECT_EQ(dv, dv2);
 }
 
+// v (and so o, dout and dv) of a head dim of its own, d_v 20 against d_qk 12, each descriptor with
+// its own shape: forward, prepare and backward through the C API against the fp64 oracle; an o of
+// d_qk is refused with a message naming both head dims.
+TEST(CApi, HostCallsTakeAValueHeadDimOfTheirOwn) {
+  SCOPED_TRACE(ringattn::test::seed_trace());
+  const std::int64_t B = 2, S = 37, Hq = 4, Hkv = 2, D = 12, Dv = 20;
+  std::mt19937_64 rng = ringattn::test::make_rng(9);
+  auto q = ringattn::test::normal_vector<double>(B * S * Hq * D, rng);
+  auto k = ringattn::test::normal_vector<double>(B * S * Hkv * D, rng);
+  auto v = ringattn::test::normal_vector<double>(B * S * Hkv * Dv, rng);
+  auto dout = ringattn::test::normal_vector<double>(B * S * Hq * Dv, rng);
+  auto o = ringattn::test::nan_vector<double>(dout.size());
+  auto lse = ringattn::test::nan_vector<double>(B * Hq * S);
+  auto delta = ringattn::test::nan_vector<double>(lse.size());
+  std::vector<double> dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+
+  ringattn_forward_params_t p{};
+  p.struct_size = sizeof(p);
+  p.q = describe(q, {B, S, Hq, D});
+  p.k = describe(k, {B, S, Hkv, D});
+  p.v = describe(v, {B, S, Hkv, Dv});
+  p.o = describe(o, {B, S, Hq, Dv});
+  p.lse = describe(lse, {B, Hq, S});
+  p.scale = scale;
+  p.causal = 1;
+  p.q_start = 5;
+  ASSERT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+  ringattn_tensor_t dout_t = describe(dout, {B, S, Hq, Dv}), delta_t = describe(delta, {B, Hq, S});
+  ASSERT_EQ(ringattn_attention_backward_prepare(&p.o, &dout_t, &delta_t, nullptr), RINGATTN_SUCCESS)
+      << ringattn_last_error();
+  ringattn_backward_params_t bp{};
+  bp.struct_size = sizeof(bp);
+  bp.q = p.q;
+  bp.k = p.k;
+  bp.v = p.v;
+  bp.dout = dout_t;
+  bp.lse = p.lse;
+  bp.delta = delta_t;
+  bp.dq = describe(dq, {B, S, Hq, D});
+  bp.dk = describe(dk, {B, S, Hkv, D});
+  bp.dv = describe(dv, {B, S, Hkv, Dv});
+  bp.scale = scale;
+  bp.causal = 1;
+  bp.q_start = 5;
+  ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+
+  using ringattn::TensorView;
+  auto view = [](std::vector<double>& d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(d.data(), ringattn::DType::f64, shape);
+  };
+  std::vector<double> o_ref(o.size()), lse_ref(lse.size()), dq_ref(dq.size()), dk_ref(dk.size()),
+      dv_ref(dv.size());
+  const ringattn::Mask mask{true, 5, 0};
+  ringattn::reference::attention_forward(view(q, {B, S, Hq, D}), view(k, {B, S, Hkv, D}),
+                                         view(v, {B, S, Hkv, Dv}), mask, scale,
+                                         view(o_ref, {B, S, Hq, Dv}), view(lse_ref, {B, Hq, S}));
+  ringattn::reference::attention_backward(
+      view(q, {B, S, Hq, D}), view(k, {B, S, Hkv, D}), view(v, {B, S, Hkv, Dv}),
+      view(dout, {B, S, Hq, Dv}), mask, scale, view(dq_ref, {B, S, Hq, D}),
+      view(dk_ref, {B, S, Hkv, D}), view(dv_ref, {B, S, Hkv, Dv}));
+  EXPECT_TRUE(ringattn::test::Close("O", o, o_ref, 1e-12));
+  EXPECT_TRUE(ringattn::test::Close("LSE", lse, lse_ref, 1e-12));
+  EXPECT_TRUE(ringattn::test::Close("dQ", dq, dq_ref, 1e-12));
+  EXPECT_TRUE(ringattn::test::Close("dK", dk, dk_ref, 1e-12));
+  EXPECT_TRUE(ringattn::test::Close("dV", dv, dv_ref, 1e-12));
+
+  std::vector<double> o_qk(B * S * Hq * D);
+  p.o = describe(o_qk, {B, S, Hq, D});
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error())
+                .find("ringattn_attention_forward: o has head_dim 12 (shape [2, 37, 4, 12]); "
+                      "expected 20, the head_dim of v (q and k have head_dim 12)"),
+            std::string::npos)
+      << ringattn_last_error();
+  bp.dout = describe(o_qk, {B, S, Hq, D});
+  EXPECT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("dout has head_dim 12"), std::string::npos)
+      << ringattn_last_error();
+}
+
 // overwrite_key_gradients, appended to the backward's struct in 0.2: set, dk and dv (NaN before)
 // come out as the gradients added into zeros would; in a struct_size of the first version (an
 // older caller) it is not read, so a 1 in memory past that size still adds into dk and dv.
@@ -244,9 +325,19 @@ TEST(CApi, BadCallsReturnAStatusAndAMessage) {
   EXPECT_NE(std::string(ringattn_last_error()).find("k has dtype code 9"), std::string::npos);
 
   p = problem.params();
+  p.v.shape[1] = 32;
+  EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ringattn_last_error()).find("v has shape [2, 32, 2, 16]"),
+            std::string::npos);
+
+  // A v of another head dim is a v_head_dim of its own: o (of q's head dim here) no longer fits.
+  p = problem.params();
   p.v.shape[3] = 8;
   EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(ringattn_last_error()).find("v has shape"), std::string::npos);
+  EXPECT_NE(std::string(ringattn_last_error())
+                .find("o has head_dim 16 (shape [2, 33, 4, 16]); expected 8, the head_dim of v"),
+            std::string::npos)
+      << ringattn_last_error();
 
   p = problem.params();
   p.scale = -1.0;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "ringattn/config.h"
 #include "ringattn/ringattn.h"
@@ -39,14 +40,22 @@ ringattn_tensor_t device_tensor(int32_t dtype, std::initializer_list<std::int64_
 }
 
 // Every descriptor of one call of each kind for [B, S, H, D] inputs of `dtype` (fp32 statistics
-// and gradients), all else valid.
+// and gradients; V, O, dO and dV of Dv, 0 meaning D), all else valid.
 struct DeviceCall {
   static constexpr std::int64_t B = 2, S = 17, Hq = 4, Hkv = 2;
   int32_t dtype;
   std::int64_t D;
+  std::int64_t Dv = 0;
 
+  std::int64_t value_dim() const { return Dv > 0 ? Dv : D; }
   ringattn_tensor_t queries(int index) const { return device_tensor(dtype, {B, S, Hq, D}, index); }
   ringattn_tensor_t keys(int index) const { return device_tensor(dtype, {B, S, Hkv, D}, index); }
+  ringattn_tensor_t outputs(int index) const {
+    return device_tensor(dtype, {B, S, Hq, value_dim()}, index);
+  }
+  ringattn_tensor_t values(int index) const {
+    return device_tensor(dtype, {B, S, Hkv, value_dim()}, index);
+  }
   ringattn_tensor_t rows(int index) const { return device_tensor(RINGATTN_F32, {B, Hq, S}, index); }
 
   ringattn_forward_params_t forward() const {
@@ -54,8 +63,8 @@ struct DeviceCall {
     p.struct_size = sizeof(p);
     p.q = queries(0);
     p.k = keys(1);
-    p.v = keys(2);
-    p.o = queries(3);
+    p.v = values(2);
+    p.o = outputs(3);
     p.lse = rows(4);
     p.scale = 1.0 / std::sqrt(static_cast<double>(D));
     p.causal = 1;
@@ -67,13 +76,13 @@ struct DeviceCall {
     p.struct_size = sizeof(p);
     p.q = queries(0);
     p.k = keys(1);
-    p.v = keys(2);
-    p.dout = queries(3);
+    p.v = values(2);
+    p.dout = outputs(3);
     p.lse = rows(4);
     p.delta = rows(5);
     p.dq = device_tensor(RINGATTN_F32, {B, S, Hq, D}, 6);
     p.dk = device_tensor(RINGATTN_F32, {B, S, Hkv, D}, 7);
-    p.dv = device_tensor(RINGATTN_F32, {B, S, Hkv, D}, 8);
+    p.dv = device_tensor(RINGATTN_F32, {B, S, Hkv, value_dim()}, 8);
     p.scale = 1.0 / std::sqrt(static_cast<double>(D));
     p.causal = 1;
     return p;
@@ -137,6 +146,40 @@ TEST(CApiHeadDims, SupportedHeadDimsPassTheHeadDimCheck) {
         EXPECT_NE(result.status, RINGATTN_SUCCESS);
         EXPECT_EQ(result.message.find("is not supported; the CUDA block takes"), std::string::npos);
       });
+    }
+  }
+}
+
+// V of a head dim of its own (d_v != d_qk, each of 64 and 128 alone supported or not): the CUDA
+// block has kernels for one head dim of q, k and v only, so forward and backward return
+// RINGATTN_ERROR_UNSUPPORTED naming both head dims, before any CUDA call. (The CPU block takes
+// them: tests/src/cpu_c_api.cpp.)
+TEST(CApiHeadDims, ValueHeadDimOfItsOwnIsRefusedBeforeAnyCudaCall) {
+  const std::pair<std::int64_t, std::int64_t> dims[] = {
+      {192, 128}, {128, 64}, {64, 128}, {128, 96}};
+  for (const int32_t dtype : {RINGATTN_BF16, RINGATTN_F16}) {
+    for (const auto& [d, dv] : dims) {
+      const DeviceCall call{dtype, d, dv};
+      const ringattn_forward_params_t forward = call.forward();
+      const ringattn_backward_params_t backward = call.backward();
+      for (const bool is_forward : {true, false}) {
+        const ringattn_status_t status = is_forward
+                                             ? ringattn_attention_forward(&forward, nullptr)
+                                             : ringattn_attention_backward(&backward, nullptr);
+        const std::string message = ringattn_last_error();
+        SCOPED_TRACE(std::string(is_forward ? "forward" : "backward") + ", " + dtype_text(dtype) +
+                     ", head_dim " + std::to_string(d) + ", v_head_dim " + std::to_string(dv) +
+                     ": \"" + message + "\"");
+        EXPECT_EQ(status, RINGATTN_ERROR_UNSUPPORTED);
+#if RINGATTN_WITH_CUDA
+        const std::string named = "v has head_dim " + std::to_string(dv) + " but q and k have " +
+                                  std::to_string(d) +
+                                  "; the CUDA block takes one head_dim for q, k and v (64 or 128)";
+        EXPECT_NE(message.find(named), std::string::npos);
+#else
+        EXPECT_NE(message.find("built without CUDA"), std::string::npos);
+#endif
+      }
     }
   }
 }

@@ -32,7 +32,7 @@ HostTensor<double> random_tensor(std::initializer_list<std::int64_t> shape, std:
   return t;
 }
 
-// Q, K, V of one problem, N(0, 1) values.
+// Q, K, V of one problem, N(0, 1) values; V (and O) of the shape's value_dim().
 struct Problem {
   AttentionShape s;
   HostTensor<double> q, k, v;
@@ -40,8 +40,8 @@ struct Problem {
       : s(shape),
         q(random_tensor({s.batch, s.q_len, s.q_heads, s.head_dim}, rng)),
         k(random_tensor({s.batch, s.k_len, s.kv_heads, s.head_dim}, rng)),
-        v(random_tensor({s.batch, s.k_len, s.kv_heads, s.head_dim}, rng)) {}
-  HostTensor<double> new_o() const { return HostTensor<double>({s.batch, s.q_len, s.q_heads, s.head_dim}); }
+        v(random_tensor({s.batch, s.k_len, s.kv_heads, s.value_dim()}, rng)) {}
+  HostTensor<double> new_o() const { return HostTensor<double>({s.batch, s.q_len, s.q_heads, s.value_dim()}); }
   HostTensor<double> new_lse() const { return HostTensor<double>({s.batch, s.q_heads, s.q_len}); }
 };
 
@@ -71,16 +71,16 @@ TEST_P(ReferenceGradient, MatchesFiniteDifferencesOfForward) {
   Problem p(c.s, rng);
   const double scale = default_scale(c.s.head_dim);
   // loss = sum(O * W): its gradient with respect to O is W, so dO = W.
-  const HostTensor<double> w = random_tensor({c.s.batch, c.s.q_len, c.s.q_heads, c.s.head_dim}, rng);
+  const HostTensor<double> w = random_tensor({c.s.batch, c.s.q_len, c.s.q_heads, c.s.value_dim()}, rng);
   HostTensor<double> o = p.new_o();
   auto loss = [&]() {
     reference::attention_forward(p.q.view, p.k.view, p.v.view, c.mask, scale, o.view, TensorView{});
     return dot(o.storage, w.storage);
   };
 
-  HostTensor<double> dq = p.new_o();
+  HostTensor<double> dq({c.s.batch, c.s.q_len, c.s.q_heads, c.s.head_dim});
   HostTensor<double> dk({c.s.batch, c.s.k_len, c.s.kv_heads, c.s.head_dim});
-  HostTensor<double> dv({c.s.batch, c.s.k_len, c.s.kv_heads, c.s.head_dim});
+  HostTensor<double> dv({c.s.batch, c.s.k_len, c.s.kv_heads, c.s.value_dim()});
   reference::attention_backward(p.q.view, p.k.view, p.v.view, w.view, c.mask, scale, dq.view,
                                 dk.view, dv.view);
   ASSERT_EQ(test::count_nan(dq.storage) + test::count_nan(dk.storage) + test::count_nan(dv.storage), 0u)
@@ -127,7 +127,12 @@ INSTANTIATE_TEST_SUITE_P(
                     FdCase{"CausalQueriesAfterKeys", {2, 5, 7, 4, 2, 8}, {true, 3, 0}},
                     // q_start < k_start: rows 0, 1 see no key, row i >= 2 sees keys 0..i-2.
                     FdCase{"CausalSomeRowsSeeNothing", {2, 5, 7, 4, 2, 8}, {true, 0, 2}},
-                    FdCase{"CausalMqa", {1, 6, 6, 3, 1, 5}, {true, 0, 0}}),
+                    FdCase{"CausalMqa", {1, 6, 6, 3, 1, 5}, {true, 0, 0}},
+                    // A value head dim of its own (d_v != d_qk), below and above d_qk.
+                    FdCase{"ValueDimBelow", {2, 5, 7, 4, 2, 12, 8}, {false, 0, 0}},
+                    FdCase{"ValueDimAboveCausal", {2, 5, 7, 4, 2, 5, 9}, {true, 3, 0}},
+                    FdCase{"ValueDimCausalSomeRowsSeeNothing", {1, 5, 7, 2, 1, 6, 3},
+                           {true, 0, 2}}),
     [](const testing::TestParamInfo<FdCase>& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
@@ -163,7 +168,7 @@ TEST_P(ReferenceForward, MatchesLongDoubleAttention) {
       for (std::int64_t i = 0; i < c.s.q_len; ++i) {
         if (c.mask.causal && c.mask.q_start + i < c.mask.k_start) {
           EXPECT_EQ(lse.storage[lse.view.offset(b, h, i)], kNegInf) << "row " << i;
-          for (std::int64_t x = 0; x < c.s.head_dim; ++x) {
+          for (std::int64_t x = 0; x < c.s.value_dim(); ++x) {
             ASSERT_EQ(o.storage[o.view.offset(b, i, h, x)], 0.0) << "row " << i << " dim " << x;
           }
         }
@@ -178,7 +183,10 @@ INSTANTIATE_TEST_SUITE_P(
                     ForwardCase{"Causal", {2, 13, 13, 6, 3, 5}, {true, 0, 0}},
                     ForwardCase{"CausalOffsets", {1, 9, 13, 4, 4, 8}, {true, 20, 15}},
                     ForwardCase{"CausalRowsWithoutKeys", {2, 11, 6, 4, 1, 8}, {true, 0, 5}},
-                    ForwardCase{"CausalNoRowSeesAnything", {1, 4, 6, 2, 1, 8}, {true, 0, 10}}),
+                    ForwardCase{"CausalNoRowSeesAnything", {1, 4, 6, 2, 1, 8}, {true, 0, 10}},
+                    ForwardCase{"ValueDim192x128Gqa", {1, 9, 13, 4, 2, 192, 128}, {false, 0, 0}},
+                    ForwardCase{"ValueDim5x11CausalRowsWithoutKeys", {2, 11, 6, 4, 1, 5, 11},
+                                {true, 0, 5}}),
     [](const testing::TestParamInfo<ForwardCase>& info) { return std::string(info.param.name); });
 
 TEST(ReferenceAttention, SingleKeyGivesItsValue) {
@@ -482,6 +490,39 @@ TEST_F(ReferenceValidation, BackwardArguments) {
   dv_device.memory = Memory::device;
   EXPECT_TRUE(ThrowsNaming(backward(dout.view, dq.view, dk.view, dv_device, 0.25), {"dv is in device memory"}));
   EXPECT_TRUE(ThrowsNaming(backward(dout.view, dq.view, dk.view, dv.view, -2.0), {"scale is -2"}));
+}
+
+// V of a head dim of its own (d_v 6 against d_qk 8): o, dout and dv must have it, and are named
+// with both head dims when they have d_qk instead; dq and dk keep d_qk; V's other extents are K's.
+TEST_F(ReferenceValidation, ValueHeadDimOfItsOwn) {
+  HostTensor<double> v6 = random_tensor({2, 7, 2, 6}, rng), o6({2, 5, 4, 6});
+  HostTensor<double> dout6 = random_tensor({2, 5, 4, 6}, rng);
+  HostTensor<double> dq({2, 5, 4, 8}), dk({2, 7, 2, 8}), dv6({2, 7, 2, 6}), dv8({2, 7, 2, 8});
+  EXPECT_NO_THROW(reference::attention_forward(p.q.view, p.k.view, v6.view, Mask{}, 0.25, o6.view,
+                                               lse.view));
+  EXPECT_TRUE(ForwardFails(p.q.view, p.k.view, v6.view, 0.25, o.view, lse.view,
+                           {"reference::attention_forward: o has head_dim 8", "[2, 5, 4, 8]",
+                            "expected 6, the head_dim of v (q and k have head_dim 8)"}));
+  const TensorView v_short = TensorView::contiguous(v6.storage.data(), DType::f64, {2, 6, 2, 6});
+  EXPECT_TRUE(ForwardFails(p.q.view, p.k.view, v_short, 0.25, o6.view, lse.view,
+                           {"v has shape [2, 6, 2, 6]", "expected [2, 7, 2, 6]",
+                            "batch, k_len and kv_heads of k"}));
+  auto backward = [&](const TensorView& g, const TensorView& a, const TensorView& b,
+                      const TensorView& c) {
+    return [&, g, a, b, c] {
+      reference::attention_backward(p.q.view, p.k.view, v6.view, g, Mask{}, 0.25, a, b, c);
+    };
+  };
+  EXPECT_NO_THROW(backward(dout6.view, dq.view, dk.view, dv6.view)());
+  HostTensor<double> dout8 = random_tensor({2, 5, 4, 8}, rng);
+  EXPECT_TRUE(ThrowsNaming(backward(dout8.view, dq.view, dk.view, dv6.view),
+                           {"reference::attention_backward: dout has head_dim 8",
+                            "expected 6, the head_dim of v (q and k have head_dim 8)"}));
+  EXPECT_TRUE(ThrowsNaming(backward(dout6.view, dq.view, dk.view, dv8.view),
+                           {"dv has head_dim 8", "expected 6, the head_dim of v"}));
+  EXPECT_TRUE(ThrowsNaming(backward(dout6.view, dq.view, dv6.view, dv6.view),
+                           {"dk has shape [2, 7, 2, 6]", "expected [2, 7, 2, 8]",
+                            "the shape of k"}));
 }
 
 }  // namespace

@@ -161,6 +161,10 @@ case $case_name in
     expect 2 "--seq 17 is not a multiple of 2 (--layout zigzag over 1 rank)"
     run "$program" --oracle gpu
     expect 2 "--oracle gpu needs --backend cuda"
+    run "$program" --v-head-dim 0
+    expect 2 "--v-head-dim: got '0', expected a whole number >= 1"
+    run "$program" --backend cuda --dtype bf16 --seq 16 --head-dim 128 --v-head-dim 64
+    expect 2 "--backend cuda: v has head_dim 64 but q and k have 128; the CUDA block takes one head_dim for q, k and v (64 or 128)"
     run "$program" --seq 16 --json /proc/nonexistent/gradcheck.json
     expect 2 "--json '/proc/nonexistent/gradcheck.json' cannot be written: No such file or directory"
     run "$program" --seq 16 --json "$tmp/file/gradcheck.json"
@@ -174,6 +178,8 @@ case $case_name in
     run "$program" --seq $huge --json "$tmp/new.json"
     expect 2 "--seq $huge"
     expect_file "$tmp/new.json" absent
+    run "$program" --seq $huge --head-dim 192 --v-head-dim 128
+    expect 2 "--head-dim 192 --v-head-dim 128 needs at least" "GiB of host memory"
     ;;
   data)
     run "$program" --help
