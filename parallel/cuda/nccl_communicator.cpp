@@ -2,9 +2,11 @@
 
 #include "parallel/device_communicator.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <thread>
 #include <string>
 #include <string_view>
 
@@ -37,6 +39,20 @@ int exchange_choice() {
                "'; expected auto, copy or nccl");
 }
 
+// RINGATTN_TEST_STALL_EXCHANGE=RANK:N: N (from 1) when RANK is `rank`, else 0.
+long long stall_exchange(int rank) {
+  const char* text = std::getenv("RINGATTN_TEST_STALL_EXCHANGE");
+  if (text == nullptr || *text == '\0') return 0;
+  int stall_rank = -1;
+  long long n = 0;
+  char tail = 0;
+  if (std::sscanf(text, "%d:%lld%c", &stall_rank, &n, &tail) != 2 || stall_rank < 0 || n < 1) {
+    detail::fail("NcclCommunicator", "RINGATTN_TEST_STALL_EXCHANGE is '", text,
+                 "'; expected RANK:N with N >= 1 (a test's hung peer)");
+  }
+  return stall_rank == rank ? n : 0;
+}
+
 }  // namespace
 
 int select_node_local_device(const MpiCommunicator& comm) {
@@ -56,16 +72,38 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
   RINGATTN_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_->handle()));
   RINGATTN_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->size(), id, mpi_->rank()));
 
-  // The exchange path, the same on every rank: a bad or differing RINGATTN_EXCHANGE fails on all.
+  // The exchange path and the watchdog's timeout, the same on every rank: a bad or differing
+  // RINGATTN_EXCHANGE or RINGATTN_NCCL_TIMEOUT_S fails on all.
   std::optional<Error> local_error;
   int choice = 0;
+  double timeout_s = 0;
   try {
     choice = exchange_choice();
+    timeout_s = CollectiveWatchdog::timeout_from_environment();
+    stall_before_ = stall_exchange(mpi_->rank());
   } catch (const Error& error) {
     local_error = error;
   }
   check_no_rank_failed(*mpi_, "NcclCommunicator", local_error ? &*local_error : nullptr);
-  check_same_on_all_ranks(*mpi_, "NcclCommunicator", "RINGATTN_EXCHANGE " + std::to_string(choice));
+  check_same_on_all_ranks(*mpi_, "NcclCommunicator",
+                          "RINGATTN_EXCHANGE " + std::to_string(choice) +
+                              ", RINGATTN_NCCL_TIMEOUT_S " + std::to_string(timeout_s));
+  ncclComm_t comm = comm_;
+  watchdog_ = std::make_unique<CollectiveWatchdog>(
+      mpi_->rank(), device_, timeout_s,
+      [comm]() -> std::string {
+        ncclResult_t state = ncclSuccess;
+        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return "";
+        if (state == ncclSuccess || state == ncclInProgress) return "";
+        return std::string("NCCL reports an asynchronous error: ") + ncclGetErrorString(state) +
+               " (" + ncclGetLastError(comm) + "); aborting";
+      },
+      [comm](const std::string& message) {
+        std::fprintf(stderr, "ringattn: %s\n", message.c_str());
+        std::fflush(stderr);
+        ncclCommAbort(comm);
+        std::_Exit(1);
+      });
   if (choice == 2 || size() == 1) return;
   std::string why;
   // auto: the copy engines from 256 MiB an exchange (the 128k-token ring with 16 K/V heads moves
@@ -80,8 +118,10 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Transfers still queued must finish before the communicator goes; destructors only log.
+  // Transfers still queued must finish before the communicator goes (the watchdog still times
+  // them); destructors only log.
   RINGATTN_CUDA_LOG(cudaStreamSynchronize(comm_stream_.get()));
+  watchdog_.reset();
   if (comm_ != nullptr) {
     const ncclResult_t status = ncclCommDestroy(comm_);
     if (status != ncclSuccess) std::fprintf(stderr, "ringattn: ncclCommDestroy failed: %s\n", ncclGetErrorString(status));
@@ -91,6 +131,12 @@ NcclCommunicator::~NcclCommunicator() {
 void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, void* recv,
                                       std::size_t recv_bytes, void* stream) {
   const auto compute = static_cast<cudaStream_t>(stream);
+  if (++exchanges_ == stall_before_) {
+    std::fprintf(stderr, "ringattn: rank %d stops for good before ring exchange %lld "
+                 "(RINGATTN_TEST_STALL_EXCHANGE)\n", rank(), exchanges_);
+    std::fflush(stderr);
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   compute_ready_.record(compute);
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), compute_ready_.get(), 0));
   const int n = size(), next = (rank() + 1) % n, previous = (rank() + n - 1) % n;
@@ -108,6 +154,9 @@ void NcclCommunicator::exchange_start(const void* send, std::size_t send_bytes, 
       if (nccl.send) RINGATTN_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, next, comm_, comm_stream_.get()));
       if (nccl.recv) RINGATTN_NCCL_CHECK(ncclRecv(recv, recv_bytes, ncclUint8, previous, comm_, comm_stream_.get()));
       RINGATTN_NCCL_CHECK(ncclGroupEnd());
+      watchdog_->watch(comm_stream_.get(),
+                       "ring exchange " + std::to_string(exchanges_) + " over NCCL (to rank " +
+                           std::to_string(next) + ", from rank " + std::to_string(previous) + ")");
     }
   }
 }
@@ -122,7 +171,13 @@ void NcclCommunicator::exchange_wait(void* stream) {
   // comm_stream_ runs in order: this record covers every exchange started so far, the copies out
   // of the send buffers included.
   transfer_done_.record(comm_stream_.get());
-  if (peer_) peer_->wait(compute);
+  if (peer_) {
+    const int previous = (rank() + size() - 1) % size();
+    CollectiveWatchdog::HostWait waiting(
+        *watchdog_, "ring exchange " + std::to_string(exchanges_) +
+                        " by the copy engines (waiting for rank " + std::to_string(previous) + ")");
+    peer_->wait(compute);
+  }
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(compute, transfer_done_.get(), 0));
   if (measuring_) waits_.back().second.record(compute);
 }
@@ -155,6 +210,9 @@ double NcclCommunicator::take_waited_ms() {
 void NcclCommunicator::all_reduce_sum(void* data, std::size_t count, DType dtype, void* stream) {
   RINGATTN_NCCL_CHECK(ncclAllReduce(data, data, count, nccl_type(dtype), ncclSum, comm_,
                                     static_cast<cudaStream_t>(stream)));
+  watchdog_->watch(static_cast<cudaStream_t>(stream),
+                   "an all-reduce of " + std::to_string(count) + " " +
+                       std::string(dtype_name(dtype)) + " over NCCL");
 }
 
 void NcclCommunicator::barrier() { mpi_->barrier(); }

@@ -10,6 +10,12 @@
 // reach, for exchanges of 256 MiB and more), `copy` (copy engines for every exchange, or an error
 // saying which link they cannot take) or `nccl`. It must be the same on every rank. All-reduces
 // always go through NCCL.
+//
+// A CollectiveWatchdog (collective_watchdog.hpp) times every NCCL collective and the copy-engine
+// exchange's host waits: one that has not completed after RINGATTN_NCCL_TIMEOUT_S seconds, or an
+// asynchronous NCCL error, prints the rank and the operation, aborts the NCCL communicator and
+// ends the process with status 1. For tests, RINGATTN_TEST_STALL_EXCHANGE=RANK:N makes rank RANK
+// stop for good before its N-th ring exchange (counting from 1), as a hung peer would.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "parallel/communicator.hpp"
+#include "parallel/cuda/collective_watchdog.hpp"
 #include "parallel/cuda/peer_exchange.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "src/cuda/device_buffer.hpp"
@@ -70,6 +77,9 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PeerExchange> peer_;  // the ring exchanges by the copy engines, where they reach
   bool measuring_ = false;
   std::vector<std::pair<CudaEvent, CudaEvent>> waits_;  // timing events around measured waits
+  long long exchanges_ = 0;     // ring exchanges started
+  long long stall_before_ = 0;  // RINGATTN_TEST_STALL_EXCHANGE's N for this rank, else 0
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // declared last: it goes first
 };
 
 // Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;
