@@ -9,210 +9,42 @@
 // the bound is twice the error of the naive backward in the input precision.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <ostream>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "ringattn/attention.hpp"
 #include "ringattn/error.hpp"
 #include "tests/common/attention_testing.hpp"
+#include "tests/common/cpu_flash_testing.hpp"
 #include "tests/common/random.hpp"
 
 namespace ringattn {
 namespace {
 
+using test::FlashCase;
+using test::FlashProblem;
+using test::GradBuffers;
 using test::HostTensor;
+using test::kTolerance;
 using test::Layout;
+using test::Logits;
+using test::Precision;
 using test::read_view;
+using test::ThreadCountGuard;
+
+class FlashBackward : public testing::TestWithParam<std::tuple<FlashCase, Precision>> {};
 
 template <typename T>
-constexpr double kTolerance = std::is_same_v<T, double> ? 1e-12 : 1e-5;
-
-enum class Logits { normal, large_offset };
-
-struct Case {
-  const char* name;
-  AttentionShape s;
-  Mask mask;
-  Layout layout = Layout::contiguous;
-  Logits logits = Logits::normal;
-};
-
-void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
-
-// The input dtype of a parameterised test (f64 and f32: the dtypes of the CPU block).
-enum class Precision { f64, f32 };
-void PrintTo(Precision p, std::ostream* out) { *out << (p == Precision::f64 ? "f64" : "f32"); }
-std::string precision_name(Precision p) { return p == Precision::f64 ? "f64" : "f32"; }
-
-// Restores the CPU backend's thread count at the end of a scope.
-class ThreadCountGuard {
- public:
-  ThreadCountGuard() : saved_(cpu::num_threads()) {}
-  ~ThreadCountGuard() { cpu::set_num_threads(saved_); }
-  ThreadCountGuard(const ThreadCountGuard&) = delete;
-  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
-
- private:
-  int saved_;
-};
-
-// One problem with its forward done by the kernel (final O in T, LSE in the accumulator dtype,
-// which for f32/f64 is T itself) and dO; gradients go to buffers of `layout`.
-template <typename T>
-struct Problem {
-  AttentionShape s;
-  Mask mask;
-  double scale;
-  test::QkvBuffers<T> qkv;
-  HostTensor<T> dout, o, lse, delta;
-  std::vector<double> q, k, v, g;  // logical values of the inputs
-
-  Problem(const Case& c, std::mt19937_64& rng)
-      : s(c.s), mask(c.mask), scale(default_scale(c.s.head_dim)),
-        qkv(c.s, c.layout, std::numeric_limits<T>::quiet_NaN()),
-        dout({s.batch, s.q_len, s.q_heads, s.head_dim}), o({s.batch, s.q_len, s.q_heads, s.head_dim}),
-        lse({s.batch, s.q_heads, s.q_len}), delta({s.batch, s.q_heads, s.q_len}) {
-    q = test::normal_vector<double>(s.batch * s.q_len * s.q_heads * s.head_dim, rng);
-    k = test::normal_vector<double>(s.batch * s.k_len * s.kv_heads * s.head_dim, rng);
-    v = test::normal_vector<double>(s.batch * s.k_len * s.kv_heads * s.head_dim, rng);
-    g = test::normal_vector<double>(q.size(), rng);
-    if (c.logits == Logits::large_offset) {
-      // Dimension 0 of every q and k about A with A^2 * scale = 1e4: scores = 1e4 + O(1).
-      const double a = std::sqrt(1e4 / scale);
-      std::normal_distribution<double> jitter(0.0, 1e-4);
-      for (std::size_t i = 0; i < q.size(); i += s.head_dim) q[i] = a * (1.0 + jitter(rng));
-      for (std::size_t i = 0; i < k.size(); i += s.head_dim) k[i] = a * (1.0 + jitter(rng));
-    }
-    for (auto* values : {&q, &k, &v, &g}) {
-      for (double& x : *values) x = static_cast<double>(static_cast<T>(x));
-    }
-    test::write_view(qkv.q, q);
-    test::write_view(qkv.k, k);
-    test::write_view(qkv.v, v);
-    test::write_view(dout.view, g);
-  }
-
-  ForwardArgs forward_args() const {
-    ForwardArgs args;
-    args.q = qkv.q;
-    args.k = qkv.k;
-    args.v = qkv.v;
-    args.o = o.view;
-    args.lse = lse.view;
-    args.scale = scale;
-    args.mask = mask;
-    return args;
-  }
-  void forward() {
-    o.poison();
-    lse.poison();
-    cpu::flash_forward(forward_args());
-  }
-  void prepare() {
-    delta.poison();
-    cpu::flash_backward_prepare(o.view, dout.view, delta.view);
-  }
-  BackwardArgs backward_args(const TensorView& dq, const TensorView& dk, const TensorView& dv) const {
-    BackwardArgs args;
-    args.q = qkv.q;
-    args.k = qkv.k;
-    args.v = qkv.v;
-    args.dout = dout.view;
-    args.lse = lse.view;
-    args.delta = delta.view;
-    args.dq = dq;
-    args.dk = dk;
-    args.dv = dv;
-    args.scale = scale;
-    args.mask = mask;
-    return args;
-  }
-
-  struct Grads {
-    std::vector<double> dq, dk, dv;
-  };
-  Grads oracle() const {
-    HostTensor<double> dq({s.batch, s.q_len, s.q_heads, s.head_dim});
-    HostTensor<double> dk({s.batch, s.k_len, s.kv_heads, s.head_dim});
-    HostTensor<double> dv({s.batch, s.k_len, s.kv_heads, s.head_dim});
-    reference::attention_backward(qkv.q, qkv.k, qkv.v, dout.view, mask, scale, dq.view, dk.view, dv.view);
-    return {dq.values(), dk.values(), dv.values()};
-  }
-};
-
-// Gradient buffers in a layout, pre-filled with random values R (the kernel adds into them).
-template <typename T>
-struct GradBuffers {
-  test::QkvBuffers<T> buffers;
-  std::vector<double> r_q, r_k, r_v;
-  GradBuffers(const AttentionShape& s, Layout layout, std::mt19937_64& rng)
-      : buffers(s, layout, std::numeric_limits<T>::quiet_NaN()) {
-    r_q = test::normal_vector<double>(buffers.q.numel(), rng);
-    r_k = test::normal_vector<double>(buffers.k.numel(), rng);
-    r_v = test::normal_vector<double>(buffers.v.numel(), rng);
-    for (auto* values : {&r_q, &r_k, &r_v}) {
-      for (double& x : *values) x = static_cast<double>(static_cast<T>(x));
-    }
-    test::write_view(buffers.q, r_q);
-    test::write_view(buffers.k, r_k);
-    test::write_view(buffers.v, r_v);
-  }
-  // What the kernel added: the buffer minus R.
-  std::vector<double> added_q() const { return test::minus(read_view(buffers.q), r_q); }
-  std::vector<double> added_k() const { return test::minus(read_view(buffers.k), r_k); }
-  std::vector<double> added_v() const { return test::minus(read_view(buffers.v), r_v); }
-};
-
-class FlashBackward : public testing::TestWithParam<std::tuple<Case, Precision>> {};
-
-template <typename T>
-void run_case(const Case& c) {
+void run_case(const FlashCase& c) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(20);
-  Problem<T> p(c, rng);
+  FlashProblem<T> p(c, rng);
   p.forward();
   p.prepare();
-
-  // delta = rowsum(dO * O), checked against a long-double sum over the kernel's own O.
-  {
-    std::vector<double> expected(p.delta.storage.size());
-    for (std::int64_t b = 0; b < p.s.batch; ++b)
-      for (std::int64_t h = 0; h < p.s.q_heads; ++h)
-        for (std::int64_t i = 0; i < p.s.q_len; ++i) {
-          long double sum = 0;
-          for (std::int64_t x = 0; x < p.s.head_dim; ++x) {
-            sum += static_cast<long double>(p.o.storage[p.o.view.offset(b, i, h, x)]) *
-                   p.dout.storage[p.dout.view.offset(b, i, h, x)];
-          }
-          expected[p.delta.view.offset(b, h, i)] = static_cast<double>(sum);
-        }
-    EXPECT_TRUE(test::Close("delta", p.delta.values(), expected, kTolerance<T>));
-  }
-
-  GradBuffers<T> grads(p.s, c.layout, rng);
-  cpu::flash_backward(p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v));
-  const auto ref = p.oracle();
-  double tol_q = kTolerance<T>, tol_k = kTolerance<T>, tol_v = kTolerance<T>;
-  if (c.logits != Logits::normal) {
-    std::vector<double> lq, lk, lv;
-    test::naive_backward<T>(p.s, p.q, p.k, p.v, p.g, p.mask, p.scale, lq, lk, lv);
-    const test::Diff dq = test::compare(lq, ref.dq), dk = test::compare(lk, ref.dk),
-                     dv = test::compare(lv, ref.dv);
-    tol_q = std::max(tol_q, 2.0 * dq.rel);
-    tol_k = std::max(tol_k, 2.0 * dk.rel);
-    tol_v = std::max(tol_v, 2.0 * dv.rel);
-    std::printf("  [large logits %s] naive in input precision: dQ %s\n  dK %s\n  dV %s\n", c.name,
-                test::describe(dq).c_str(), test::describe(dk).c_str(), test::describe(dv).c_str());
-  }
-  EXPECT_TRUE(test::Close("dQ", grads.added_q(), ref.dq, tol_q));
-  EXPECT_TRUE(test::Close("dK", grads.added_k(), ref.dk, tol_k));
-  EXPECT_TRUE(test::Close("dV", grads.added_v(), ref.dv, tol_v));
+  test::check_backward(p, c.layout, rng);
 }
 
 TEST_P(FlashBackward, MatchesReference) {
@@ -224,7 +56,7 @@ TEST_P(FlashBackward, MatchesReference) {
   }
 }
 
-const Case kCases[] = {
+const FlashCase kCases[] = {
     {"S1", {2, 1, 1, 4, 4, 64}, {}},
     {"S17CausalGqa4", {2, 17, 17, 4, 1, 64}, {true, 0, 0}},
     {"S127CausalGqa8D128", {1, 127, 127, 8, 1, 128}, {true, 0, 0}},
@@ -244,12 +76,10 @@ const Case kCases[] = {
      Logits::large_offset},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, FlashBackward, testing::Combine(testing::ValuesIn(kCases), testing::Values(Precision::f64, Precision::f32)),
-    [](const testing::TestParamInfo<std::tuple<Case, Precision>>& info) {
-      return std::string(std::get<0>(info.param).name) + "_" +
-             precision_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, FlashBackward,
+                         testing::Combine(testing::ValuesIn(kCases),
+                                          testing::Values(Precision::f64, Precision::f32)),
+                         test::case_precision_name);
 
 // ---------------------------------------------------------------------------------------------
 // The add-into contract: a second call adds the gradient again.
@@ -258,11 +88,11 @@ template <typename T>
 void run_adds_twice() {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(21);
-  Problem<T> p(Case{"", {2, 70, 90, 4, 2, 32}, {true, 30, 0}}, rng);
+  FlashProblem<T> p(FlashCase{"", {2, 70, 90, 4, 2, 32}, {true, 30, 0}}, rng);
   p.forward();
   p.prepare();
   GradBuffers<T> grads(p.s, Layout::contiguous, rng);
-  const BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+  const BackwardArgs args = p.backward_args(grads.buffers);
   cpu::flash_backward(args);
   cpu::flash_backward(args);
   auto ref = p.oracle();
@@ -283,11 +113,11 @@ template <typename T>
 void run_overwrite() {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(23);
-  Problem<T> p(Case{"", {2, 70, 90, 4, 2, 32}, {true, 5, 0}}, rng);
+  FlashProblem<T> p(FlashCase{"", {2, 70, 90, 4, 2, 32}, {true, 5, 0}}, rng);
   p.forward();
   p.prepare();
   GradBuffers<T> grads(p.s, Layout::contiguous, rng);
-  BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+  BackwardArgs args = p.backward_args(grads.buffers);
   args.overwrite_key_gradients = true;
   cpu::flash_backward(args);
   const auto ref = p.oracle();
@@ -305,7 +135,7 @@ template <typename T>
 void run_key_rotation() {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(25);
-  Problem<T> p(Case{"", {2, 70, 90, 4, 2, 32}, {true, 30, 0}}, rng);
+  FlashProblem<T> p(FlashCase{"", {2, 70, 90, 4, 2, 32}, {true, 30, 0}}, rng);
   p.forward();
   p.prepare();
   test::KeyRotationTables<T> tables = test::random_key_rotation<T>(p.s.k_len, p.s.head_dim, rng);
@@ -315,7 +145,7 @@ void run_key_rotation() {
   for (const bool overwrite : {false, true}) {
     SCOPED_TRACE(overwrite ? "overwrite" : "add");
     GradBuffers<T> grads(p.s, Layout::contiguous, rng);
-    BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+    BackwardArgs args = p.backward_args(grads.buffers);
     args.overwrite_key_gradients = overwrite;
     args.key_rotation = {
         TensorView::contiguous(tables.cos.data(), test::dtype_of<T>(), {p.s.k_len, tables.half}),
@@ -337,17 +167,18 @@ TEST(FlashBackwardContract, KeyRotationIsUndoneOnKeyGradientsF32) { run_key_rota
 // its own slice, dQ sums over the chunks. Together: the one-shot gradient.
 
 template <typename T>
-void run_chunked(const Case& c, const std::vector<std::int64_t>& bounds, const std::vector<int>& order) {
+void run_chunked(const FlashCase& c, const std::vector<std::int64_t>& bounds,
+                 const std::vector<int>& order) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(22);
-  Problem<T> p(c, rng);
+  FlashProblem<T> p(c, rng);
   p.forward();  // one-shot forward over every key: the final O and LSE
   p.prepare();
   GradBuffers<T> grads(p.s, Layout::contiguous, rng);
   ASSERT_EQ(bounds.back(), p.s.k_len);
   for (int chunk : order) {
     const std::int64_t first = bounds[chunk], len = bounds[chunk + 1] - first;
-    BackwardArgs args = p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v);
+    BackwardArgs args = p.backward_args(grads.buffers);
     for (TensorView* t : {&args.k, &args.v, &args.dk, &args.dv}) {
       t->data = static_cast<T*>(t->data) + first * t->strides[1];
       t->shape[1] = len;
@@ -362,24 +193,28 @@ void run_chunked(const Case& c, const std::vector<std::int64_t>& bounds, const s
 }
 
 TEST(FlashBackwardChunks, NonCausalTwoChunksF64) {
-  run_chunked<double>(Case{"", {2, 60, 173, 4, 2, 64}, {}}, {0, 45, 173}, {1, 0});
+  run_chunked<double>(FlashCase{"", {2, 60, 173, 4, 2, 64}, {}}, {0, 45, 173}, {1, 0});
 }
 TEST(FlashBackwardChunks, NonCausalTwoChunksF32) {
-  run_chunked<float>(Case{"", {2, 60, 173, 4, 2, 64}, {}}, {0, 45, 173}, {1, 0});
+  run_chunked<float>(FlashCase{"", {2, 60, 173, 4, 2, 64}, {}}, {0, 45, 173}, {1, 0});
 }
 // Rows at 100..219; chunk 1 (keys 130..219) masked for rows 0..29, chunk 2 for every row.
 TEST(FlashBackwardChunks, CausalMaskedChunksF64) {
-  run_chunked<double>(Case{"", {2, 120, 300, 4, 2, 64}, {true, 100, 0}}, {0, 130, 220, 300}, {2, 0, 1});
+  run_chunked<double>(FlashCase{"", {2, 120, 300, 4, 2, 64}, {true, 100, 0}}, {0, 130, 220, 300},
+                      {2, 0, 1});
 }
 TEST(FlashBackwardChunks, CausalMaskedChunksF32) {
-  run_chunked<float>(Case{"", {2, 120, 300, 4, 2, 64}, {true, 100, 0}}, {0, 130, 220, 300}, {2, 0, 1});
+  run_chunked<float>(FlashCase{"", {2, 120, 300, 4, 2, 64}, {true, 100, 0}}, {0, 130, 220, 300},
+                     {2, 0, 1});
 }
 // Keys from 50: rows 0..49 see nothing (LSE = -inf), chunk 2 is masked for every row.
 TEST(FlashBackwardChunks, CausalRowsWithoutKeysF64) {
-  run_chunked<double>(Case{"", {1, 100, 150, 2, 2, 32}, {true, 0, 50}}, {0, 20, 90, 150}, {0, 1, 2});
+  run_chunked<double>(FlashCase{"", {1, 100, 150, 2, 2, 32}, {true, 0, 50}}, {0, 20, 90, 150},
+                      {0, 1, 2});
 }
 TEST(FlashBackwardChunks, CausalRowsWithoutKeysF32) {
-  run_chunked<float>(Case{"", {1, 100, 150, 2, 2, 32}, {true, 0, 50}}, {0, 20, 90, 150}, {0, 1, 2});
+  run_chunked<float>(FlashCase{"", {1, 100, 150, 2, 2, 32}, {true, 0, 50}}, {0, 20, 90, 150},
+                     {0, 1, 2});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -389,17 +224,17 @@ template <typename T>
 void run_determinism() {
   SCOPED_TRACE(test::seed_trace());
   ThreadCountGuard guard;
-  const Case c{"", {2, 200, 300, 4, 2, 64}, {true, 100, 0}};
+  const FlashCase c{"", {2, 200, 300, 4, 2, 64}, {true, 100, 0}};
   std::vector<std::vector<unsigned char>> first;
   for (int threads : {1, 3, 2}) {
     cpu::set_num_threads(threads);
     ASSERT_EQ(cpu::num_threads(), threads);
     std::mt19937_64 rng = test::make_rng(23);  // the same inputs every time
-    Problem<T> p(c, rng);
+    FlashProblem<T> p(c, rng);
     p.forward();
     p.prepare();
     GradBuffers<T> grads(p.s, Layout::contiguous, rng);
-    cpu::flash_backward(p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v));
+    cpu::flash_backward(p.backward_args(grads.buffers));
     std::vector<std::vector<unsigned char>> bytes;
     for (const TensorView* t : {&p.o.view, &p.lse.view, &p.delta.view, &grads.buffers.q,
                                 &grads.buffers.k, &grads.buffers.v}) {
@@ -426,15 +261,15 @@ TEST(FlashBackwardDeterminism, BitwiseAcrossThreadCountsF32) { run_determinism<f
 class FlashBackwardValidation : public testing::Test {
  protected:
   FlashBackwardValidation()
-      : rng(test::make_rng(24)), p(Case{"", {2, 5, 6, 4, 2, 8}, {}}, rng),
+      : rng(test::make_rng(24)), p(FlashCase{"", {2, 5, 6, 4, 2, 8}, {}}, rng),
         grads(p.s, Layout::contiguous, rng) {
     p.forward();
     p.prepare();
   }
-  BackwardArgs good() const { return p.backward_args(grads.buffers.q, grads.buffers.k, grads.buffers.v); }
+  BackwardArgs good() const { return p.backward_args(grads.buffers); }
 
   std::mt19937_64 rng;
-  Problem<double> p;
+  FlashProblem<double> p;
   GradBuffers<double> grads;
 };
 
@@ -497,12 +332,11 @@ TEST_F(FlashBackwardValidation, KeyRotationTables) {
 
   // An odd head_dim has no pairs (i, i + D / 2) to rotate.
   std::mt19937_64 odd_rng = test::make_rng(26);
-  Problem<double> odd(Case{"", {1, 5, 6, 2, 1, 7}, {}}, odd_rng);
+  FlashProblem<double> odd(FlashCase{"", {1, 5, 6, 2, 1, 7}, {}}, odd_rng);
   odd.forward();
   odd.prepare();
   GradBuffers<double> odd_grads(odd.s, Layout::contiguous, odd_rng);
-  BackwardArgs odd_args =
-      odd.backward_args(odd_grads.buffers.q, odd_grads.buffers.k, odd_grads.buffers.v);
+  BackwardArgs odd_args = odd.backward_args(odd_grads.buffers);
   odd_args.key_rotation = {TensorView::contiguous(table.data(), DType::f64, {6, 3}),
                            TensorView::contiguous(table.data(), DType::f64, {6, 3})};
   EXPECT_TRUE(test::ThrowsNaming([&] { cpu::flash_backward(odd_args); },
