@@ -15,14 +15,21 @@ bool cuda_block_takes_head_dim(std::int64_t head_dim) {
   return false;
 }
 
-std::string cuda_block_head_dims_text() {
-  constexpr std::size_t kCount = std::size(kCudaBlockHeadDims);
+namespace {
+
+// "32, 64 or 128".
+template <std::size_t kCount>
+std::string head_dims_text(const std::int64_t (&dims)[kCount]) {
   std::string text;
   for (std::size_t i = 0; i < kCount; ++i) {
-    text += (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") + std::to_string(kCudaBlockHeadDims[i]);
+    text += (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") + std::to_string(dims[i]);
   }
   return text;
 }
+
+}  // namespace
+
+std::string cuda_block_head_dims_text() { return head_dims_text(kCudaBlockHeadDims); }
 
 void check_block_dtype(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, Memory memory,
                        const char* where) {
@@ -46,6 +53,14 @@ void check_block_dtype(DType dtype, std::int64_t head_dim, std::int64_t v_head_d
             cuda_block_head_dims_text(), "); a v_head_dim of its own runs on the CPU block only");
   }
   if (!cuda_block_takes_head_dim(head_dim)) {
+    for (const std::int64_t known : kAllCudaBlockHeadDims) {
+      if (head_dim == known) {
+        fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim,
+                " was left out of this build (RINGATTN_CUDA_HEAD_DIMS); the CUDA block here takes ",
+                cuda_block_head_dims_text(), ", and a build with all takes ",
+                head_dims_text(kAllCudaBlockHeadDims));
+      }
+    }
     fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim,
             " is not supported; the CUDA block takes ", cuda_block_head_dims_text());
   }

@@ -1152,7 +1152,9 @@ int main(int argc, char** argv) {
   std::string seqlens = "512,1024,2048,4096,8192,16384", head_dims = "64,128", json;
   attention->add_option("--seqlens", seqlens, "comma-separated sequence lengths")
       ->check(tools::whole_number_list(1, kMaxSeq));
-  attention->add_option("--head-dims", head_dims, "comma-separated head dims (64, 128)")
+  attention->add_option("--head-dims", head_dims,
+                        "comma-separated head dims (" +
+                            ringattn::detail::cuda_block_head_dims_text() + ")")
       ->check(tools::whole_number_list(1));
   attention->add_option("--json", json, "write the rows as JSON to this file");
 
@@ -1169,7 +1171,8 @@ int main(int argc, char** argv) {
                    "(--fit: the first)")
       ->check(tools::whole_number_list(1))
       ->capture_default_str();
-  ring->add_option("--head-dim", ro.head_dim, "head dimension (64 or 128)")
+  ring->add_option("--head-dim", ro.head_dim,
+                   "head dimension (" + ringattn::detail::cuda_block_head_dims_text() + ")")
       ->check(tools::whole_number(1))
       ->capture_default_str();
   ring->add_option("--causal", ro.causal, "masks to time: both, on (causal) or off (full)")

@@ -54,6 +54,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <random>
@@ -61,6 +62,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/block_checks.hpp"
 #include "ringattn/attention.hpp"
 #include "ringattn/config.h"
 #include "ringattn/dtype.hpp"
@@ -238,7 +240,10 @@ Case draw_case(std::uint64_t seed, std::int64_t index, std::int64_t max_len, boo
   c.index = index;
   c.hopper = hopper;
   c.dtype = coin(rng) ? DType::bf16 : DType::f16;
-  c.head_dim = coin(rng) ? 64 : 128;
+  {
+    const auto& dims = detail::kCudaBlockHeadDims;  // every head dim of the build, alike
+    c.head_dim = dims[uniform(rng, 0, static_cast<std::int64_t>(std::size(dims)) - 1)];
+  }
   c.batch = uniform(rng, 1, 2);
   c.kv_heads = uniform(rng, 1, 2);
   c.group = std::int64_t{1} << uniform(rng, 0, 3);

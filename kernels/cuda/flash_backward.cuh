@@ -33,40 +33,54 @@ __device__ __forceinline__ void add_pair_atomic(float* address, float x, float y
 #endif
 }
 
-// delta[b, h, i] = sum_d dO * O in fp32, and dQ = 0 where p.dq is set: kHeadDim / 8 threads a
-// row, each reading 8 elements of O and 8 of dO in one 16-byte access each (check_layout: unit
-// stride along head_dim, other strides multiples of 8, 16-byte aligned data), so a warp covers 2
-// (head_dim 128) or 4 (64) rows. blockIdx.y is the head, blockIdx.z the batch: a row's address
-// takes no division. A row's zeros go out as four float2 stores a thread (dQ's rows have even
-// strides), lane `part` of the row on columns 2 part + kHeadDim / 4 * j, so that each store of the
-// row's threads covers a contiguous stretch.
+// The threads that share one row in flash_backward_prepare_kernel: the most, up to 32, that
+// split its head_dim / 8 chunks of 16 bytes evenly (a power of two, so a warp holds whole rows).
+constexpr int prepare_row_lanes(int head_dim) {
+  int lanes = 32;
+  while ((head_dim / 8) % lanes != 0) lanes /= 2;
+  return lanes;
+}
+
+// delta[b, h, i] = sum_d dO * O in fp32, and dQ = 0 where p.dq is set: prepare_row_lanes threads a
+// row, each reading kChunks chunks of 8 elements of O and of dO in 16-byte accesses (check_layout:
+// unit stride along head_dim, other strides multiples of 8, 16-byte aligned data), so a warp
+// covers 2 (head_dim 128, 256), 4 (64, 192) or 8 (32, 96) rows. blockIdx.y is the head,
+// blockIdx.z the batch: a row's address takes no division. A thread zeroes the dQ columns of its
+// chunks (dQ's rows have even strides: float2 stores); chunk j of lane `part` is chunk
+// part + j * lanes of the row, so that each access of the row's threads covers a contiguous stretch.
 template <typename T, int kHeadDim>
 __global__ void flash_backward_prepare_kernel(const FlashParams p) {
-  constexpr int kLanes = kHeadDim / 8;
-  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's threads lie within one warp");
+  constexpr int kLanes = prepare_row_lanes(kHeadDim);
+  constexpr int kChunks = kHeadDim / 8 / kLanes;
+  static_assert(kLanes * kChunks * 8 == kHeadDim, "a row's chunks split evenly over its threads");
   const int head = blockIdx.y, batch = blockIdx.z;
   const int row = static_cast<int>(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
   const int part = static_cast<int>(threadIdx.x % kLanes);
   float sum = 0.f;
   if (row < p.q_len) {  // no early return: every lane of the warp takes part in the shuffles
     const T* o = static_cast<const T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
-                 head * p.o_strides[2] + part * 8;
+                 head * p.o_strides[2];
     const T* g = static_cast<const T*>(p.dout) + batch * p.dout_strides[0] +
-                 row * p.dout_strides[1] + head * p.dout_strides[2] + part * 8;
-    const uint4 o_raw = *reinterpret_cast<const uint4*>(o);
-    const uint4 g_raw = *reinterpret_cast<const uint4*>(g);
-    if (p.dq != nullptr) {
-      float* dq = p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] +
-                  head * p.dq_strides[2] + 2 * part;
+                 row * p.dout_strides[1] + head * p.dout_strides[2];
+    float* dq = p.dq == nullptr ? nullptr
+                                : p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] +
+                                      head * p.dq_strides[2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<float2*>(dq + j * (kHeadDim / 4)) = make_float2(0.f, 0.f);
+    for (int j = 0; j < kChunks; ++j) {
+      const int column = (part + j * kLanes) * 8;
+      const uint4 o_raw = *reinterpret_cast<const uint4*>(o + column);
+      const uint4 g_raw = *reinterpret_cast<const uint4*>(g + column);
+      if (dq != nullptr) {
+#pragma unroll
+        for (int x = 0; x < 8; x += 2) {
+          *reinterpret_cast<float2*>(dq + column + x) = make_float2(0.f, 0.f);
+        }
       }
-    }
-    const T* o8 = reinterpret_cast<const T*>(&o_raw);
-    const T* g8 = reinterpret_cast<const T*>(&g_raw);
+      const T* o8 = reinterpret_cast<const T*>(&o_raw);
+      const T* g8 = reinterpret_cast<const T*>(&g_raw);
 #pragma unroll
-    for (int x = 0; x < 8; ++x) sum += to_float(o8[x]) * to_float(g8[x]);
+      for (int x = 0; x < 8; ++x) sum += to_float(o8[x]) * to_float(g8[x]);
+    }
   }
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
@@ -217,28 +231,45 @@ __device__ __forceinline__ void add_dq_atomic(const FlashParams& p, int batch, i
   }
 }
 
-// A thread's dK of one key (row `key`, element pair j of n-tile dt at column 8 dt + quad_col + j)
-// times the softmax scale: as the block computed it, or with the keys' RoPE undone (p.key_cos).
-// Column i pairs with i + kHeadDim / 2, n-tile dt with dt + kHeadDim / 16: both in this thread.
-template <int kHeadDim>
+// The n-tile (8 columns) of dK / dV that a warp's local tile j holds. With one warp to a key
+// (kParts 1) it is j. With two (kParts 2, head_dim above 128), part `part` holds the n-tiles
+// [part q, part q + q) of each half of the columns, q = head_dim / 32: local tile j and j + q then
+// hold columns i and i + head_dim / 2, the pair that RoPE rotates together.
+template <int kHeadDim, int kParts>
+__device__ __forceinline__ int key_gradient_tile(int j, int part) {
+  if constexpr (kParts == 1) {
+    return j;
+  } else {
+    static_assert(kParts == 2, "dK and dV split over one or two warps");
+    constexpr int kQuarter = kHeadDim / 32;
+    return j < kQuarter ? part * kQuarter + j : kHeadDim / 16 + part * kQuarter + (j - kQuarter);
+  }
+}
+
+// A thread's dK of one key (row `key`, element pair jj of local n-tile j, column
+// 8 key_gradient_tile(j) + quad_col + jj) times the softmax scale: as the block computed it, or
+// with the keys' RoPE undone (p.key_cos). Column i pairs with i + kHeadDim / 2, local n-tile j with
+// j + kTiles / 2: both in this thread.
+template <int kHeadDim, int kParts, int kTiles>
 __device__ __forceinline__ void scaled_key_gradient(const FlashParams& p, int key, int half,
-                                                    int quad_col,
-                                                    const float (&dk)[kHeadDim / 8][4],
-                                                    float (&out)[kHeadDim / 8][2]) {
+                                                    int quad_col, int part,
+                                                    const float (&dk)[kTiles][4],
+                                                    float (&out)[kTiles][2]) {
 #pragma unroll
-  for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+  for (int dt = 0; dt < kTiles; ++dt) {
     out[dt][0] = dk[dt][2 * half] * p.scale;
     out[dt][1] = dk[dt][2 * half + 1] * p.scale;
   }
   if (p.key_cos == nullptr) return;
-  constexpr int kPairTiles = kHeadDim / 16;
+  constexpr int kPairTiles = kTiles / 2;
   const float* cos_row = p.key_cos + key * p.key_cos_stride;
   const float* sin_row = p.key_sin + key * p.key_sin_stride;
 #pragma unroll
   for (int dt = 0; dt < kPairTiles; ++dt) {
+    const int column = key_gradient_tile<kHeadDim, kParts>(dt, part) * 8 + quad_col;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const float c = cos_row[dt * 8 + quad_col + j], s = sin_row[dt * 8 + quad_col + j];
+      const float c = cos_row[column + j], s = sin_row[column + j];
       const float x = out[dt][j], y = out[dt + kPairTiles][j];
       out[dt][j] = x * c + y * s;
       out[dt + kPairTiles][j] = y * c - x * s;
@@ -248,19 +279,24 @@ __device__ __forceinline__ void scaled_key_gradient(const FlashParams& p, int ke
 
 // dK and dV of a thread's two keys belong to its CTA alone: added into the fp32 buffers without
 // atomics (dK scaled by the softmax scale, its RoPE undone where asked), or written: fp32, or
-// rounded to T.
-template <typename T, int kHeadDim>
+// rounded to T. kParts / part: which columns the arrays hold (key_gradient_tile).
+template <typename T, int kHeadDim, int kParts = 1, int kTiles = kHeadDim / 8 / kParts>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
-                                                  const float (&dk)[kHeadDim / 8][4],
-                                                  const float (&dv)[kHeadDim / 8][4],
-                                                  bool shared_keys = false) {
+                                                  const float (&dk)[kTiles][4],
+                                                  const float (&dv)[kTiles][4],
+                                                  bool shared_keys = false, int part = 0) {
+  int columns[kTiles];
+#pragma unroll
+  for (int dt = 0; dt < kTiles; ++dt) {
+    columns[dt] = key_gradient_tile<kHeadDim, kParts>(dt, part) * 8 + quad_col;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = keys[half];
     if (key >= p.k_len) continue;
-    float k[kHeadDim / 8][2];
-    scaled_key_gradient<kHeadDim>(p, key, half, quad_col, dk, k);
+    float k[kTiles][2];
+    scaled_key_gradient<kHeadDim, kParts>(p, key, half, quad_col, part, dk, k);
     const std::int64_t at_k =
         batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
     const std::int64_t at_v =
@@ -269,9 +305,9 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
       T* out_k = static_cast<T*>(p.dk) + at_k;
       T* out_v = static_cast<T*>(p.dv) + at_v;
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        *reinterpret_cast<std::uint32_t*>(out_k + dt * 8 + quad_col) = pack2<T>(k[dt][0], k[dt][1]);
-        *reinterpret_cast<std::uint32_t*>(out_v + dt * 8 + quad_col) =
+      for (int dt = 0; dt < kTiles; ++dt) {
+        *reinterpret_cast<std::uint32_t*>(out_k + columns[dt]) = pack2<T>(k[dt][0], k[dt][1]);
+        *reinterpret_cast<std::uint32_t*>(out_v + columns[dt]) =
             pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
       continue;
@@ -280,25 +316,25 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     float* out_v = static_cast<float*>(p.dv) + at_v;
     if (p.overwrite_key_gradients && !shared_keys) {
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        *reinterpret_cast<float2*>(out_k + dt * 8 + quad_col) = make_float2(k[dt][0], k[dt][1]);
-        *reinterpret_cast<float2*>(out_v + dt * 8 + quad_col) =
+      for (int dt = 0; dt < kTiles; ++dt) {
+        *reinterpret_cast<float2*>(out_k + columns[dt]) = make_float2(k[dt][0], k[dt][1]);
+        *reinterpret_cast<float2*>(out_v + columns[dt]) =
             make_float2(dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
       continue;
     }
     if (shared_keys) {  // other CTAs add into the same keys
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-        add_pair_atomic(out_k + dt * 8 + quad_col, k[dt][0], k[dt][1]);
-        add_pair_atomic(out_v + dt * 8 + quad_col, dv[dt][2 * half], dv[dt][2 * half + 1]);
+      for (int dt = 0; dt < kTiles; ++dt) {
+        add_pair_atomic(out_k + columns[dt], k[dt][0], k[dt][1]);
+        add_pair_atomic(out_v + columns[dt], dv[dt][2 * half], dv[dt][2 * half + 1]);
       }
       continue;
     }
 #pragma unroll
-    for (int dt = 0; dt < kHeadDim / 8; ++dt) {
-      float2* gk = reinterpret_cast<float2*>(out_k + dt * 8 + quad_col);
-      float2* gv = reinterpret_cast<float2*>(out_v + dt * 8 + quad_col);
+    for (int dt = 0; dt < kTiles; ++dt) {
+      float2* gk = reinterpret_cast<float2*>(out_k + columns[dt]);
+      float2* gv = reinterpret_cast<float2*>(out_v + columns[dt]);
       float2 vk = *gk, vv = *gv;
       vk.x += k[dt][0];
       vk.y += k[dt][1];
@@ -310,14 +346,28 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
   }
 }
 
+// The column bands of dQ's rows that the warps of one 16-row tile split among them: the most, up
+// to `warps`, whose width is a multiple of 16 (the extra warps, if any, have no band).
+constexpr int dq_bands(int head_dim, int warps) {
+  int bands = warps;
+  while (bands > 1 && head_dim % (16 * bands) != 0) --bands;
+  return bands;
+}
+
 template <int kHeadDim>
 struct BackwardTiles {
   // 8 warps (128 keys) share each Q / dO row tile and its dQ atomics: 2-19% faster on an H200
   // than 4 warps (64 keys), most at head_dim 64, with the same 8 warps an SM.
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKeys = 16 * kWarps;
-  // Rows per tile: 64 for head_dim 64; 32 above, which keeps S^T and dP^T at 16 registers each
+  // Above head_dim 128 one warp's dK and dV accumulators of 16 keys would not fit in registers:
+  // two warps share the 16 keys, each computes their S^T and dP^T in full and accumulates dK and
+  // dV for half of the columns (key_gradient_tile).
+  static constexpr int kParts = kHeadDim <= 128 ? 1 : 2;
+  static constexpr int kKeyWarps = kWarps / kParts;
+  static constexpr int kKeys = 16 * kKeyWarps;
+  static constexpr int kTiles = kHeadDim / 8 / kParts;  // n-tiles of dK and dV a warp holds
+  // Rows per tile: 64 up to head_dim 64; 32 above, which keeps S^T and dP^T at 16 registers each
   // beside the 2 x 64 registers of the dK and dV accumulators (no spills at 128).
   static constexpr int kRows = kHeadDim <= 64 ? 64 : 32;
   static constexpr int kDsPitch = kRows + 8;  // padded rows of dS^T: 8 ldmatrix rows hit 32 banks
@@ -344,6 +394,9 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
+  constexpr int kParts = Tiles::kParts, kTiles = Tiles::kTiles;
+  // This warp's 16 keys, and which part of their dK / dV columns it accumulates.
+  const int key_warp = warp % Tiles::kKeyWarps, part = warp / Tiles::kKeyWarps;
   const int key0 = blockIdx.x * kKeys;
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
@@ -377,9 +430,9 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   if (steps > 0) issue_step(0, 0);
   cp_async_commit();
 
-  float dk[kHeadDim / 8][4] = {};
-  float dv[kHeadDim / 8][4] = {};
-  const int my_keys[2] = {key0 + warp * 16 + group_row, key0 + warp * 16 + group_row + 8};
+  float dk[kTiles][4] = {};
+  float dv[kTiles][4] = {};
+  const int my_keys[2] = {key0 + key_warp * 16 + group_row, key0 + key_warp * 16 + group_row + 8};
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
@@ -400,7 +453,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
 #pragma unroll
     for (int dstep = 0; dstep < kDimSteps; ++dstep) {
       std::uint32_t a_k[4], a_v[4];
-      const int key = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+      const int key = key_warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
       const int col = dstep * 16 + (lane / 16) * 8;
       ldmatrix_x4(a_k, k_tile + swizzled<kHeadDim>(key, col));
       ldmatrix_x4(a_v, v_tile + swizzled<kHeadDim>(key, col));
@@ -430,9 +483,11 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
       std::uint32_t a_p[4], a_ds[4];
       probability_fragment<T>(a_p, s, kstep);
       probability_fragment<T>(a_ds, dp, kstep);
-      if constexpr (kAtomicDq) {
-        // Stage dS^T (the rounded values the MMAs use) for the dQ product below.
-        T* ds_row0 = ds_tile + (warp * 16 + group_row) * Tiles::kDsPitch + kstep * 16 + quad_col;
+      if (kAtomicDq && part == 0) {
+        // Stage dS^T (the rounded values the MMAs use) for the dQ product below; the warps that
+        // share these keys computed the same values.
+        T* ds_row0 =
+            ds_tile + (key_warp * 16 + group_row) * Tiles::kDsPitch + kstep * 16 + quad_col;
         T* ds_row8 = ds_row0 + 8 * Tiles::kDsPitch;
         *reinterpret_cast<std::uint32_t*>(ds_row0) = a_ds[0];
         *reinterpret_cast<std::uint32_t*>(ds_row8) = a_ds[1];
@@ -440,10 +495,11 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
         *reinterpret_cast<std::uint32_t*>(ds_row8 + 8) = a_ds[3];
       }
 #pragma unroll
-      for (int pair = 0; pair < kDimSteps; ++pair) {
+      for (int pair = 0; pair < kTiles / 2; ++pair) {
         std::uint32_t b[4];
         const int row = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int col = pair * 16 + (lane / 16) * 8;
+        const int col =
+            key_gradient_tile<kHeadDim, kParts>(2 * pair, part) * 8 + (lane / 16) * 8;
         ldmatrix_x4_trans(b, do_tile + swizzled<kHeadDim>(row, col));
         mma_16816<T>(dv[2 * pair], a_p, b[0], b[1]);
         mma_16816<T>(dv[2 * pair + 1], a_p, b[2], b[3]);
@@ -456,10 +512,13 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     if constexpr (kAtomicDq) {
       // dQ (kRows x head_dim) += scale * dS K: the warps split it into 16-row, column-band tiles.
       constexpr int kWarpsPerRowTile = Tiles::kWarps / (kRows / 16);
-      constexpr int kBandDims = kHeadDim / kWarpsPerRowTile;
+      constexpr int kBands = dq_bands(kHeadDim, kWarpsPerRowTile);
+      constexpr int kBandDims = kHeadDim / kBands;
       __syncthreads();
+      const int band = warp % kWarpsPerRowTile;
+      if (band >= kBands) continue;  // no band for this warp (head_dim 96: 3 of 4 have one)
       const int m0 = (warp / kWarpsPerRowTile) * 16;
-      const int d0 = (warp % kWarpsPerRowTile) * kBandDims;
+      const int d0 = band * kBandDims;
       float dq[kBandDims / 8][4] = {};
 #pragma unroll
       for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
@@ -479,23 +538,31 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     }
   }
 
-  add_key_gradients<T, kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv);
+  add_key_gradients<T, kHeadDim, kParts>(p, batch, kv_head, my_keys, quad_col, dk, dv, false,
+                                          part);
 }
 
 // Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.
-// Each warp holds 16 rows' Q and dO fragments and their fp32 dQ in registers.
+// Each warp holds 16 rows' fp32 dQ in registers, and up to head_dim 128 their Q and dO fragments
+// too; above, the fragments are re-read from shared memory for each key tile and the tiles hold
+// 32 keys, so that dQ's 96-128 registers fit beside the scores.
+template <int kHeadDim>
 struct DqTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16 * kWarps;
-  static constexpr int kKeys = 64;
+  static constexpr int kKeys = kHeadDim <= 128 ? 64 : 32;
+  static constexpr bool kFragmentsInRegisters = kHeadDim <= 128;
+  static constexpr int kSmemBytes = (2 * kRows + 4 * kKeys) * kHeadDim * 2;
 };
 
 template <typename T, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(DqTiles::kThreads) flash_dq_kernel(const FlashParams p) {
-  constexpr int kRows = DqTiles::kRows, kKeys = DqTiles::kKeys;
-  constexpr int kThreads = DqTiles::kThreads;
+__global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(const FlashParams p) {
+  using Tiles = DqTiles<kHeadDim>;
+  constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys;
+  constexpr int kThreads = Tiles::kThreads;
   constexpr int kDimSteps = kHeadDim / 16, kKeyTiles = kKeys / 8;
+  constexpr bool kInRegisters = Tiles::kFragmentsInRegisters;
   constexpr float kNegInf = -kInfinity;
   constexpr float kPosInf = kInfinity;
 
@@ -540,13 +607,18 @@ __global__ void __launch_bounds__(DqTiles::kThreads) flash_dq_kernel(const Flash
 
   cp_async_wait<0>();
   __syncthreads();
-  std::uint32_t q_frag[kDimSteps][4], g_frag[kDimSteps][4];
-#pragma unroll
-  for (int step = 0; step < kDimSteps; ++step) {
+  // A fragments of this warp's 16 rows of Q and dO for k-step `step`.
+  auto load_row_fragments = [&](int step, std::uint32_t (&qf)[4], std::uint32_t (&gf)[4]) {
     const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
     const int c = step * 16 + (lane / 16) * 8;
-    ldmatrix_x4(q_frag[step], q_tile + swizzled<kHeadDim>(r, c));
-    ldmatrix_x4(g_frag[step], do_tile + swizzled<kHeadDim>(r, c));
+    ldmatrix_x4(qf, q_tile + swizzled<kHeadDim>(r, c));
+    ldmatrix_x4(gf, do_tile + swizzled<kHeadDim>(r, c));
+  };
+  constexpr int kHeld = kInRegisters ? kDimSteps : 1;
+  std::uint32_t q_frag[kHeld][4], g_frag[kHeld][4];
+  if constexpr (kInRegisters) {
+#pragma unroll
+    for (int step = 0; step < kDimSteps; ++step) load_row_fragments(step, q_frag[step], g_frag[step]);
   }
   float dq[kHeadDim / 8][4] = {};
 
@@ -565,17 +637,19 @@ __global__ void __launch_bounds__(DqTiles::kThreads) flash_dq_kernel(const Flash
     float dp[kKeyTiles][4] = {};
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
+      const int held = kInRegisters ? step : 0;
+      if constexpr (!kInRegisters) load_row_fragments(step, q_frag[0], g_frag[0]);
 #pragma unroll
       for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
         std::uint32_t b[4];
         const int key = pair * 16 + (lane % 8) + (lane / 16) * 8;
         const int col = step * 16 + ((lane / 8) % 2) * 8;
         ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(key, col));
-        mma_16816<T>(s[2 * pair], q_frag[step], b[0], b[1]);
-        mma_16816<T>(s[2 * pair + 1], q_frag[step], b[2], b[3]);
+        mma_16816<T>(s[2 * pair], q_frag[held], b[0], b[1]);
+        mma_16816<T>(s[2 * pair + 1], q_frag[held], b[2], b[3]);
         ldmatrix_x4(b, v_tile + swizzled<kHeadDim>(key, col));
-        mma_16816<T>(dp[2 * pair], g_frag[step], b[0], b[1]);
-        mma_16816<T>(dp[2 * pair + 1], g_frag[step], b[2], b[3]);
+        mma_16816<T>(dp[2 * pair], g_frag[held], b[0], b[1]);
+        mma_16816<T>(dp[2 * pair + 1], g_frag[held], b[2], b[3]);
       }
     }
     const int key0 = tile * kKeys;
@@ -631,9 +705,5 @@ __global__ void __launch_bounds__(DqTiles::kThreads) flash_dq_kernel(const Flash
   }
 }
 
-template <int kHeadDim>
-constexpr int dq_smem_bytes() {
-  return (2 * DqTiles::kRows + 4 * DqTiles::kKeys) * kHeadDim * 2;
-}
 
 }  // namespace ringattn::cuda_detail

@@ -37,10 +37,31 @@ constexpr KernelSet kernel_set() {
           &cuda_detail::launch_backward<kDtype, kHeadDim>};
 }
 
+// The head dims of this build (RINGATTN_CUDA_HEAD_DIM_<d> in ringattn/config.h): a set for one
+// left out would name kernels that no file instantiated.
+#define RINGATTN_KERNEL_SETS(head_dim) \
+  kernel_set<DType::bf16, head_dim>(), kernel_set<DType::f16, head_dim>(),
 constexpr KernelSet kKernels[] = {
-    kernel_set<DType::bf16, 64>(), kernel_set<DType::bf16, 128>(),
-    kernel_set<DType::f16, 64>(),  kernel_set<DType::f16, 128>(),
+#if RINGATTN_CUDA_HEAD_DIM_32
+    RINGATTN_KERNEL_SETS(32)
+#endif
+#if RINGATTN_CUDA_HEAD_DIM_64
+    RINGATTN_KERNEL_SETS(64)
+#endif
+#if RINGATTN_CUDA_HEAD_DIM_96
+    RINGATTN_KERNEL_SETS(96)
+#endif
+#if RINGATTN_CUDA_HEAD_DIM_128
+    RINGATTN_KERNEL_SETS(128)
+#endif
+#if RINGATTN_CUDA_HEAD_DIM_192
+    RINGATTN_KERNEL_SETS(192)
+#endif
+#if RINGATTN_CUDA_HEAD_DIM_256
+    RINGATTN_KERNEL_SETS(256)
+#endif
 };
+#undef RINGATTN_KERNEL_SETS
 
 // One set for each dtype and each head dim of detail::kCudaBlockHeadDims, and no other: the head
 // dims that every entry point checks and names (detail::check_block_dtype) are the table's.

@@ -19,19 +19,21 @@ namespace ringattn::cuda_detail {
 
 // Each warp owns kMTiles m16 tiles of query rows, so every K and V fragment read from shared
 // memory feeds kMTiles MMAs: with one tile a warp, the shared-memory reads (16 FLOPs a byte) and
-// not the tensor cores bounded the kernel. At head_dim 128 the two tiles' fp32 O accumulators
-// take 128 registers, so the Q fragments are re-read from shared memory for each K/V tile
-// instead of living in registers.
+// not the tensor cores bounded the kernel. From head_dim 96 the two tiles' fp32 O accumulators
+// take 96-128 registers, so the Q fragments are re-read from shared memory for each K/V tile
+// instead of living in registers; above 128 a warp owns one tile (the accumulator of 256 columns
+// alone takes 128 registers).
 template <int kHeadDim>
 struct ForwardTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = 2;
+  static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
   static constexpr int kRows = 16 * kMTiles * kWarps;  // query rows per CTA
-  // Keys per K/V stage: 64, or 32 at head_dim 128 where the scores of 64 keys would spill.
+  // Keys per K/V stage: 64, or 32 from head_dim 96, where the scores of 64 keys would spill.
   static constexpr int kKeys = kHeadDim <= 64 ? 64 : 32;
   static constexpr bool kQInRegisters = kHeadDim <= 64;
-  // Q, then two stages of K and V: 64 KiB at either head_dim (up to three CTAs an SM).
+  // Q, then two stages of K and V: 64 KiB at head_dim 64 and 128 (up to three CTAs an SM), 96
+  // KiB at 256.
   static constexpr int kSmemBytes = (kRows + 4 * kKeys) * kHeadDim * 2;
 };
 

@@ -90,15 +90,31 @@ int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
   return static_cast<int>(std::min(group, pairs));
 }
 
+// The head dims the Hopper family has kernels for; the others take the sm_80 family on Hopper too.
+template <int kHeadDim>
+inline constexpr bool kHopperHeadDim = kHeadDim == 64 || kHeadDim == 128;
+
 template <DType kDtype, int kHeadDim>
-void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
+void launch_forward_sm80(const FlashParams& p, bool combine, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  using Tiles = ForwardTiles<kHeadDim>;
+  const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
+  with_flags(p.causal, combine, [&](auto causal, auto merge) {
+    launch(flash_forward_kernel<T, kHeadDim, causal.value, merge.value>, grid, Tiles::kThreads,
+           Tiles::kSmemBytes, stream, p);
+  });
+}
+
+// The Hopper forward, where the driver can describe the views as tensor maps; false (nothing
+// launched) where it cannot.
+template <DType kDtype, int kHeadDim>
+bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
   using HopperTiles = HopperForwardTiles<kHeadDim>;
   CUtensorMap q_map, k_map, v_map;
   // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
   // sm_80 kernel.
-  if (hopper &&
-      make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
+  if (      make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
                         HopperTiles::kRows) &&
       make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys) &&
@@ -121,20 +137,25 @@ void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_
       launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
              HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, hp, q_map, k_map, v_map);
     });
-  } else {
-    using Tiles = ForwardTiles<kHeadDim>;
-    const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
-    with_flags(p.causal, combine, [&](auto causal, auto merge) {
-      launch(flash_forward_kernel<T, kHeadDim, causal.value, merge.value>, grid, Tiles::kThreads,
-             Tiles::kSmemBytes, stream, p);
-    });
+    return true;
   }
+  return false;
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
+  if constexpr (kHopperHeadDim<kHeadDim>) {
+    if (hopper && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
+  } else {
+    (void)hopper;
+  }
+  launch_forward_sm80<kDtype, kHeadDim>(p, combine, stream);
 }
 
 template <DType kDtype, int kHeadDim>
 void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  constexpr int kThreads = 256, kRowThreads = kHeadDim / 8;
+  constexpr int kThreads = 256, kRowThreads = prepare_row_lanes(kHeadDim);
   const std::int64_t row_threads = static_cast<std::int64_t>(p.q_len) * kRowThreads;
   const dim3 grid(static_cast<unsigned>((row_threads + kThreads - 1) / kThreads),
                   static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
@@ -171,16 +192,25 @@ inline bool dq_atomics_forced() {
 }
 
 template <DType kDtype, int kHeadDim>
-void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
-                     cudaStream_t stream) {
+void launch_backward_sm80(const FlashParams& p, bool deterministic, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  using HopperTiles = HopperBackwardTiles<kHeadDim>;
+  using Tiles = BackwardTiles<kHeadDim>;
+  const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
+  with_flags(p.causal, !deterministic, [&](auto causal, auto atomic_dq) {
+    launch(flash_backward_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
+           Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+  });
+}
+
+// The Hopper backward's main kernel, where the driver can describe the views as tensor maps;
+// false (nothing launched) where it cannot.
+template <DType kDtype, int kHeadDim>
+bool launch_backward_hopper(const FlashParams& params, bool deterministic, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
   FlashParams p = params;
+  using HopperTiles = HopperBackwardTiles<kHeadDim>;
   CUtensorMap k_map, v_map, q_map, do_map, dq_map{};
-  // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
-  // sm_80 kernel.
-  const bool tma = hopper &&
-                   make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads,
+  const bool tma = make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads,
                                      kHeadDim, HopperTiles::kKeys) &&
                    make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads,
                                      kHeadDim, HopperTiles::kKeys) &&
@@ -193,67 +223,74 @@ void launch_backward(const FlashParams& params, bool deterministic, bool hopper,
   const bool tma_dq = tma && !deterministic && !dq_atomics_forced() &&
                       make_fp32_row_tile_map(dq_map, p.dq, p.dq_strides, p.batch, p.q_len,
                                              p.q_heads, kHeadDim, HopperTiles::kRows);
+  if (!tma) return false;
   auto main_kernel = [&](auto causal, auto atomic_dq) {
-    if (tma) {
-      const int key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
-      const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
-      const dim3 grid(key_blocks, p.kv_heads, p.batch);
-      if (causal.value) {
-        // Block i of a pair is key block i: the steps of its visible row tiles, and one for its
-        // keys.
-        p.schedule_group = causal_schedule_group(
-            key_blocks, static_cast<std::int64_t>(p.kv_heads) * p.batch, [&](int i) {
-              const std::int64_t first_row = std::clamp<std::int64_t>(
-                  std::int64_t{i} * HopperTiles::kKeys - p.shift, 0, p.q_len);
-              return (row_tiles - first_row / HopperTiles::kRows) * std::int64_t{p.group} + 1;
-            });
-      }
-      if constexpr (atomic_dq.value) {
-        if (!causal.value && tma_dq) {
-          // Rounded key gradients are written once, by the CTA that owns the keys: no splits.
-          p.row_splits = p.round_key_gradients ? 1 : backward_row_splits(
-              static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
-              static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
-              65535 / p.batch);
-          // The row-split instantiation also takes long rows unsplit: at 2048-4096 row tiles it
-          // ran 8-9% faster than the plain one on an H200 (45.6 against 49.6 ms per 32k x 32k
-          // at 16 heads), at 512 row tiles 1.4%.
-          if (p.row_splits > 1 || row_tiles >= 512) {
-            if (p.overwrite_key_gradients && p.row_splits > 1) {  // the splits add: zero first
-              zero_key_gradients_kernel<kHeadDim><<<4 * multiprocessor_count(), 256, 0, stream>>>(p);
-              RINGATTN_CUDA_CHECK_LAUNCH();
-              p.overwrite_key_gradients = false;
-            }
-            launch(flash_backward_sm90_kernel<T, kHeadDim, false, true, true, true>,
-                   dim3(key_blocks, p.kv_heads, p.batch * p.row_splits), HopperTiles::kThreads,
-                   HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream, p, k_map, v_map,
-                   q_map, do_map, dq_map);
-            return;
+    const int key_blocks = (p.k_len + HopperTiles::kKeys - 1) / HopperTiles::kKeys;
+    const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
+    const dim3 grid(key_blocks, p.kv_heads, p.batch);
+    if (causal.value) {
+      // Block i of a pair is key block i: the steps of its visible row tiles, and one for its
+      // keys.
+      p.schedule_group = causal_schedule_group(
+          key_blocks, static_cast<std::int64_t>(p.kv_heads) * p.batch, [&](int i) {
+            const std::int64_t first_row = std::clamp<std::int64_t>(
+                std::int64_t{i} * HopperTiles::kKeys - p.shift, 0, p.q_len);
+            return (row_tiles - first_row / HopperTiles::kRows) * std::int64_t{p.group} + 1;
+          });
+    }
+    if constexpr (atomic_dq.value) {
+      if (!causal.value && tma_dq) {
+        // Rounded key gradients are written once, by the CTA that owns the keys: no splits.
+        p.row_splits = p.round_key_gradients ? 1 : backward_row_splits(
+            static_cast<std::int64_t>(key_blocks) * p.kv_heads * p.batch,
+            static_cast<std::int64_t>(row_tiles) * p.group, multiprocessor_count(),
+            65535 / p.batch);
+        // The row-split instantiation also takes long rows unsplit: at 2048-4096 row tiles it
+        // ran 8-9% faster than the plain one on an H200 (45.6 against 49.6 ms per 32k x 32k
+        // at 16 heads), at 512 row tiles 1.4%.
+        if (p.row_splits > 1 || row_tiles >= 512) {
+          if (p.overwrite_key_gradients && p.row_splits > 1) {  // the splits add: zero first
+            zero_key_gradients_kernel<kHeadDim><<<4 * multiprocessor_count(), 256, 0, stream>>>(p);
+            RINGATTN_CUDA_CHECK_LAUNCH();
+            p.overwrite_key_gradients = false;
           }
-        }
-        if (tma_dq) {
-          launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, true, true>, grid,
-                 HopperTiles::kThreads, HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream,
-                 p, k_map, v_map, q_map, do_map, dq_map);
+          launch(flash_backward_sm90_kernel<T, kHeadDim, false, true, true, true>,
+                 dim3(key_blocks, p.kv_heads, p.batch * p.row_splits), HopperTiles::kThreads,
+                 HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream, p, k_map, v_map,
+                 q_map, do_map, dq_map);
           return;
         }
       }
-      launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, atomic_dq.value, false>, grid,
-             HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, k_map, v_map, q_map,
-             do_map, dq_map);
-    } else {
-      using Tiles = BackwardTiles<kHeadDim>;
-      const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
-      launch(flash_backward_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
-             Tiles::kThreads, Tiles::kSmemBytes, stream, p);
+      if (tma_dq) {
+        launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, true, true>, grid,
+               HopperTiles::kThreads, HopperBackwardTiles<kHeadDim, true>::kSmemBytes, stream,
+               p, k_map, v_map, q_map, do_map, dq_map);
+        return;
+      }
     }
+    launch(flash_backward_sm90_kernel<T, kHeadDim, causal.value, atomic_dq.value, false>, grid,
+           HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, p, k_map, v_map, q_map,
+           do_map, dq_map);
   };
   with_flags(p.causal, !deterministic, main_kernel);
+  return true;
+}
+
+template <DType kDtype, int kHeadDim>
+void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  bool launched = false;
+  if constexpr (kHopperHeadDim<kHeadDim>) {
+    launched = hopper && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
+  } else {
+    (void)hopper;
+  }
+  if (!launched) launch_backward_sm80<kDtype, kHeadDim>(p, deterministic, stream);
   if (deterministic) {
-    const dim3 dq_grid((p.q_len + DqTiles::kRows - 1) / DqTiles::kRows, p.q_heads, p.batch);
-    constexpr int kDqSmem = dq_smem_bytes<kHeadDim>();
-    if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, DqTiles::kThreads, kDqSmem, stream, p);
-    else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, DqTiles::kThreads, kDqSmem, stream, p);
+    using Dq = DqTiles<kHeadDim>;
+    const dim3 dq_grid((p.q_len + Dq::kRows - 1) / Dq::kRows, p.q_heads, p.batch);
+    if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, Dq::kThreads, Dq::kSmemBytes, stream, p);
+    else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, Dq::kThreads, Dq::kSmemBytes, stream, p);
   }
 }
 

@@ -1,9 +1,13 @@
 // Shared-memory tiles of 16-bit rows with a 16-byte XOR swizzle, filled by cp.async.
 //
 // A row of head_dim 16-bit values is head_dim / 8 chunks of 16 bytes. ldmatrix reads one chunk
-// from each of 8 consecutive rows; unswizzled, a row pitch of 128 or 256 bytes puts all 8 in the
-// same banks. Storing chunk c of row r at chunk c ^ (r % 8) spreads them over all 32 banks, for
-// the plain and the transposed loads alike. It needs at least 8 chunks a row (head_dim >= 64).
+// from each of 8 consecutive rows (the first a multiple of 8); unswizzled, a row pitch of 128 or
+// 256 bytes puts all 8 in the same banks. With a pitch that is a multiple of 128 bytes (head_dim
+// 64, 128, 192, 256), chunk c of row r is stored at chunk c ^ (r % 8) of its group of 8, which
+// spreads the 8 reads over all 32 banks. With a pitch of 128 k + 64 bytes (head_dim 32, 96), odd
+// rows already start half a bank cycle later, so chunk c is stored at c ^ ((r / 2) % 4) of its
+// group of 4: the pair (r % 2, (r / 2) % 4) then names one of 8 16-byte bank slots for each row.
+// The same holds for the plain and the transposed loads.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +18,13 @@ namespace ringattn::cuda_detail {
 
 template <int kHeadDim>
 __device__ __forceinline__ int swizzled(int row, int col) {
-  static_assert(kHeadDim % 64 == 0, "the swizzle needs 8 or more 16-byte chunks a row");
-  return row * kHeadDim + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+  static_assert(kHeadDim % 32 == 0, "the swizzle needs rows of whole 64-byte halves of a bank cycle");
+  const int chunk = col >> 3;
+  if constexpr (kHeadDim % 64 == 0) {
+    return row * kHeadDim + (((chunk ^ row) & 7) | (chunk & ~7)) * 8 + (col & 7);
+  } else {
+    return row * kHeadDim + (chunk ^ ((row >> 1) & 3)) * 8 + (col & 7);
+  }
 }
 
 template <int kHeadDim>

@@ -182,7 +182,7 @@ define_case() {
               "fewer (lower data.retrieval.pairs or queries)") ;;
     range_cuda_head_dim)  # the CUDA block's head dims, checked whether or not a GPU is here
       command=("$train" "${tiny1[@]}" --set run.backend=cuda)
-      expect=("model.d_model 64 / model.n_heads 4 gives head_dim 16; the CUDA block takes 64 or 128") ;;
+      expect=("model.d_model 64 / model.n_heads 4 gives head_dim 16; the CUDA block takes 32, 64, 96, 128, 192 or 256") ;;
     range_several)  # every problem is listed, under one count
       command=("$train" "${tiny1[@]}" --set model.n_layers=0 --set train.beta1=2 --set train.log_every=0)
       expect=("3 problems in the config:" "model.n_layers is 0; expected at least 1"

@@ -17,6 +17,7 @@
 #include "ringattn/config.h"
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/gpu.hpp"
+#include "tests/common/head_dims.hpp"
 #include "tests/common/low_precision_attention.hpp"
 
 #if RINGATTN_WITH_CUDA
@@ -69,6 +70,20 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
       // Scores spread over tens: the maxima move by scaling the tile's probabilities.
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 4.0});
+    }
+  }
+  // Every other head dim of the build (the sm_80 family's kernels, on Hopper too): odd lengths,
+  // GQA and MQA, causal or not, Sq < Sk, packed QKV and scores spread over hundreds.
+  for (const std::int64_t d : kBuiltCudaHeadDims) {
+    if (d == 64 || d == 128) continue;
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      cases.push_back({dtype, 1, 17, 17, 4, 4, d, false});
+      cases.push_back({dtype, 2, 127, 127, 4, 1, d, true});               // MQA
+      cases.push_back({dtype, 1, 300, 300, 8, 2, d, false});              // GQA 4
+      cases.push_back({dtype, 1, 300, 300, 8, 2, d, true});
+      cases.push_back({dtype, 1, 100, 300, 4, 1, d, true});               // Sq < Sk
+      cases.push_back({dtype, 2, 257, 257, 6, 2, d, true, 0, 0, true});  // packed QKV
+      cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
     }
   }
   cases.push_back({DType::bf16, 1, 4097, 4097, 1, 1, 64, true});
@@ -263,11 +278,11 @@ TEST(FlashCudaKeyRotation, KeyGradientsAreRotatedBack) {
 // The prepare's dQ zeroing on a strided view (heads 1 and 2 of 4 in each token's row of a wider
 // fp32 buffer, as a packed dQKV gradient row): the view comes out zero, every other element keeps
 // its value, and delta equals the prepare without zeroing bitwise and a host sum in double to
-// fp32 rounding. Odd lengths, both head dims.
+// fp32 rounding. Odd lengths, every head dim of the build.
 TEST(FlashCudaPrepare, ZeroesAStridedDqAndNothingElse) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  for (const std::int64_t head_dim : {64, 128}) {
+  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
     const std::int64_t B = 2, S = 77, H = 2, D = head_dim, row = 4 * D;
     SCOPED_TRACE("head_dim " + std::to_string(D));
     DeviceProblem problem({DType::bf16, B, S, S, H, H, D, false}, 9);
@@ -323,14 +338,15 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"q", "host memory", "device memory"}));
   // A head dimension without kernels.
   // (q, k and v may share memory, being read; o has its own.)
-  DeviceBuffer wide(64 * 2 * 96 * 2 * 2);
+  DeviceBuffer wide(64 * 2 * 80 * 2 * 2);
   args = good;
-  args.q = TensorView::contiguous(wide.data(), DType::bf16, {1, 64, 2, 96}, Memory::device);
+  args.q = TensorView::contiguous(wide.data(), DType::bf16, {1, 64, 2, 80}, Memory::device);
   args.k = args.q;
   args.v = args.q;
-  args.o = TensorView::contiguous(static_cast<std::byte*>(wide.data()) + 64 * 2 * 96 * 2, DType::bf16,
-                                  {1, 64, 2, 96}, Memory::device);
-  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); }, {"head_dim 96", "64 or 128"}));
+  args.o = TensorView::contiguous(static_cast<std::byte*>(wide.data()) + 64 * 2 * 80 * 2, DType::bf16,
+                                  {1, 64, 2, 80}, Memory::device);
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_forward(args); },
+                           {"head_dim 80 is not supported", built_cuda_head_dims_text()}));
   // Rows that are not 16-byte aligned.
   args = good;
   args.k = args.k.with_strides({64 * 2 * 64, 2 * 64 + 4, 64, 1});

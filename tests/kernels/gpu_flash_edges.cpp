@@ -35,6 +35,7 @@
 #include "ringattn/config.h"
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/gpu.hpp"
+#include "tests/common/head_dims.hpp"
 #include "tests/common/low_precision_attention.hpp"
 
 #if RINGATTN_WITH_CUDA
@@ -419,7 +420,7 @@ std::vector<EdgeCase> edge_cases() {
   std::vector<EdgeCase> cases;
   for (int family = 0; family < static_cast<int>(families().size()); ++family) {
     for (DType dtype : {DType::bf16, DType::f16}) {
-      for (std::int64_t d : {64, 128}) cases.push_back({family, dtype, d});
+      for (std::int64_t d : kBuiltCudaHeadDims) cases.push_back({family, dtype, d});
     }
   }
   return cases;

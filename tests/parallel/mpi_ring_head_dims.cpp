@@ -1,5 +1,5 @@
 // ringattn-mpi-ranks: 1 2 3 4
-// A ring on device memory refuses a head dim the CUDA block has no kernels for (32, 48, 96, 256)
+// A ring on device memory refuses a head dim the CUDA block has no kernels for (16, 48, 80, 160, 320)
 // on every rank, with the same message, before its first transfer or any CUDA call: nothing hangs,
 // nothing is launched. The ring's checks run on CPU ranks here through a communicator over MPI
 // that reports device memory and fails the test if the ring moves data through it; the tensors
@@ -21,11 +21,13 @@
 #include "ringattn/ring.hpp"
 #include "ringattn/ringattn.h"
 #include "ringattn/runtime.hpp"
+#include "tests/common/head_dims.hpp"
 
 namespace ringattn {
 namespace {
 
-constexpr std::int64_t kUnsupportedHeadDims[] = {32, 48, 96, 256};
+using test::built_cuda_head_dims_text;
+constexpr const auto& kUnsupportedHeadDims = test::kNoCudaHeadDims;
 
 // MPI underneath, device memory as far as the ring can tell: the ring runs every check of a device
 // ring (they are host code), and any data it tried to move would fail the test.
@@ -145,7 +147,7 @@ class RingHeadDims : public testing::Test {
 
 std::string refusal(std::int64_t head_dim) {
   return "head_dim " + std::to_string(head_dim) +
-         " is not supported; the CUDA block takes 64 or 128";
+         " is not supported; the CUDA block takes " + built_cuda_head_dims_text();
 }
 
 TEST_F(RingHeadDims, EveryRankRefusesAnUnsupportedHeadDim) {
@@ -180,7 +182,8 @@ TEST_F(RingHeadDims, EveryRankRefusesAValueHeadDimOfItsOwn) {
       const DeviceShards shards{DType::bf16, d, dv};
       const std::string named = "v has head_dim " + std::to_string(dv) + " but q and k have " +
                                 std::to_string(d) +
-                                "; the CUDA block takes one head_dim for q, k and v (64 or 128)";
+                                "; the CUDA block takes one head_dim for q, k and v (" +
+                                built_cuda_head_dims_text() + ")";
       expect_same_error_everywhere([&] { ring.forward(shards.forward()); },
                                    {"RingAttention::forward: " + named}, ErrorKind::unsupported);
       expect_same_error_everywhere([&] { ring.backward(shards.backward()); },
@@ -190,16 +193,16 @@ TEST_F(RingHeadDims, EveryRankRefusesAValueHeadDimOfItsOwn) {
   }
 }
 
-// One rank with head_dim 96 among ranks with 64: every rank fails alike, naming the disagreement
+// One rank with head_dim 80 among ranks with 64: every rank fails alike, naming the disagreement
 // (each rank's own check would refuse only on that rank, and the others would wait for it).
 TEST_F(RingHeadDims, OneRankWithAnUnsupportedHeadDim) {
   if (ranks_ == 1) GTEST_SKIP() << "needs two ranks to disagree";
   const int odd = ranks_ - 1;
   RingAttention ring(device_, SequenceLayoutKind::zigzag);
-  const DeviceShards shards{DType::bf16, rank_ == odd ? 96 : 64};
+  const DeviceShards shards{DType::bf16, rank_ == odd ? 80 : 64};
   expect_same_error_everywhere([&] { ring.forward(shards.forward()); },
                                {"RingAttention::forward: the ranks disagree",
-                                "rank " + std::to_string(odd) + " has q [2, 16, 4, 96] bf16"},
+                                "rank " + std::to_string(odd) + " has q [2, 16, 4, 80] bf16"},
                                ErrorKind::invalid_argument);
 }
 

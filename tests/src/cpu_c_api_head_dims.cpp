@@ -1,5 +1,5 @@
 // The C API's local-block calls on device tensors of a head dim the CUDA block has no kernels for
-// (32, 48, 96, 256): forward, backward prepare and backward return RINGATTN_ERROR_UNSUPPORTED with
+// (16, 48, 80, 160, 320): forward, backward prepare and backward return RINGATTN_ERROR_UNSUPPORTED with
 // a message naming the head dim and the head dims the block takes, before any CUDA call. The
 // descriptors hold addresses that nothing may read, so the check must come before the memory, the
 // GPU or a launch is touched: this runs on any machine, with or without a GPU. (The ring's calls
@@ -14,10 +14,13 @@
 
 #include "ringattn/config.h"
 #include "ringattn/ringattn.h"
+#include "tests/common/head_dims.hpp"
 
 namespace {
 
-constexpr std::int64_t kUnsupportedHeadDims[] = {32, 48, 96, 256};
+using ringattn::test::built_cuda_head_dims_text;
+using ringattn::test::kBuiltCudaHeadDims;
+using ringattn::test::kNoCudaHeadDims;
 
 // A contiguous device descriptor of `shape` at a made-up, 256-byte aligned address (tensor
 // `index` of the call gets its own gigabyte, so no two overlap).
@@ -117,7 +120,7 @@ std::string dtype_text(int32_t dtype) {
 
 TEST(CApiHeadDims, UnsupportedHeadDimsAreRefusedBeforeAnyCudaCall) {
   for (const int32_t dtype : {RINGATTN_BF16, RINGATTN_F16}) {
-    for (const std::int64_t head_dim : kUnsupportedHeadDims) {
+    for (const std::int64_t head_dim : kNoCudaHeadDims) {
       for_each_call(DeviceCall{dtype, head_dim}, [&](const NamedStatus& result) {
         SCOPED_TRACE(std::string(result.name) + ", " + dtype_text(dtype) + ", head_dim " +
                      std::to_string(head_dim) + ": \"" + result.message + "\"");
@@ -125,7 +128,8 @@ TEST(CApiHeadDims, UnsupportedHeadDimsAreRefusedBeforeAnyCudaCall) {
 #if RINGATTN_WITH_CUDA
         const std::string named = "head_dim " + std::to_string(head_dim) + " is not supported";
         EXPECT_NE(result.message.find(named), std::string::npos);
-        EXPECT_NE(result.message.find("the CUDA block takes 64 or 128"), std::string::npos);
+        EXPECT_NE(result.message.find("the CUDA block takes " + built_cuda_head_dims_text()),
+                  std::string::npos);
 #else
         // Without the CUDA backend no device call runs, whatever its head dim: the message says so.
         EXPECT_NE(result.message.find("built without CUDA"), std::string::npos);
@@ -139,7 +143,7 @@ TEST(CApiHeadDims, UnsupportedHeadDimsAreRefusedBeforeAnyCudaCall) {
 // addresses or the missing GPU (or CUDA), never for the head dim.
 TEST(CApiHeadDims, SupportedHeadDimsPassTheHeadDimCheck) {
   for (const int32_t dtype : {RINGATTN_BF16, RINGATTN_F16}) {
-    for (const std::int64_t head_dim : {64, 128}) {
+    for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
       for_each_call(DeviceCall{dtype, head_dim}, [&](const NamedStatus& result) {
         SCOPED_TRACE(std::string(result.name) + ", " + dtype_text(dtype) + ", head_dim " +
                      std::to_string(head_dim) + ": \"" + result.message + "\"");
@@ -150,7 +154,7 @@ TEST(CApiHeadDims, SupportedHeadDimsPassTheHeadDimCheck) {
   }
 }
 
-// V of a head dim of its own (d_v != d_qk, each of 64 and 128 alone supported or not): the CUDA
+// V of a head dim of its own (d_v != d_qk, each alone supported or not): the CUDA
 // block has kernels for one head dim of q, k and v only, so forward and backward return
 // RINGATTN_ERROR_UNSUPPORTED naming both head dims, before any CUDA call. (The CPU block takes
 // them: tests/src/cpu_c_api.cpp.)
@@ -174,7 +178,8 @@ TEST(CApiHeadDims, ValueHeadDimOfItsOwnIsRefusedBeforeAnyCudaCall) {
 #if RINGATTN_WITH_CUDA
         const std::string named = "v has head_dim " + std::to_string(dv) + " but q and k have " +
                                   std::to_string(d) +
-                                  "; the CUDA block takes one head_dim for q, k and v (64 or 128)";
+                                  "; the CUDA block takes one head_dim for q, k and v (" +
+                                  built_cuda_head_dims_text() + ")";
         EXPECT_NE(message.find(named), std::string::npos);
 #else
         EXPECT_NE(message.find("built without CUDA"), std::string::npos);

@@ -164,7 +164,7 @@ case $case_name in
     run "$program" --v-head-dim 0
     expect 2 "--v-head-dim: got '0', expected a whole number >= 1"
     run "$program" --backend cuda --dtype bf16 --seq 16 --head-dim 128 --v-head-dim 64
-    expect 2 "--backend cuda: v has head_dim 64 but q and k have 128; the CUDA block takes one head_dim for q, k and v (64 or 128)"
+    expect 2 "--backend cuda: v has head_dim 64 but q and k have 128; the CUDA block takes one head_dim for q, k and v (32, 64, 96, 128, 192 or 256)"
     run "$program" --seq 16 --json /proc/nonexistent/gradcheck.json
     expect 2 "--json '/proc/nonexistent/gradcheck.json' cannot be written: No such file or directory"
     run "$program" --seq 16 --json "$tmp/file/gradcheck.json"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/common/random.hpp"
+#include "tests/common/head_dims.hpp"
 #include "tests/train/expect_error.hpp"
 #include "tests/train/temp_dir.hpp"
 
@@ -516,7 +517,8 @@ TEST(Config, CudaBackendLimitsNameTheKeys) {
   c.model.ffn_hidden = 175;
   EXPECT_TRUE(throws_error_with(
       [&] { validate_for_cuda(c); },
-      {"model.d_model 64 / model.n_heads 4 gives head_dim 16", "the CUDA block takes 64 or 128",
+      {"model.d_model 64 / model.n_heads 4 gives head_dim 16",
+       "the CUDA block takes " + test::built_cuda_head_dims_text(),
        "model.ffn_hidden is 175", "multiple of 8"}));
   c.run.backend = Backend::cuda;
   EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"gives head_dim 16"}));
@@ -532,7 +534,7 @@ TEST(Config, CudaBackendLimitsNameTheKeys) {
 // before anything is built, naming the keys and values it comes from (d_model / n_heads, or
 // model.head_dim when given); the cpu backend takes it, and the CUDA block's own head dims pass.
 TEST(Config, CudaBackendRefusesHeadDimsWithoutKernels) {
-  for (const int head_dim : {32, 48, 96, 256}) {
+  for (const int head_dim : {16, 48, 80, 160}) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
     TrainConfig c;
     c.model.n_heads = 8;
@@ -541,7 +543,7 @@ TEST(Config, CudaBackendRefusesHeadDimsWithoutKernels) {
     EXPECT_NO_THROW(validate(c, 2));
     const std::string derived = "model.d_model " + std::to_string(8 * head_dim) +
                                 " / model.n_heads 8 gives head_dim " + std::to_string(head_dim) +
-                                "; the CUDA block takes 64 or 128";
+                                "; the CUDA block takes " + test::built_cuda_head_dims_text();
     EXPECT_TRUE(
         throws_error_with([&] { validate_for_cuda(c); }, {derived}, ErrorKind::invalid_argument));
     c.run.backend = Backend::cuda;
@@ -553,11 +555,12 @@ TEST(Config, CudaBackendRefusesHeadDimsWithoutKernels) {
     c.model.head_dim = head_dim;
     EXPECT_TRUE(throws_error_with(
         [&] { validate(c, 2); },
-        {"model.head_dim is " + std::to_string(head_dim) + "; the CUDA block takes 64 or 128"}));
+        {"model.head_dim is " + std::to_string(head_dim) + "; the CUDA block takes " +
+         test::built_cuda_head_dims_text()}));
     c.run.backend = Backend::cpu;
     EXPECT_NO_THROW(validate(c, 2));
   }
-  for (const int head_dim : {64, 128}) {
+  for (const std::int64_t head_dim : test::kBuiltCudaHeadDims) {
     TrainConfig c;
     c.model.n_heads = 4;
     c.model.n_kv_heads = 4;

@@ -13,6 +13,7 @@
 
 #include "parallel/communicator.hpp"
 #include "ringattn/ring.hpp"
+#include "tests/common/head_dims.hpp"
 #include "tests/train/expect_error.hpp"
 #include "train/config.hpp"
 #include "train/model_cpu.hpp"
@@ -99,13 +100,13 @@ TEST(ModelErrors, CommunicatorOfTheOtherMemory) {
       {"the cp communicator moves device memory", "the cpu fp32 backend needs host memory"}));
 }
 
-// run.backend cuda with d_model 768 over 8 heads (head_dim 96): the trainer's config validation
+// run.backend cuda with d_model 640 over 8 heads (head_dim 80): the trainer's config validation
 // throws the same message on every rank, naming the keys and values, before the NCCL communicator
 // or the model exist (which is why this runs on machines without a GPU too).
 TEST(ModelErrors, TrainerRefusesACudaHeadDimWithoutKernelsOnEveryRank) {
   const std::shared_ptr<Communicator> world = mpi_world_communicator();
   TrainConfig config;
-  config.model.d_model = 768;
+  config.model.d_model = 640;
   config.model.n_heads = 8;
   config.model.n_kv_heads = 4;
   config.parallel.dp = 1;
@@ -117,8 +118,8 @@ TEST(ModelErrors, TrainerRefusesACudaHeadDimWithoutKernelsOnEveryRank) {
   } catch (const Error& error) {
     message = error.what();
   }
-  EXPECT_NE(message.find("model.d_model 768 / model.n_heads 8 gives head_dim 96; the CUDA block "
-                         "takes 64 or 128"),
+  EXPECT_NE(message.find("model.d_model 640 / model.n_heads 8 gives head_dim 80; the CUDA block "
+                         "takes " + test::built_cuda_head_dims_text()),
             std::string::npos)
       << message;
   const std::vector<std::string> all = all_gather_text(*world, message);

@@ -1,0 +1,4 @@
+// Kernel instantiations for f16 inputs with head_dim 256.
+#include "kernels/cuda/flash_launch.cuh"
+
+RINGATTN_INSTANTIATE_FLASH(ringattn::DType::f16, 256);
