@@ -99,8 +99,10 @@ INSTANTIATE_TEST_SUITE_P(ShapeList, FlashCuda, ::testing::ValuesIn(shape_list())
 TEST(FlashCudaCombine, ChunksMergeToOneShotAttention) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
+  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
   for (bool causal : {false, true}) {
-    const Case c{DType::bf16, 2, 200, 333, 4, 2, 128, causal, 133, 0};
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    const Case c{DType::bf16, 2, 200, 333, 4, 2, head_dim, causal, 133, 0};
     DeviceProblem problem(c, 2);
     const AttentionResult ref = problem.oracle();
     const AttentionResult low = problem.low();
@@ -128,29 +130,40 @@ TEST(FlashCudaCombine, ChunksMergeToOneShotAttention) {
     EXPECT_TRUE(WithinFlashCriterion(causal ? "combined O (causal)" : "combined O", o, low.o, ref.o));
     EXPECT_TRUE(WithinFlashCriterion(causal ? "combined LSE (causal)" : "combined LSE", lse, low.lse, ref.lse));
   }
+  }
 }
 
 TEST(FlashCudaDeterministic, TwoRunsAreBitwiseEqual) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  DeviceProblem problem({DType::bf16, 2, 1000, 1000, 8, 2, 128, true}, 3);
-  const AttentionResult first = problem.run(true);
-  const AttentionResult second = problem.run(true);
-  EXPECT_EQ(std::memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(double)), 0);
-  EXPECT_EQ(std::memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(double)), 0);
-  EXPECT_EQ(std::memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(double)), 0);
+  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    const std::int64_t len = head_dim == 128 ? 1000 : 300;
+    DeviceProblem problem({DType::bf16, 2, len, len, 8, 2, head_dim, true}, 3);
+    const AttentionResult first = problem.run(true);
+    const AttentionResult second = problem.run(true);
+    EXPECT_EQ(std::memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(first.dk.data(), second.dk.data(), first.dk.size() * sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(first.dv.data(), second.dv.data(), first.dv.size() * sizeof(double)), 0);
+  }
 }
 
 // overwrite_key_gradients: dK and dV start as NaN and come out as the block's gradients (zeros for
 // the keys no row sees), dQ still adds into its zeros. Causal with three key blocks after every
 // query (CTAs without rows); unmasked with two key blocks of 16 row tiles x 4 query heads (rows
-// split over CTAs that add: dK and dV zeroed first); head_dim 64 with a 2-key last block.
+// split over CTAs that add: dK and dV zeroed first); head_dim 64 with a 2-key last block; and the
+// causal case at each head dim only the mma.sync family has.
 TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  const Case cases[] = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
-                        {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
-                        {DType::f16, 2, 3000, 130, 2, 1, 64, false}};
+  std::vector<Case> cases = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
+                             {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
+                             {DType::f16, 2, 3000, 130, 2, 1, 64, false}};
+  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {  // the mma.sync-only head dims
+    if (head_dim != 64 && head_dim != 128) {
+      cases.push_back({DType::bf16, 1, 200, 600, 4, 2, head_dim, true});
+    }
+  }
   for (const Case& c : cases) {
     DeviceProblem problem(c, 4);
     const AttentionResult ref = problem.oracle();
