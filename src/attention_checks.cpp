@@ -2,6 +2,7 @@
 // bad call gets the same message whichever backend it reaches.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -221,6 +222,28 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
   return s;
 }
 
+void check_mask(const Mask& mask, const AttentionShape& s, const char* where) {
+  const auto check_rows = [&](std::int64_t start, std::int64_t len, const char* name,
+                              const char* rows, const char* len_name) {
+    std::int64_t end = 0;
+    if (__builtin_add_overflow(start, len, &end)) {
+      detail::fail(where, name, " is ", start, ": the positions of the ", len, " ", rows,
+                   " rows pass int64 (", name, " + ", len_name, " must be at most ",
+                   std::numeric_limits<std::int64_t>::max(), ")");
+    }
+  };
+  check_rows(mask.q_start, s.q_len, "q_start", "query", "q_len");
+  check_rows(mask.k_start, s.k_len, "k_start", "key", "k_len");
+  // The distances from the first key to one past the last query, and from one past the last key
+  // to the first query: every i + shift and j - shift of the blocks lies between them.
+  std::int64_t farthest = 0, nearest = 0;
+  if (__builtin_sub_overflow(mask.q_start + s.q_len, mask.k_start, &farthest) ||
+      __builtin_sub_overflow(mask.q_start, mask.k_start + s.k_len, &nearest)) {
+    detail::fail(where, "q_start ", mask.q_start, " and k_start ", mask.k_start,
+                 " are too far apart: a query position minus a key position overflows int64");
+  }
+}
+
 void check_value_shape(const TensorView& t, const char* name, std::int64_t batch,
                        std::int64_t len, std::int64_t heads, const AttentionShape& s,
                        const char* what, const char* where) {
@@ -252,6 +275,7 @@ void check_row_stats(const TensorView& t, const char* name, const AttentionShape
 
 AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const char* where) {
   const AttentionShape s = detail::check_attention_inputs(args.q, args.k, args.v, args.scale, memory, where);
+  detail::check_mask(args.mask, s, where);
   const DType acc = accumulator_dtype(args.q.dtype);
   check_view(args.o, "o", 4, memory, where);
   detail::check_value_shape(args.o, "o", s.batch, s.q_len, s.q_heads, s,
@@ -271,6 +295,7 @@ AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const 
 
 AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, const char* where) {
   const AttentionShape s = detail::check_attention_inputs(args.q, args.k, args.v, args.scale, memory, where);
+  detail::check_mask(args.mask, s, where);
   const DType acc = accumulator_dtype(args.q.dtype);
   check_view(args.dout, "dout", 4, memory, where);
   detail::check_value_shape(args.dout, "dout", s.batch, s.q_len, s.q_heads, s,

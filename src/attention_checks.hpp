@@ -50,6 +50,11 @@ void check_shape(const TensorView& t, const char* name, std::initializer_list<st
 void check_dtype(const TensorView& t, const char* name, DType expected, const char* what,
                  const char* where);
 
+// The positions of the mask within int64: q_start + q_len and k_start + k_len (the blocks form
+// row and key positions up to them), and every query position minus every key position (the blocks
+// compare them through shift = q_start - k_start). Error naming the start and its value otherwise.
+void check_mask(const Mask& mask, const AttentionShape& s, const char* where);
+
 // Bytes from the first element of a view checked by check_view to one past its last; 0 for a
 // view without elements. Error naming `name` when it overflows int64.
 std::int64_t span_bytes(const TensorView& t, const char* name, const char* where);

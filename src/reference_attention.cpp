@@ -68,6 +68,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
                        const Mask& mask, double scale, const TensorView& o, const TensorView& lse) {
   constexpr const char* kWhere = "reference::attention_forward";
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::host, kWhere);
+  detail::check_mask(mask, s, kWhere);
   detail::check_view(o, "o", 4, Memory::host, kWhere);
   detail::check_value_shape(o, "o", s.batch, s.q_len, s.q_heads, s,
                             "batch, q_len and q_heads of q, head_dim of v", kWhere);
@@ -102,6 +103,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dq, const TensorView& dk, const TensorView& dv) {
   constexpr const char* kWhere = "reference::attention_backward";
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::host, kWhere);
+  detail::check_mask(mask, s, kWhere);
   detail::check_view(dout, "dout", 4, Memory::host, kWhere);
   detail::check_value_shape(dout, "dout", s.batch, s.q_len, s.q_heads, s,
                             "batch, q_len and q_heads of q, head_dim of v", kWhere);

@@ -62,6 +62,19 @@ Hdf5Id open_hdf5_file(const std::filesystem::path& path, std::string_view what,
   return Hdf5Id(file, H5Fclose);
 }
 
+Hdf5Range select_hdf5_range(hid_t dataset, std::int64_t begin, std::int64_t count,
+                            const std::string& file) {
+  Hdf5Range range;
+  range.file_space = Hdf5Id(RINGATTN_HDF5_CHECK(H5Dget_space(dataset), file), H5Sclose);
+  const hsize_t start = static_cast<hsize_t>(begin), size = static_cast<hsize_t>(count);
+  RINGATTN_HDF5_CHECK(H5Sselect_hyperslab(range.file_space.get(), H5S_SELECT_SET, &start, nullptr,
+                                          &size, nullptr),
+                      file);
+  range.memory_space = Hdf5Id(RINGATTN_HDF5_CHECK(H5Screate_simple(1, &size, nullptr), file),
+                              H5Sclose);
+  return range;
+}
+
 Hdf5Id create_hdf5_file(const std::filesystem::path& path, std::string_view where) {
   quiet_hdf5_errors();
   const std::string name = path.string();

@@ -52,6 +52,15 @@ Hdf5Id open_hdf5_file(const std::filesystem::path& path, std::string_view what,
 // Creates (truncates) an HDF5 file in the 1.8+ format, whose metadata carries checksums.
 Hdf5Id create_hdf5_file(const std::filesystem::path& path, std::string_view where);
 
+// Elements [begin, begin + count) of a 1-D dataset, for one H5Dread or H5Dwrite: its file space
+// with that range selected, and a memory space of `count` elements. `file` names the file in
+// messages.
+struct Hdf5Range {
+  Hdf5Id file_space, memory_space;
+};
+Hdf5Range select_hdf5_range(hid_t dataset, std::int64_t begin, std::int64_t count,
+                            const std::string& file);
+
 // "uint16", "int32", "float32", "float64", "string", "compound", ...: for messages.
 std::string describe_hdf5_type(hid_t type);
 

@@ -44,6 +44,7 @@
 #include "parallel/communicator.hpp"
 #include "ringattn/ring.hpp"
 #include "train/config.hpp"
+#include "train/model_memory.hpp"
 #include "train/model_shapes.hpp"
 #include "train/op_adamw.hpp"
 #include "train/op_cross_entropy.hpp"
@@ -200,6 +201,8 @@ class Model final : public TrainModel {
   void export_gradients(std::vector<float>& grads) override;
   double device_memory_mib() override;
   std::size_t ring_workspace_bytes() const override { return ring_.owned_workspace_bytes(); }
+  // The bytes of its buffers, by part: model_memory() of its shape and options.
+  const ModelMemory& allocated_memory() const { return allocator_.allocated(); }
   void start_profiled_step() override;
   void finish_profiled_step() override;
   const std::vector<PhaseTime>& phase_times() const override { return phases_; }
@@ -213,6 +216,11 @@ class Model final : public TrainModel {
     std::size_t attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down;
   };
   void allocate_layer(Layer& layer);
+  // Buffer<E>(count), counted under `part`; a failure names the part and the keys that size it.
+  template <typename E>
+  Buffer<E> allocate(std::int64_t count, ModelPart part) {
+    return allocator_.allocate<Buffer<E>>(count, sizeof(E), Backend::memory, part);
+  }
   // The forward of block l from its input x_in_[l] into `L`, its attention output and LSE, and
   // x_in_[l + 1]. Recomputing (before the block's backward) writes only `L`, and reads the
   // attention output where every block keeps its own instead of running the ring again.
@@ -247,6 +255,7 @@ class Model final : public TrainModel {
   std::int64_t batch_, seq_len_, local_len_;
   std::shared_ptr<Communicator> cp_, grad_comm_;
   std::unique_ptr<Backend> backend_;
+  ModelAllocator allocator_;
   RingAttention ring_;
   std::vector<ParameterInfo> infos_;
   std::vector<std::int64_t> offsets_;
@@ -295,5 +304,10 @@ std::unique_ptr<TrainModel> make_cuda_model(const ModelConfig& config, std::int6
 // when set, else by the device's name (H100/H200 989e12, A100 312e12), else 0 (unknown; also
 // without CUDA).
 double cuda_peak_bf16_flops();
+
+// The memory of this process's GPU in bytes (the current device's total, read from its properties
+// without creating a context), for the trainer's check before anything is allocated; 0 when
+// unknown (also without CUDA).
+double cuda_device_memory_bytes();
 
 }  // namespace ringattn::train

@@ -19,5 +19,8 @@ ModelShape model_shape(const ModelConfig& c) {
 
 template class Model<CpuBackend<float>>;
 template class Model<CpuBackend<double>>;
+static_assert(sizeof(CpuBackend<float>::Act) == kCpuModelElements.act &&
+              sizeof(CpuBackend<float>::Acc) == kCpuModelElements.acc &&
+              sizeof(CpuBackend<float>::Master) == kCpuModelElements.master);
 
 }  // namespace ringattn::train

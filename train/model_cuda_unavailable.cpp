@@ -20,5 +20,9 @@ double cuda_peak_bf16_flops() {
   return 0.0;
 }
 
+double cuda_device_memory_bytes() {
+  return 0.0;
+}
+
 }  // namespace ringattn::train
 #endif

@@ -55,6 +55,9 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
       ring_(options.local_attention ? split_communicator(*cp_comm, cp_comm->rank(), 0) : cp_comm,
             layout),
       infos_(parameter_list(shape_)) {
+  // model_memory() tells the types apart by their sizes.
+  static_assert(std::is_same_v<Act, Master> == (sizeof(Act) == sizeof(Master)) &&
+                std::is_same_v<Act, Acc> == (sizeof(Act) == sizeof(Acc)));
   if (batch <= 0 || seq_len <= 0) {
     ringattn::detail::fail("Model", "batch ", batch, " and seq_len ", seq_len, " must be > 0");
   }
@@ -70,8 +73,8 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     offset += p.elements;
   }
   offsets_.push_back(offset);
-  params_ = Buffer<Master>(offset);
-  grads_ = Buffer<Master>(offset);
+  params_ = allocate<Master>(offset, ModelPart::parameters);
+  grads_ = allocate<Master>(offset, ModelPart::parameters);
   shard_end_ = offset;
   if (options_.shard_optimizer && grad_comm_ && grad_comm_->size() > 1) {
     std::tie(shard_first_, shard_end_) = share_of(grad_comm_->rank());
@@ -83,9 +86,11 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     shard_segments_.push_back({end - first, infos_[i].weight_decay ? cpu::WeightDecay::apply
                                                                    : cpu::WeightDecay::skip});
   }
-  adam_m_ = Buffer<Master>(shard_end_ - shard_first_);
-  adam_v_ = Buffer<Master>(shard_end_ - shard_first_);
-  if constexpr (!std::is_same_v<Act, Master>) weights_ = Buffer<Act>(offset);
+  adam_m_ = allocate<Master>(shard_end_ - shard_first_, ModelPart::parameters);
+  adam_v_ = allocate<Master>(shard_end_ - shard_first_, ModelPart::parameters);
+  if constexpr (!std::is_same_v<Act, Master>) {
+    weights_ = allocate<Act>(offset, ModelPart::parameters);
+  }
   backend_->fill_zero(adam_m_.data(), shard_end_ - shard_first_);
   backend_->fill_zero(adam_v_.data(), shard_end_ - shard_first_);
   const auto find = [&](const std::string& name) {
@@ -110,28 +115,32 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
   const std::int64_t row = qkv_width();
-  for (std::int64_t l = 0; l <= shape_.layers; ++l) x_in_.emplace_back(n * d);
+  constexpr ModelPart kActivations = ModelPart::activations;
+  for (std::int64_t l = 0; l <= shape_.layers; ++l) {
+    x_in_.push_back(allocate<Act>(n * d, kActivations));
+  }
   const std::int64_t one_or_none = std::min<std::int64_t>(1, shape_.layers);
   for (std::int64_t l = 0; l < (keeps_attention() ? shape_.layers : one_or_none); ++l) {
-    attn_o_.emplace_back(n * shape_.q_heads * hd);
-    attn_lse_.emplace_back(n * shape_.q_heads);
+    attn_o_.push_back(allocate<Act>(n * shape_.q_heads * hd, kActivations));
+    attn_lse_.push_back(allocate<Acc>(n * shape_.q_heads, kActivations));
   }
   layers_.resize(options_.recompute ? one_or_none : shape_.layers);
   for (Layer& L : layers_) allocate_layer(L);
-  inv_f_ = Buffer<Acc>(n);
-  hf_ = Buffer<Act>(n * d);
+  inv_f_ = allocate<Acc>(n, kActivations);
+  hf_ = allocate<Act>(n * d, kActivations);
   if (options_.loss_chunk_tokens < 1) {
     ringattn::detail::fail("Model", "loss_chunk_tokens is ", options_.loss_chunk_tokens,
                            "; expected >= 1");
   }
-  logits_ = Buffer<Act>(std::min(n, options_.loss_chunk_tokens) * shape_.vocab);
-  dh_ = Buffer<Act>(n * d);
-  dx_ = Buffer<Act>(n * d);
-  dact_ = Buffer<Act>(n * f);
-  dgu_ = Buffer<Act>(n * 2 * f);
-  dqkv_ = Buffer<Act>(n * row);
-  dout_ = Buffer<Act>(n * shape_.q_heads * hd);
-  if constexpr (!std::is_same_v<Act, Acc>) dqkv_acc_ = Buffer<Acc>(n * row);
+  logits_ =
+      allocate<Act>(std::min(n, options_.loss_chunk_tokens) * shape_.vocab, ModelPart::logits);
+  dh_ = allocate<Act>(n * d, kActivations);
+  dx_ = allocate<Act>(n * d, kActivations);
+  dact_ = allocate<Act>(n * f, kActivations);
+  dgu_ = allocate<Act>(n * 2 * f, kActivations);
+  dqkv_ = allocate<Act>(n * row, kActivations);
+  dout_ = allocate<Act>(n * shape_.q_heads * hd, kActivations);
+  if constexpr (!std::is_same_v<Act, Acc>) dqkv_acc_ = allocate<Acc>(n * row, kActivations);
 }
 
 // The scratch lent to the ring as persistent is freed with the members, after this: every rank
@@ -156,14 +165,15 @@ void Model<B>::allocate_layer(Layer& L) {
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
   const std::int64_t row = qkv_width();
-  L.inv1 = Buffer<Acc>(n);
-  L.inv2 = Buffer<Acc>(n);
-  L.h1 = Buffer<Act>(n * d);
-  L.qkv = Buffer<Act>(n * row);
-  L.x_mid = Buffer<Act>(n * d);
-  L.h2 = Buffer<Act>(n * d);
-  L.gu = Buffer<Act>(n * 2 * f);
-  L.act = Buffer<Act>(n * f);
+  constexpr ModelPart kActivations = ModelPart::activations;
+  L.inv1 = allocate<Acc>(n, kActivations);
+  L.inv2 = allocate<Acc>(n, kActivations);
+  L.h1 = allocate<Act>(n * d, kActivations);
+  L.qkv = allocate<Act>(n * row, kActivations);
+  L.x_mid = allocate<Act>(n * d, kActivations);
+  L.h2 = allocate<Act>(n * d, kActivations);
+  L.gu = allocate<Act>(n * 2 * f, kActivations);
+  L.act = allocate<Act>(n * f, kActivations);
 }
 
 template <class B>

@@ -42,7 +42,12 @@ class TokenDataset {
   std::int64_t num_sequences() const { return (num_tokens_ - 1) / seq_len_; }
 
   // What ranks compare to know they read the same corpus, wherever each one's copy lies: "N tokens,
-  // vocab V, tokenizer T, type, B bytes, digest H", the digest of the first and last 4096 tokens.
+  // vocab V, tokenizer T, type, B bytes, digest H", H the digest (train/digest.hpp) of every token,
+  // read in chunks of the file's type. Each token is checked against vocab_size on the way, so a
+  // token outside the vocabulary anywhere in the file is found here (an Error as read_tokens
+  // gives) rather than in the step that reads it. Costs one read of the file on every rank: 0.05 s
+  // for 100M uint16 tokens (200 MB) in the page cache, 0.1 s from a local disk (0.25 and 0.6 s a
+  // GB; the digest alone runs at 7-10 GB/s), a shared filesystem's speed otherwise.
   std::string identity() const;
 
   // Tokens [begin, begin + out.size()) of the file.

@@ -58,15 +58,9 @@ void TokenDatasetWriter::append(std::span<const std::int32_t> tokens) {
     }
     values[i] = static_cast<std::uint32_t>(tokens[i]);
   }
-  const Hdf5Id file_space(RINGATTN_HDF5_CHECK(H5Dget_space(tokens_.get()), name_), H5Sclose);
-  const hsize_t start = static_cast<hsize_t>(written_), size = static_cast<hsize_t>(count);
-  RINGATTN_HDF5_CHECK(
-      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &size, nullptr),
-      name_);
-  const Hdf5Id memory_space(RINGATTN_HDF5_CHECK(H5Screate_simple(1, &size, nullptr), name_),
-                            H5Sclose);
-  RINGATTN_HDF5_CHECK(H5Dwrite(tokens_.get(), H5T_NATIVE_UINT32, memory_space.get(),
-                               file_space.get(), H5P_DEFAULT, values.data()),
+  const Hdf5Range range = select_hdf5_range(tokens_.get(), written_, count, name_);
+  RINGATTN_HDF5_CHECK(H5Dwrite(tokens_.get(), H5T_NATIVE_UINT32, range.memory_space.get(),
+                               range.file_space.get(), H5P_DEFAULT, values.data()),
                       name_);
   written_ += count;
 }

@@ -27,6 +27,7 @@
 #include "parallel/mpi_communicator.hpp"
 #include "ringattn/runtime.hpp"
 #include "train/model_cpu.hpp"
+#include "train/model_memory.hpp"
 #include "train/op_adamw.hpp"
 #include "train/plot_png.hpp"
 #include "train/retrieval_task.hpp"
@@ -384,20 +385,23 @@ struct Trainer::Impl {
     config = stage_config(base, index);
     ranges = shard_ranges(config.train.seq_len, cp, cp_rank, config.parallel.layout);
     flops_per_token = model_flops_per_token(model_shape(config.model), config.train.seq_len);
+    // Each rank may read its own copy of the datasets (their paths may differ): the copies must
+    // hold the same tokens, or the replicas and the ring's shards would train on different data.
+    // Reading one (a token outside the vocabulary) fails like opening it: said once where every
+    // rank's copy has the fault.
+    std::string identity;
     try {
       model = make_model(config);
       open_data();
+      if (first && train_data) {
+        identity = "data.train_path " + train_data->identity();
+        if (val_data) identity += "; data.val_path " + val_data->identity();
+      }
     } catch (const std::exception& e) {
       failure = as_error("Trainer", e);
     }
     check_no_rank_failed(*world, "Trainer", failure ? &*failure : nullptr);
-    // Each rank may read its own copy of the datasets (their paths may differ): the copies must
-    // hold the same tokens, or the replicas and the ring's shards would train on different data.
-    if (first && train_data) {
-      std::string identity = "data.train_path " + train_data->identity();
-      if (val_data) identity += "; data.val_path " + val_data->identity();
-      check_same_on_all_ranks(*world, "Trainer", identity);
-    }
+    if (first && train_data) check_same_on_all_ranks(*world, "Trainer", identity);
     if (first) {
       model->init(config.train.seed);
     } else {
@@ -583,6 +587,10 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
       validate(config, s.world->size());
       s.backend = resolve_backend(config.run.backend);
       if (s.backend == Backend::cuda) validate_for_cuda(config);
+      // What a rank's model and steps take, against what the host (and GPU) has: a config that
+      // cannot fit is refused here, naming its keys, before any of it is allocated.
+      check_run_memory(config, s.backend,
+                       s.backend == Backend::cuda ? cuda_device_memory_bytes() : 0.0);
     } catch (const std::exception& e) {
       failure = as_error("Trainer", e);
     }
@@ -668,6 +676,12 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
         offset += static_cast<std::size_t>(info.elements);
       }
       const CheckpointState state = load_checkpoint(*resume, slots);
+      if (state.step > config.train.steps) {
+        ringattn::detail::fail("Trainer", "checkpoint '", resume->string(), "' is of step ",
+                               state.step, ", past train.steps = ", config.train.steps,
+                               ": nothing is left to train (set train.steps above ", state.step,
+                               " to train on from it)");
+      }
       Digest digest;
       for (const std::vector<float>* part : {&params, &m, &v}) {
         digest.add(part->data(), part->size() * sizeof(float));

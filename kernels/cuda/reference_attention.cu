@@ -191,6 +191,7 @@ Rows rows_view(const TensorView& t) {
 RefParams common(const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
                  double scale, const char* where) {
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::device, where);
+  detail::check_mask(mask, s, where);
   if (q.dtype == DType::f64) detail::fail(where, "q has dtype f64; the GPU reference takes f32, bf16 or f16");
   if (s.head_dim > kMaxHeadDim) detail::fail(where, "head_dim ", s.head_dim, " exceeds ", kMaxHeadDim);
   // One head dim for the scores and the outputs: the kernels read V and write O with head_dim.

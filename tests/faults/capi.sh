@@ -57,9 +57,9 @@ define_case() {
       capi_case "$1" 1 "$f scale is 0; expected a finite value > 0 such as 1/sqrt(head_dim)" ;;
     forward_scale_nan) capi_case "$1" 1 "$f scale is nan; expected a finite value > 0" ;;
     forward_scale_inf) capi_case "$1" 1 "$f scale is inf; expected a finite value > 0" ;;
-    forward_q_start_overflow)  # PENDING: the rows' positions q_start + i pass int64; taken
+    forward_q_start_overflow)  # the rows' positions q_start + i would pass int64: refused
       capi_case "$1" 1 "$f q_start" ;;
-    forward_k_start_overflow)  # PENDING: the same of k_start
+    forward_k_start_overflow)  # the same of k_start
       capi_case "$1" 1 "$f k_start" ;;
     forward_mixed_memory) capi_case "$1" 1 "$f k is in device memory; expected host memory" ;;
     forward_host_f16)  # the CPU block's dtypes (named by the block, not by the C function)

@@ -71,7 +71,7 @@ define_case() {
       touch blocked/.checkpoint-write-test
       command=("$train" "${quick[@]}" --set train.steps=2 --set run.dir=blocked)
       expect=("save_checkpoint: cannot create directory 'blocked/.checkpoint-write-test': Not a directory") ;;
-    past_the_end)  # PENDING: a checkpoint of step 5 resumed into 2 steps ends 0, having trained nothing
+    past_the_end)  # a checkpoint of step 5 resumed into 2 steps: refused, naming both
       make_checkpoint ckpt --set train.steps=5
       command=("${resume[@]}" --set run.resume=ckpt/ckpt-5.h5)
       expect=("ckpt/ckpt-5.h5" "train.steps") ;;

@@ -5,10 +5,8 @@
 # for the variants ringattn-data cannot write, by tests/faults/make_tokens.c (make_tokens). Cases on
 # one rank run the quick run (16 tokens a sequence); *_np2 cases run two ranks, where a fault of
 # every rank is said once, "(on every rank)", and a fault of one rank alone names it:
-#   token_rank1_np2    a token >= vocab_size in the part of the sequence only rank 1 reads: the
-#                      sequence is 8192 tokens, rank 1 holds chunks 1 and 2 of the zigzag layout,
-#                      and the datasets' identity check reads only the first and last 4096 tokens,
-#                      so position 4096 is read by rank 1 alone, in step 1.
+#   token_rank1_np2    each rank reads its own copy (mpiexec -wdir); rank 1's alone has a token >=
+#                      vocab_size, which the identity check (every token, before step 1) finds.
 #   copy_rank1_np2     each rank reads its own copy (mpiexec -wdir): rank 1's is broken.
 
 define_case() {
@@ -113,12 +111,15 @@ define_case() {
       command=("${np2[@]}" "$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=float.h5
                --set train.seq_len=16)
       expect=("'tokens' has type float32; expected uint16 or uint32 (on every rank)") ;;
-    token_rank1_np2)  # the message of rank 1 alone, which stops every rank
-      make_tokens long.h5 8193 bad=4096:300
-      command=("${np2[@]}" "$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=long.h5
-               --set train.seq_len=8192 --set train.batch_size=1)
-      expect=("error on rank 1 of 2: TokenDataset: token dataset 'long.h5': token 300 at position 4096 is outside the vocabulary [0, 256) (stopping every rank)")
-      absent=("error on rank 0") ;;
+    token_rank1_np2)  # rank 1's copy alone has a token outside the vocabulary: rank 1 is named
+      mkdir rank0 rank1
+      make_tokens rank0/long.h5 8193
+      make_tokens rank1/long.h5 8193 bad=4096:300
+      local args=("$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=long.h5
+                  --set train.seq_len=8192 --set train.batch_size=1)
+      command=("$mpiexec" -n 1 -wdir rank0 "${args[@]}" : -n 1 -wdir rank1 "${args[@]}")
+      expect=("Trainer: rank 1: TokenDataset: token dataset 'long.h5': token 300 at position 4096 is outside the vocabulary [0, 256)")
+      absent=("rank 0:" "(on every rank)") ;;
     copy_rank1_np2)  # rank 1's copy of the dataset has the wrong type
       mkdir rank0 rank1
       make_tokens rank0/tokens.h5 1000
@@ -126,12 +127,12 @@ define_case() {
       local args=("$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=tokens.h5 --set train.seq_len=16)
       command=("$mpiexec" -n 1 -wdir rank0 "${args[@]}" : -n 1 -wdir rank1 "${args[@]}")
       expect=("Trainer: rank 1: TokenDataset: token dataset 'tokens.h5': 'tokens' has type float32; expected uint16 or uint32") ;;
-    token_both_np2)  # PENDING: a bad token every rank finds is said by each rank, with MPI_Abort
+    token_both_np2)  # a bad token every rank finds: said once, (on every rank)
       make_tokens bad.h5 1000 bad=6:300
       command=("${np2[@]}" "$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=bad.h5
                --set train.seq_len=16)
       expect=("token 300 at position 6 is outside the vocabulary [0, 256) (on every rank)") ;;
-    copy_differs_middle_np2)  # PENDING: copies that differ past their first and last 4096 tokens train
+    copy_differs_middle_np2)  # copies that differ only in the middle: the identity digest tells
       mkdir rank0 rank1
       make_tokens rank0/tokens.h5 10000
       make_tokens rank1/tokens.h5 10000 bad=5000:3

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -311,6 +312,47 @@ TEST(CApiBounds, OutputsThatOverlapInputsOrEachOther) {
   EXPECT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
   EXPECT_EQ(problem.o, o_before);
   EXPECT_EQ(problem.lse, lse_before);
+}
+
+// Row positions (start + row) and their differences must fit in int64: the last start whose rows
+// all fit is taken, and gives the results of starts 0 (a causal mask sees only differences); one
+// past it is refused by name, as are starts so far apart that a query minus a key overflows.
+TEST(CApiBounds, PositionsThatOverflowInt64) {
+  SCOPED_TRACE(ringattn::test::seed_trace());
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  Problem problem;
+  ASSERT_NO_FATAL_FAILURE(problem.run_forward_and_prepare());
+  const std::vector<double> o_at_zero = problem.o, lse_at_zero = problem.lse;
+  ringattn::test::fill_nan(problem.o);
+  ringattn::test::fill_nan(problem.lse);
+  ringattn_forward_params_t p = problem.forward();
+  p.q_start = p.k_start = kMax - S;
+  ASSERT_EQ(ringattn_attention_forward(&p, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+  EXPECT_EQ(problem.o, o_at_zero);
+  EXPECT_EQ(problem.lse, lse_at_zero);
+
+  p = problem.forward();
+  p.q_start = kMax - S + 1;
+  EXPECT_TRUE(Refused(ringattn_attention_forward(&p, nullptr),
+                      {"ringattn_attention_forward: q_start is 9223372036854775775: the positions "
+                       "of the 33 query rows pass int64 (q_start + q_len must be at most "
+                       "9223372036854775807)"}));
+  ringattn_backward_params_t bp = problem.backward();
+  bp.k_start = kMax - 2;
+  EXPECT_TRUE(Refused(ringattn_attention_backward(&bp, nullptr),
+                      {"ringattn_attention_backward: k_start is 9223372036854775805: the "
+                       "positions of the 33 key rows pass int64"}));
+  p = problem.forward();
+  p.q_start = kMax - S;
+  p.k_start = -1;
+  EXPECT_TRUE(Refused(ringattn_attention_forward(&p, nullptr),
+                      {"q_start 9223372036854775774 and k_start -1 are too far apart: a query "
+                       "position minus a key position overflows int64"}));
+  bp = problem.backward();
+  bp.q_start = std::numeric_limits<std::int64_t>::min();
+  bp.k_start = 0;
+  EXPECT_TRUE(Refused(ringattn_attention_backward(&bp, nullptr),
+                      {"q_start -9223372036854775808 and k_start 0 are too far apart"}));
 }
 
 // Views interleaved in one buffer without a common element are legal: Q, K and V of a packed

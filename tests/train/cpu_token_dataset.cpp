@@ -1,6 +1,7 @@
 // The HDF5 token dataset: written and read back exactly (uint16 and uint32), shard reads equal
-// the slices of the sequence they stand for, and every malformed file gives an error naming the
-// file and the problem. Malformed files are made with the raw HDF5 API, as another tool would.
+// the slices of the sequence they stand for, the identity ranks compare covers every token, and
+// every malformed file gives an error naming the file and the problem. Malformed files are made
+// with the raw HDF5 API, as another tool would.
 #include "train/token_dataset.hpp"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,26 @@ void write_raw(const std::filesystem::path& path, const RawFile& raw) {
   H5Sclose(space);
   H5Fclose(file);
 }
+
+// Token `position` of the file's 'tokens' set to `value`, in place (as a bad copy or another
+// writer might leave it; the writer itself refuses tokens outside the vocabulary).
+void overwrite_token(const std::filesystem::path& path, hsize_t position, std::uint32_t value) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hid_t dataset = H5Dopen2(file, "tokens", H5P_DEFAULT);
+  const hid_t file_space = H5Dget_space(dataset);
+  const hsize_t one = 1;
+  H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &position, nullptr, &one, nullptr);
+  const hid_t memory_space = H5Screate_simple(1, &one, nullptr);
+  EXPECT_GE(H5Dwrite(dataset, H5T_NATIVE_UINT32, memory_space, file_space, H5P_DEFAULT, &value), 0);
+  H5Sclose(memory_space);
+  H5Sclose(file_space);
+  H5Dclose(dataset);
+  H5Fclose(file);
+}
+
+// The identity reads the file in chunks of 2^22 tokens: the test files cross one.
+constexpr std::int64_t kIdentityChunk = std::int64_t{1} << 22;
 
 TEST(TokenDataset, WrittenTokensReadBackExactly) {
   SCOPED_TRACE(test::seed_trace());
@@ -303,6 +324,53 @@ TEST_F(TokenDatasetErrors, TokenOutsideTheVocabularyIsFoundByTheRead) {
       [&] { dataset.read_tokens(490, out); },
       {"token 500 at position 500", "outside the vocabulary [0, 500)", (dir / "f.h5").string()},
       ErrorKind::io));
+}
+
+// Ranks compare identities to know their copies hold the same tokens: a copy is the same, and one
+// token changed anywhere (the ends, the middle, either side of a chunk boundary) is told apart, for
+// uint16 and uint32 files.
+TEST(TokenDataset, IdentityCoversEveryToken) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(5);
+  const test::TempDir dir;
+  const std::int64_t count = kIdentityChunk + 1000;
+  for (const int vocab : {256, 100000}) {
+    SCOPED_TRACE(vocab);
+    const std::vector<std::int32_t> tokens = random_tokens(count, vocab, rng);
+    const auto original = dir / "original.h5";
+    write_token_dataset(original, tokens, vocab, "byte");
+    const std::string identity = TokenDataset(original, vocab, 16).identity();
+    const auto copy = dir / "copy.h5";
+    std::filesystem::copy_file(original, copy, std::filesystem::copy_options::overwrite_existing);
+    EXPECT_EQ(TokenDataset(copy, vocab, 16).identity(), identity);
+    for (const std::int64_t position :
+         {std::int64_t{0}, count / 3, kIdentityChunk - 1, kIdentityChunk, count - 1}) {
+      SCOPED_TRACE(position);
+      std::filesystem::copy_file(original, copy, std::filesystem::copy_options::overwrite_existing);
+      const auto changed = static_cast<std::uint32_t>((tokens[position] + 1) % vocab);
+      overwrite_token(copy, static_cast<hsize_t>(position), changed);
+      EXPECT_NE(TokenDataset(copy, vocab, 16).identity(), identity);
+    }
+  }
+}
+
+// The identity reads every token, so a token outside the vocabulary anywhere is found before any
+// step reads it, named with its position, in the first chunk or a later one.
+TEST(TokenDataset, IdentityFindsATokenOutsideTheVocabularyAnywhere) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(6);
+  const test::TempDir dir;
+  const auto path = dir / "bad.h5";
+  for (const std::int64_t position : {std::int64_t{7}, kIdentityChunk + 50}) {
+    write_token_dataset(path, random_tokens(kIdentityChunk + 100, 256, rng), 256, "byte");
+    overwrite_token(path, static_cast<hsize_t>(position), 300);
+    const TokenDataset dataset(path, 256, 16);
+    EXPECT_TRUE(throws_error_with(
+        [&] { (void)dataset.identity(); },
+        {path.string(), "token 300 at position " + std::to_string(position) +
+                            " is outside the vocabulary [0, 256)"},
+        ErrorKind::io));
+  }
 }
 
 TEST(TokenDatasetWriter, RejectsTokensOutsideTheVocabularyAndLeavesNoFile) {

@@ -290,6 +290,9 @@ void CudaBackend::intervals_ms(std::size_t count, std::vector<double>& ms) {
 }
 
 template class Model<CudaBackend>;
+static_assert(sizeof(CudaBackend::Act) == kCudaModelElements.act &&
+              sizeof(CudaBackend::Acc) == kCudaModelElements.acc &&
+              sizeof(CudaBackend::Master) == kCudaModelElements.master);
 
 double cuda_peak_bf16_flops() {
   if (const char* forced = std::getenv("RINGATTN_PEAK_TFLOPS"); forced != nullptr) {
@@ -307,6 +310,16 @@ double cuda_peak_bf16_flops() {
   }
   if (name.find("A100") != std::string::npos) return 312e12;
   return 0.0;
+}
+
+double cuda_device_memory_bytes() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    return 0.0;
+  }
+  return static_cast<double>(prop.totalGlobalMem);
 }
 
 std::unique_ptr<TrainModel> make_cuda_model(const ModelConfig& config, std::int64_t batch,

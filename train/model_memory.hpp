@@ -1,0 +1,117 @@
+// The memory of a training run, part by part, known before anything is allocated: the model's
+// buffers (train/model.hpp) and what the trainer holds beside them on the host. Sizes are in
+// double bytes: the dimensions of a config that cannot fit multiply past int64, and a count
+// formed in int64 would wrap to a size that looks small.
+//
+//   model parts    parameters: the master weights, their gradients, the AdamW moments (this
+//                    rank's share of them under train.shard_optimizer) and the activation-dtype
+//                    copy of the weights where that dtype differs
+//                  activations: every buffer of the forward and backward of one micro-batch
+//                  logits: [min(train.loss_chunk_tokens, tokens a rank), model.vocab_size]
+//   host parts     the micro-batches of a step (token ids, targets and loss mask, held until the
+//                    step's loss normaliser is known), the host copy of the parameters and
+//                    moments that a checkpoint writes or a resume reads
+//
+// Model<B> allocates its buffers through a ModelAllocator, which counts them per part (a test
+// holds the count equal to model_memory()) and turns a failed allocation into an Error naming the
+// part, its bytes and the config keys that size it. The trainer calls check_run_memory before
+// step 1, so that a config that cannot fit is refused on every rank alike, naming the parts.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <exception>
+#include <string>
+
+#include "ringattn/tensor.hpp"
+#include "train/config.hpp"
+#include "train/model_shapes.hpp"
+
+namespace ringattn::train {
+
+struct ModelOptions;  // train/model.hpp, which includes this file
+
+enum class ModelPart { parameters, activations, logits };
+inline constexpr int kModelParts = 3;
+
+// "the parameters, gradients and AdamW moments", ... and the config keys that size the part.
+const char* model_part_name(ModelPart part);
+const char* model_part_keys(ModelPart part);
+
+// The bytes of Model<B>'s element types: Act (activations), Acc (statistics, attention gradients)
+// and Master (weights, gradients, moments). A backend whose Act differs from Master (or from Acc)
+// has a size of its own for it (static_assert in train/model_impl.hpp).
+struct ModelElementBytes {
+  int act = 4, acc = 4, master = 4;
+};
+// train/backend_cpu.hpp (fp32) and train/cuda/backend_cuda.hpp (bf16 activations; fp32
+// statistics and master state).
+inline constexpr ModelElementBytes kCpuModelElements{4, 4, 4};
+inline constexpr ModelElementBytes kCudaModelElements{2, 4, 4};
+
+// Bytes per part, indexed by ModelPart.
+struct ModelMemory {
+  std::array<double, kModelParts> bytes{};
+  double& operator[](ModelPart part) { return bytes[static_cast<int>(part)]; }
+  double operator[](ModelPart part) const { return bytes[static_cast<int>(part)]; }
+  double total() const { return bytes[0] + bytes[1] + bytes[2]; }
+};
+
+// What Model<B> of `shape` allocates for micro-batches of `local_tokens` tokens (batch * Sl),
+// holding the AdamW moments of `moment_parameters` parameters (all of them unless sharded).
+ModelMemory model_memory(const ModelShape& shape, double local_tokens, const ModelOptions& options,
+                         ModelElementBytes element_bytes, double moment_parameters);
+
+// Counts a Model's allocations per part; allocate() returns Buffer(count), or throws Error naming
+// the part, its bytes, the keys that size it and what failed (std::bad_alloc, a vector's
+// max_size(), cudaMalloc's out of memory).
+class ModelAllocator {
+ public:
+  template <typename Buffer>
+  Buffer allocate(std::int64_t count, std::size_t element_bytes, Memory memory, ModelPart part) {
+    std::int64_t bytes = 0;
+    // A byte count past int64 would wrap (a device buffer's size_t product) to a small buffer.
+    if (count < 0 ||
+        __builtin_mul_overflow(count, static_cast<std::int64_t>(element_bytes), &bytes)) {
+      fail(count, element_bytes, memory, part, "its size in bytes passes int64");
+    }
+    try {
+      Buffer buffer(count);
+      allocated_[part] += static_cast<double>(bytes);
+      return buffer;
+    } catch (const std::exception& e) {
+      fail(count, element_bytes, memory, part, e.what());
+    }
+  }
+  const ModelMemory& allocated() const { return allocated_; }
+
+ private:
+  [[noreturn]] static void fail(std::int64_t count, std::size_t element_bytes, Memory memory,
+                                ModelPart part, const std::string& cause);
+  ModelMemory allocated_;
+};
+
+// "12.5 GiB": bytes in GiB, four significant digits.
+std::string gib_text(double bytes);
+
+// How much memory this process may take, and what says so: the smallest of the machine's memory
+// (RAM and swap), its address-space and data limits (ulimit -v, -d) and its cgroup's memory.max.
+struct MemoryLimit {
+  double bytes = 0.0;  // 0: unknown
+  std::string what;
+};
+MemoryLimit host_memory_limit();
+
+// Before step 1 of `config` (validated): the memory a rank needs at each stage, host and (for the
+// cuda backend) device, against host_memory_limit() and the GPU's memory (`device_bytes`, 0:
+// unknown). A need past either throws Error (invalid_argument) naming the parts that count, from
+// the largest, each with its bytes and the keys and values that size it, on one line:
+//   Trainer: a rank needs 4.915e+04 GiB of host memory, more than the 3.815 GiB this process may
+//   map (its address-space limit, ulimit -v): 4.915e+04 GiB for the micro-batches of a step
+//   (train.grad_accum 2147483647 x 2048 tokens a rank: train.batch_size 8 x train.seq_len 256 /
+//   parallel.cp 1, x 12 bytes)
+// It is a floor: the backends' own workspaces and the libraries' memory come on top, so a run that
+// passes may still find an allocation failing (ModelAllocator names it).
+void check_run_memory(const TrainConfig& config, Backend backend, double device_bytes);
+
+}  // namespace ringattn::train
