@@ -110,7 +110,8 @@ inline CLI::Validator positive_real() {
 struct CommandLine {
   std::vector<std::string> args;  // argv as given, argv[0] first
   int exit_code = -1;
-  std::string text;  // the help when exit_code is 0, the error when it is 2
+  std::string text;         // the help when exit_code is 0, the error when it is 2
+  int cli11_exit_code = 0;  // CLI11's own status of the error (ringattn-train exits with it)
 };
 
 // Parses without printing. CLI11 checks for missing options and subcommands before it reports
@@ -134,6 +135,7 @@ inline CommandLine parse_command_line(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     line.exit_code = 2;
     line.text = error.what();
+    line.cli11_exit_code = error.get_exit_code();
   }
   return line;
 }

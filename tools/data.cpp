@@ -62,10 +62,26 @@ void copy_bytes(const Input& input, std::int64_t begin, std::int64_t end,
   }
 }
 
+// --out without a trailing .h5: the outputs are STEM.train.h5 and STEM.val.h5.
+std::string output_stem(std::string out) {
+  if (out.ends_with(".h5")) out.resize(out.size() - 3);
+  return out;
+}
+
 fs::path output_path(const fs::path& out, const char* split) {
-  std::string stem = out.string();
-  if (stem.ends_with(".h5")) stem.resize(stem.size() - 3);
-  return stem + "." + split + ".h5";
+  return output_stem(out.string()) + "." + split + ".h5";
+}
+
+// --out: a name that is left once a trailing .h5 is dropped ("", ".h5" or "dir/" would write the
+// hidden file .train.h5).
+CLI::Validator output_name() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const fs::path name = fs::path(output_stem(text)).filename();
+        if (!name.empty() && name != "." && name != "..") return {};
+        return "got '" + text + "', expected a file name such as data/text.h5";
+      },
+      "");
 }
 
 // --val-fraction: a number from 0 up to, not including, 1.
@@ -98,7 +114,8 @@ int main(int argc, char** argv) {
   double val_fraction = 0.05;
   std::vector<std::string> files;
   app.add_option("--out", out, "output name: OUT.train.h5 and OUT.val.h5 (a trailing .h5 dropped)")
-      ->required();
+      ->required()
+      ->check(output_name());
   app.add_option("--val-fraction", val_fraction,
                  "fraction of each file for validation, 0 <= FRACTION < 1 (default 0.05)")
       ->check(fraction_below_one());

@@ -26,6 +26,41 @@
 
 namespace ringattn::tools {
 
+namespace detail {
+
+inline std::string program_name(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+inline std::vector<std::string> split_at_nul(const std::string& joined) {
+  std::vector<std::string> args;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = joined.find('\0', begin);
+    args.push_back(joined.substr(begin, end - begin));
+    if (end == std::string::npos) return args;
+    begin = end + 1;
+  }
+}
+
+}  // namespace detail
+
+// Collective: every rank's command line in rank order, each argv with argv[0] cut to the program's
+// name. The first exchange of every ringattn program under mpirun (the tools' agree_on and
+// ringattn-train alike), so that the ranks of an MPMD launch that mixes programs meet in the same
+// exchange and each names the programs, instead of taking another program's bytes for its own.
+inline std::vector<std::vector<std::string>> gather_command_lines(
+    const Communicator& world, const std::vector<std::string>& args) {
+  std::string joined = detail::program_name(args.empty() ? std::string() : args[0]);
+  for (std::size_t i = 1; i < args.size(); ++i) joined += '\0' + args[i];
+  std::vector<std::vector<std::string>> lines;
+  for (const std::string& text : all_gather_text(world, joined)) {
+    lines.push_back(detail::split_at_nul(text));
+  }
+  return lines;
+}
+
 class MpiSession {
  public:
   explicit MpiSession(std::string tool) : tool_(std::move(tool)) {
@@ -59,13 +94,11 @@ class MpiSession {
   // error; ranks started with different arguments (an MPMD launch) all print the first argument
   // that differs and its values on two ranks; help is printed once, by rank 0.
   int agree_on(const CommandLine& line) const {
-    std::string joined = program_name(line.args.empty() ? std::string() : line.args[0]);
-    for (std::size_t i = 1; i < line.args.size(); ++i) joined += '\0' + line.args[i];
-    const std::vector<std::string> all = all_gather_text(*world_, joined);
+    const std::vector<std::vector<std::string>> all = gather_command_lines(*world_, line.args);
     for (int r = 1; r < size_; ++r) {
       if (all[r] == all[0]) continue;
       if (line.exit_code > 0) report(line.text);
-      report(first_difference(split(all[0]), split(all[r]), r));
+      report(first_difference(all[0], all[r], r));
       return 2;
     }
     // The same arguments everywhere parse alike everywhere.
@@ -97,22 +130,6 @@ class MpiSession {
   }
 
  private:
-  static std::string program_name(const std::string& path) {
-    const std::size_t slash = path.rfind('/');
-    return slash == std::string::npos ? path : path.substr(slash + 1);
-  }
-
-  static std::vector<std::string> split(const std::string& joined) {
-    std::vector<std::string> args;
-    std::size_t begin = 0;
-    while (true) {
-      const std::size_t end = joined.find('\0', begin);
-      args.push_back(joined.substr(begin, end - begin));
-      if (end == std::string::npos) return args;
-      begin = end + 1;
-    }
-  }
-
   static bool is_option(const std::string& arg) {
     return arg.size() > 1 && arg[0] == '-' && !(arg[1] >= '0' && arg[1] <= '9') && arg[1] != '.';
   }

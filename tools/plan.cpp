@@ -28,7 +28,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-heads", in.kv_heads, "key/value heads, dividing --heads (default: --heads)")
       ->check(tools::whole_number(1));
   app.add_option("--head-dim", in.head_dim, "head dimension")->check(tools::whole_number(1));
-  app.add_flag("--causal,!--full", in.causal, "causal mask (default) or full");
+  bool full = false;
+  CLI::Option* causal = app.add_flag("--causal", in.causal, "causal mask (the default)");
+  app.add_flag("--full", full, "full (non-causal) mask")->excludes(causal);
   app.add_option("--layout", layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
   app.add_option("--tflops", in.attention_tflops, "achieved attention TFLOP/s of the local block")
       ->check(tools::positive_real());
@@ -37,10 +39,11 @@ int main(int argc, char** argv) {
   app.add_option("--memory-gib", in.memory_gib, "device memory per GPU, GiB")
       ->check(tools::positive_real());
   app.add_option("--element-bytes", in.element_bytes, "2 for bf16/f16, 4 for f32")
-      ->check(CLI::IsMember({2, 4}));
+      ->check(CLI::IsMember({"2", "4"}));  // text: of an int set, CLI11 names "two" without the set
   const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
   if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-plan");
   if (app.count("--kv-heads") == 0) in.kv_heads = in.heads;
+  if (full) in.causal = false;
   in.zigzag = layout == "zigzag";
   const std::int64_t parts = in.zigzag ? 2 * std::int64_t{in.ranks} : in.ranks;
   if (in.heads % in.kv_heads != 0) {

@@ -5,10 +5,15 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -381,18 +386,20 @@ std::string initials(std::string_view name) {
 }
 
 // A key whose last part is the same as the unknown one's (in another section: "model.seq_len" ->
-// "train.seq_len") or its initials ("train.learning_rate" -> "train.lr") first, else the key or
-// section with the fewest edits; "" when even that one is too far to be a typo (more edits than a
-// third of the unknown name's length, and more than 2).
+// "train.seq_len") first, then a key of the same section named by its initials
+// ("train.learning_rate" -> "train.lr"; initials are too short to point into another section:
+// "model.dropout_probability" is not "parallel.dp"), else the key or section with the fewest
+// edits; "" when even that one is too far to be a typo (more edits than a third of the unknown
+// name's length, and more than 2).
 std::string nearest_name(std::string_view unknown) {
   const std::string_view leaf = leaf_of(unknown);
   for (const KeyInfo& info : key_table()) {
     if (leaf_of(info.key) == leaf) return info.key;
   }
-  for (const KeyInfo& info : key_table()) {
-    if (leaf.find('_') != std::string_view::npos && leaf_of(info.key) == initials(leaf)) {
-      return info.key;
-    }
+  if (leaf.find('_') != std::string_view::npos) {
+    const std::string same_section =
+        std::string(unknown.substr(0, unknown.size() - leaf.size())) + initials(leaf);
+    if (find_key(same_section) != nullptr) return same_section;
   }
   std::vector<std::string> names;
   for (const KeyInfo& info : key_table()) {
@@ -540,6 +547,53 @@ int stage_steps_sum(const std::vector<StageConfig>& stages) {
   return static_cast<int>(std::clamp<std::int64_t>(sum, 0, std::numeric_limits<int>::max()));
 }
 
+// ---- reading the file ---------------------------------------------------------------------------
+
+template <typename... Parts>
+[[noreturn]] void fail_config_file(const std::string& name, const Parts&... parts) {
+  detail::fail_as(ErrorKind::io, "load_config", "config file '", name, "' ", parts...);
+}
+
+// What a path that is no regular file is: "a FIFO, not a regular file".
+const char* not_a_regular_file(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO, not a regular file";
+  if (S_ISCHR(mode)) return "a character device, not a regular file";
+  if (S_ISBLK(mode)) return "a block device, not a regular file";
+  if (S_ISSOCK(mode)) return "a socket, not a regular file";
+  return "not a regular file";
+}
+
+// The file's bytes. It is opened without waiting and refused unless it is a regular file before a
+// byte is read: the read of a FIFO or a terminal would wait for a writer forever. read(2) tells a
+// failed read (EIO: /proc/self/mem) from the end of the file, which a stream's rdbuf() does not.
+std::string read_config_file(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  const int fd = ::open(name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) fail_config_file(name, "does not exist");
+    fail_config_file(name, "could not be read: ", std::strerror(errno));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) fail_config_file(name, "could not be read: ", std::strerror(errno));
+  if (S_ISDIR(info.st_mode)) fail_config_file(name, "is a directory; expected a YAML file");
+  if (!S_ISREG(info.st_mode)) {
+    fail_config_file(name, "is ", not_a_regular_file(info.st_mode), "; expected a YAML file");
+  }
+  std::string text;
+  char block[1 << 16];
+  while (true) {
+    const ssize_t got = ::read(fd, block, sizeof block);
+    if (got == 0) return text;
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail_config_file(name, "could not be read: ", std::strerror(errno));
+    text.append(block, static_cast<std::size_t>(got));
+  }
+}
+
 // ---- validation ---------------------------------------------------------------------------------
 
 class Problems {
@@ -557,9 +611,14 @@ class Problems {
       add(key, " is ", format_value(value), "; expected 0 <= ", leaf_of(key), " < 1");
     }
   }
+  // A problem that two checks find (train.seq_len 0: the range and the retrieval task) is said
+  // once.
   template <typename... Parts>
   void add(const Parts&... parts) {
-    lines_.push_back(detail::concat(parts...));
+    std::string line = detail::concat(parts...);
+    if (std::find(lines_.begin(), lines_.end(), line) == lines_.end()) {
+      lines_.push_back(std::move(line));
+    }
   }
   void throw_if_any() const {
     if (lines_.empty()) return;
@@ -603,16 +662,23 @@ std::string config_items(const TrainConfig& config) {
 }
 
 TrainConfig load_config_string(std::string_view yaml, std::string_view source) {
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(std::string(yaml));
+    documents = YAML::LoadAll(std::string(yaml));
   } catch (const YAML::Exception& error) {
     detail::fail("load_config", source, ":", error.mark.line + 1, ":", error.mark.column + 1,
                  ": YAML syntax error: ", error.msg);
   }
+  // A config is one document: the keys of a second one (after "---") would otherwise be dropped
+  // without a word.
+  if (documents.size() > 1) {
+    detail::fail("load_config", source, ":", documents[1].Mark().line + 1,
+                 ": a second YAML document begins here (after '---'); a config file holds one "
+                 "document: remove the '---' to keep its keys, or what follows it");
+  }
   TrainConfig config;
   YamlReader reader(std::string(source), config);
-  reader.read_document(root);
+  reader.read_document(documents.empty() ? YAML::Node() : documents.front());
   if (reader.given("train.stages") && !reader.given("train.steps")) {
     config.train.steps = stage_steps_sum(config.train.stages);
   }
@@ -620,23 +686,7 @@ TrainConfig load_config_string(std::string_view yaml, std::string_view source) {
 }
 
 TrainConfig load_config_file(const std::filesystem::path& path) {
-  std::error_code error;
-  if (!std::filesystem::exists(path, error)) {
-    detail::fail_as(ErrorKind::io, "load_config", "config file '", path.string(),
-                    "' does not exist");
-  }
-  if (std::filesystem::is_directory(path, error)) {
-    detail::fail_as(ErrorKind::io, "load_config", "config file '", path.string(),
-                    "' is a directory; expected a YAML file");
-  }
-  std::ifstream file(path, std::ios::binary);
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (!file) {
-    detail::fail_as(ErrorKind::io, "load_config", "config file '", path.string(),
-                    "' could not be read");
-  }
-  return load_config_string(text.str(), path.string());
+  return load_config_string(read_config_file(path), path.string());
 }
 
 void apply_override(TrainConfig& config, std::string_view assignment) {

