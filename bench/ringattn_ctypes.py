@@ -1,4 +1,7 @@
-"""ringattn's C API from Python through ctypes, on torch tensors (no extension module needed).
+"""The bench scripts' handle on ringattn's C API: raw calls on torch tensors, the structs and the
+library check from the Python package of this tree (python/ringattn/_capi.py), which is where
+they are defined. For attention as a differentiable torch op, use the package itself
+(docs/python.md).
 
     from ringattn_ctypes import Ringattn
     ra = Ringattn("build/libringattn.so")
@@ -9,64 +12,32 @@ v (and so o, do and dv) may have a head dim Dv of its own on the host (f32/f64 C
 multi-head latent attention's 192/128; the scale defaults to 1/sqrt(D) of q and k. The CUDA block
 takes Dv == D only and says so.
 """
-import ctypes
 import math
+import sys
+from pathlib import Path
 
 import torch
 
-_DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+# This tree's package, whether or not (or whichever version) is installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from ringattn._capi import (BackwardParams, ForwardParams, Library, RingattnError,  # noqa: E402
+                            Tensor, describe)
 
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("memory", ctypes.c_int32),
-                ("rank", ctypes.c_int32), ("shape", ctypes.c_int64 * 4),
-                ("strides", ctypes.c_int64 * 4)]
-
-
-class ForwardParams(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
-                ("o", Tensor), ("lse", Tensor), ("scale", ctypes.c_double),
-                ("causal", ctypes.c_int32), ("combine", ctypes.c_int32),
-                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64)]
-
-
-class BackwardParams(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
-                ("dout", Tensor), ("lse", Tensor), ("delta", Tensor), ("dq", Tensor),
-                ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
-                ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32),
-                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64),
-                ("overwrite_key_gradients", ctypes.c_int32),
-                ("key_rotation_cos", Tensor), ("key_rotation_sin", Tensor)]
-
-
-def describe(t):
-    d = Tensor()
-    d.data = t.data_ptr()
-    d.dtype = _DTYPES[t.dtype]
-    d.memory = 1 if t.is_cuda else 0
-    d.rank = t.dim()
-    for i in range(t.dim()):
-        d.shape[i] = t.shape[i]
-        d.strides[i] = t.stride(i)
-    return d
+__all__ = ["BackwardParams", "ForwardParams", "Ringattn", "RingattnError", "Tensor", "describe"]
 
 
 class Ringattn:
+    """The library at `library`, its version checked against the package's (RingattnError)."""
+
     def __init__(self, library):
-        self.lib = ctypes.CDLL(library)
-        self.lib.ringattn_last_error.restype = ctypes.c_char_p
-        self.lib.ringattn_version_string.restype = ctypes.c_char_p
-        for name in ("ringattn_attention_forward", "ringattn_attention_backward"):
-            getattr(self.lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self.lib.ringattn_attention_backward_prepare.argtypes = [ctypes.c_void_p] * 4
+        self.library = Library(library)
+        self.lib = self.library.lib
 
     def version(self):
-        return self.lib.ringattn_version_string().decode()
+        return self.library.version
 
     def _check(self, status):
-        if status != 0:
-            raise RuntimeError(f"ringattn status {status}: {self.lib.ringattn_last_error().decode()}")
+        self.library.check(status)
 
     def _stream(self, t):
         return torch.cuda.current_stream().cuda_stream if t.is_cuda else None
@@ -76,10 +47,10 @@ class Ringattn:
         o = q.new_empty(b, sq, h, v.shape[-1])  # O has V's head dim
         lse = torch.empty(b, h, sq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype,
                           device=q.device)
-        p = ForwardParams(ctypes.sizeof(ForwardParams), describe(q), describe(k), describe(v),
-                          describe(o), describe(lse), scale or 1.0 / math.sqrt(d), int(causal), 0,
-                          q_start, k_start)
-        self._check(self.lib.ringattn_attention_forward(ctypes.byref(p), self._stream(q)))
+        p = ForwardParams(q=describe(q), k=describe(k), v=describe(v), o=describe(o),
+                          lse=describe(lse), scale=1.0 / math.sqrt(d) if scale is None else scale,
+                          causal=int(causal), combine=0, q_start=q_start, k_start=k_start)
+        self.library.forward(p, self._stream(q))
         return o, lse
 
     def backward(self, q, k, v, o, lse, dout, causal=False, scale=None, deterministic=False,
@@ -89,12 +60,12 @@ class Ringattn:
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros(v.shape, dtype=acc, device=q.device)
-        do_d, o_d, delta_d = describe(dout), describe(o), describe(delta)
-        self._check(self.lib.ringattn_attention_backward_prepare(
-            ctypes.byref(o_d), ctypes.byref(do_d), ctypes.byref(delta_d), self._stream(q)))
-        p = BackwardParams(ctypes.sizeof(BackwardParams), describe(q), describe(k), describe(v),
-                           do_d, describe(lse), delta_d, describe(dq), describe(dk), describe(dv),
-                           scale or 1.0 / math.sqrt(q.shape[-1]), int(causal), int(deterministic),
-                           q_start, k_start)
-        self._check(self.lib.ringattn_attention_backward(ctypes.byref(p), self._stream(q)))
+        do_d, delta_d = describe(dout), describe(delta)
+        self.library.backward_prepare(describe(o), do_d, delta_d, self._stream(q))
+        p = BackwardParams(q=describe(q), k=describe(k), v=describe(v), dout=do_d,
+                           lse=describe(lse), delta=delta_d, dq=describe(dq), dk=describe(dk),
+                           dv=describe(dv), scale=1.0 / math.sqrt(q.shape[-1]) if scale is None
+                           else scale, causal=int(causal), deterministic=int(deterministic),
+                           q_start=q_start, k_start=k_start)
+        self.library.backward(p, self._stream(q))
         return dq, dk, dv

@@ -1,0 +1,49 @@
+"""ringattn from PyTorch: the local attention block of the C API as a differentiable torch op.
+
+    import ringattn
+    o = ringattn.attention(q, k, v, causal=True)    # [batch, seq, heads, head_dim]
+
+See docs/python.md.
+"""
+import math
+
+from ringattn._capi import RingattnError, find_library, library
+from ringattn._ops import attention_backward, attention_forward
+from ringattn._version import __version__
+
+__all__ = ["RingattnError", "__version__", "attention", "find_library", "library",
+           "library_version"]
+
+
+def library_version():
+    """The version string of the shared library in use (found and loaded on first call)."""
+    return library().version
+
+
+def attention(q, k, v, *, causal=False, scale=None, q_start=0, k_start=0, return_lse=False,
+              deterministic=False):
+    """softmax(q k^T * scale + mask) v, by ringattn's local block.
+
+    q [batch, q_len, q_heads, head_dim], k [batch, k_len, kv_heads, head_dim] and
+    v [batch, k_len, kv_heads, v_head_dim] with q_heads a multiple of kv_heads (GQA). CPU tensors
+    of f32 or f64 (any head dims; v_head_dim may differ from head_dim) or CUDA tensors of bf16 or
+    f16 (the head dims the library was built for, v_head_dim equal to head_dim), on the current
+    stream. Any strides; a tensor without unit stride along its last axis (or, on CUDA, with
+    strides the kernels cannot take) is copied to a contiguous one first.
+
+    causal masks by global position: query row i sits at q_start + i, key row j at k_start + j,
+    and a query sees the keys at positions <= its own. A row that sees no key gets O = 0,
+    LSE = -inf and zero gradients.
+    scale defaults to 1 / sqrt(head_dim).
+
+    Returns O [batch, q_len, q_heads, v_head_dim] in q's dtype, and with return_lse also
+    LSE [batch, q_heads, q_len] (log-sum-exp of each row's scaled scores) in the accumulator dtype
+    (f64 for f64 inputs, f32 otherwise). Both are differentiable; the backward recomputes P from
+    the saved LSE. deterministic asks the CUDA backward for bitwise-reproducible gradients (the
+    CPU one always is). Failures of the library raise RingattnError with its message.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    o, lse = attention_forward(q, k, v, bool(causal), float(scale), int(q_start), int(k_start),
+                               bool(deterministic))
+    return (o, lse) if return_lse else o

@@ -1,0 +1,201 @@
+"""ringattn's C API (include/ringattn/ringattn.h) through ctypes: the structs, written once here,
+the library's discovery and version check, and torch tensors as descriptors.
+
+The structs follow ringattn.h field for field. Parameter structs start with struct_size, which is
+set to this module's sizeof: the library reads the fields a struct of that size holds, so fields
+a later 0.3.x library appends are left at their defaults, and fields this module has that an older
+library lacks are never read (the library refuses a struct shorter than its first version).
+"""
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from ringattn._version import __version__
+
+# ringattn_status_t
+SUCCESS = 0
+STATUS_NAMES = {0: "success", 1: "invalid argument", 2: "unsupported", 3: "library call failed",
+                4: "I/O", 5: "internal"}
+
+# ringattn_dtype_t and ringattn_memory_t
+DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+HOST, DEVICE = 0, 1
+
+LIBRARY_ENV = "RINGATTN_LIBRARY"
+LIBRARY_NAME = "libringattn.so"
+
+
+class RingattnError(RuntimeError):
+    """A ringattn call failed: the library's status and its message (ringattn_last_error()), or
+    the library could not be found, loaded or matched to this package."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+class Tensor(ctypes.Structure):
+    """ringattn_tensor_t: extents and strides in elements."""
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("memory", ctypes.c_int32),
+                ("rank", ctypes.c_int32), ("shape", ctypes.c_int64 * 4),
+                ("strides", ctypes.c_int64 * 4)]
+
+
+class ForwardParams(ctypes.Structure):
+    """ringattn_forward_params_t."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
+                ("o", Tensor), ("lse", Tensor), ("scale", ctypes.c_double),
+                ("causal", ctypes.c_int32), ("combine", ctypes.c_int32),
+                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64)]
+
+    def __init__(self, *args, **fields):
+        if not args:  # fields by name: struct_size is this struct's sizeof unless given
+            fields.setdefault("struct_size", ctypes.sizeof(type(self)))
+        super().__init__(*args, **fields)
+
+
+class BackwardParams(ctypes.Structure):
+    """ringattn_backward_params_t, with the fields appended in 0.2 (overwrite_key_gradients) and
+    0.3 (key_rotation_cos, key_rotation_sin; rank 0: no rotation)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
+                ("dout", Tensor), ("lse", Tensor), ("delta", Tensor), ("dq", Tensor),
+                ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
+                ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32),
+                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64),
+                ("overwrite_key_gradients", ctypes.c_int32),
+                ("key_rotation_cos", Tensor), ("key_rotation_sin", Tensor)]
+
+    def __init__(self, *args, **fields):
+        if not args:  # fields by name: struct_size is this struct's sizeof unless given
+            fields.setdefault("struct_size", ctypes.sizeof(type(self)))
+        super().__init__(*args, **fields)
+
+
+def describe(t):
+    """The descriptor of a torch tensor of rank <= 4 (a view: no copy)."""
+    d = Tensor()
+    d.data = t.data_ptr()
+    d.dtype = DTYPE_CODES[t.dtype]
+    d.memory = DEVICE if t.is_cuda else HOST
+    d.rank = t.dim()
+    for i in range(t.dim()):
+        d.shape[i] = t.shape[i]
+        d.strides[i] = t.stride(i)
+    return d
+
+
+def _version_tuple(text):
+    major, minor, *_ = text.split(".")
+    return int(major), int(minor)
+
+
+def _search_roots():
+    """The folders whose build/ (and whose parents' build/) may hold a source tree's library."""
+    return [Path(__file__).resolve().parent, Path.cwd().resolve()]
+
+
+def _candidates():
+    """Where the library is looked for when RINGATTN_LIBRARY is not set, in order."""
+    package_dir = Path(__file__).resolve().parent
+    found = [package_dir / LIBRARY_NAME, package_dir / "lib" / LIBRARY_NAME,
+             Path(sys.prefix) / "lib" / LIBRARY_NAME]
+    for start in _search_roots():
+        for folder in (start, *start.parents):
+            found.append(folder / "build" / LIBRARY_NAME)
+    return found
+
+
+def find_library():
+    """The path of the shared library this package uses: RINGATTN_LIBRARY if set, else the
+    library installed beside the package (ringattn/libringattn.so, ringattn/lib/, then
+    <sys.prefix>/lib/), else build/libringattn.so of a source tree above the package or the
+    current directory."""
+    env = os.environ.get(LIBRARY_ENV)
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise RingattnError(f"{LIBRARY_ENV}={env} is not a file; set it to the path of "
+                                f"{LIBRARY_NAME}, or unset it to search the usual places")
+        return path
+    candidates = _candidates()
+    for path in candidates:
+        if path.is_file():
+            return path
+    beside = ", ".join(str(p) for p in candidates[:3])
+    roots = " and ".join(str(p) for p in dict.fromkeys(_search_roots()))
+    raise RingattnError(f"{LIBRARY_NAME} not found: {LIBRARY_ENV} is not set, none at {beside}, "
+                        f"and no build/{LIBRARY_NAME} in {roots} or a folder above. Build it "
+                        f"(cmake --build build) or set {LIBRARY_ENV} to its path")
+
+
+class Library:
+    """The loaded library, its version checked against the package's."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        try:
+            self.lib = ctypes.CDLL(str(self.path))
+        except OSError as e:
+            raise RingattnError(f"cannot load {self.path}: {e}") from e
+        lib = self.lib
+        lib.ringattn_version.restype = ctypes.c_int
+        lib.ringattn_version.argtypes = []
+        # char* results: ctypes' default restype (C int) would cut a 64-bit pointer.
+        for name in ("ringattn_version_string", "ringattn_last_error"):
+            getattr(lib, name).restype = ctypes.c_char_p
+            getattr(lib, name).argtypes = []
+        lib.ringattn_status_string.restype = ctypes.c_char_p
+        lib.ringattn_status_string.argtypes = [ctypes.c_int]
+        lib.ringattn_cuda_device_count.restype = ctypes.c_int
+        lib.ringattn_cuda_device_count.argtypes = []
+        for name in ("ringattn_attention_forward", "ringattn_attention_backward"):
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.ringattn_attention_backward_prepare.restype = ctypes.c_int
+        lib.ringattn_attention_backward_prepare.argtypes = [ctypes.c_void_p] * 4
+
+        code = lib.ringattn_version()
+        self.version = lib.ringattn_version_string().decode()
+        self.version_code = code
+        library = (code // 10000, code // 100 % 100)
+        package = _version_tuple(__version__)
+        if library != package:
+            raise RingattnError(
+                f"{self.path} is ringattn {self.version} (version code {code}) but the Python "
+                f"package ringattn is {__version__}; they must share major.minor "
+                f"({package[0]}.{package[1]}.x). Build the matching library or set "
+                f"{LIBRARY_ENV} to one")
+
+    def check(self, status):
+        """Raises RingattnError with the library's message when status is not success."""
+        if status != SUCCESS:
+            message = self.lib.ringattn_last_error().decode(errors="replace")
+            name = self.lib.ringattn_status_string(status).decode(errors="replace")
+            raise RingattnError(f"{message} (ringattn status {status}: {name})", status=status)
+
+    def forward(self, params, stream):
+        self.check(self.lib.ringattn_attention_forward(ctypes.byref(params), stream))
+
+    def backward_prepare(self, o, dout, delta, stream):
+        self.check(self.lib.ringattn_attention_backward_prepare(
+            ctypes.byref(o), ctypes.byref(dout), ctypes.byref(delta), stream))
+
+    def backward(self, params, stream):
+        self.check(self.lib.ringattn_attention_backward(ctypes.byref(params), stream))
+
+    def cuda_device_count(self):
+        return self.lib.ringattn_cuda_device_count()
+
+
+_library = None
+
+
+def library():
+    """The library, found, loaded and checked at the first call (not at import)."""
+    global _library
+    if _library is None:
+        _library = Library(find_library())
+    return _library

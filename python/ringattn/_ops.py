@@ -1,0 +1,139 @@
+"""attention() as torch.library custom ops (ringattn::attention_forward and
+ringattn::attention_backward) with fake (meta) implementations and autograd, so that eager
+mode, autograd and torch.compile(fullgraph=True) all go through the same two calls of the C API.
+"""
+import contextlib
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ringattn import _capi
+
+
+def _accumulator_dtype(dtype):
+    # The C API's accumulator dtype: f64 for f64 inputs, f32 for every other input dtype.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check(q, k, v):
+    """What the descriptors and the outputs' shapes need; every other check (shapes that do not
+    match, GQA, dtypes, memory, head dims) is the library's, whose message names the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"ringattn.attention: {name} has shape {list(t.shape)}; expected "
+                             "rank 4 [batch, seq, heads, head_dim]")
+        if t.dtype not in _capi.DTYPE_CODES:
+            raise TypeError(f"ringattn.attention: {name} has dtype {t.dtype}; expected "
+                            "torch.float32 or torch.float64 (CPU), torch.bfloat16 or "
+                            "torch.float16 (CUDA)")
+        if t.device != q.device:
+            raise ValueError(f"ringattn.attention: {name} is on {t.device} but q is on "
+                             f"{q.device}")
+
+
+def _viewable(t):
+    """t itself when the C API can read it as a view, else a contiguous copy. The C API needs
+    unit stride along head_dim and strides >= 1 elsewhere (no broadcast axes); the CUDA block
+    also needs strides that are multiples of 8 elements and 16-byte aligned data."""
+    outer = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1]  # axes other than head_dim
+    ok = (t.shape[-1] <= 1 or t.stride(-1) == 1) and all(s >= 1 for s in outer)
+    if ok and t.is_cuda:
+        ok = t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in outer)
+    return t if ok else t.contiguous()
+
+
+def _stream(t):
+    # The current stream of the tensor's device: the library's calls queue behind torch's work.
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+
+
+def _device(t):
+    """torch.cuda.device(t.device) for CUDA tensors: the library launches on the current device."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+@torch.library.custom_op("ringattn::attention_forward", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, q_start: int,
+                      k_start: int, deterministic: bool) -> tuple[Tensor, Tensor]:
+    """O [B, Sq, Hq, Dv] in q's dtype and LSE [B, Hq, Sq] in the accumulator dtype.
+    deterministic is the backward's (kept with the forward's arguments for it)."""
+    _check(q, k, v)
+    lib = _capi.library()
+    q, k, v = _viewable(q), _viewable(k), _viewable(v)
+    batch, q_len, q_heads, _ = q.shape
+    o = torch.empty(batch, q_len, q_heads, v.shape[-1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype), device=q.device)
+    params = _capi.ForwardParams(q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v),
+                                 o=_capi.describe(o), lse=_capi.describe(lse), scale=scale,
+                                 causal=int(causal), combine=0, q_start=q_start, k_start=k_start)
+    with _device(q):
+        lib.forward(params, _stream(q))
+    return o, lse
+
+
+@attention_forward.register_fake
+def _(q, k, v, causal, scale, q_start, k_start, deterministic):
+    _check(q, k, v)
+    batch, q_len, q_heads, _ = q.shape
+    o = q.new_empty(batch, q_len, q_heads, v.shape[-1])
+    lse = q.new_empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype))
+    return o, lse
+
+
+@torch.library.custom_op("ringattn::attention_backward", mutates_args=())
+def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
+                       v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float,
+                       q_start: int, k_start: int,
+                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV in the inputs' dtype from the forward's saved O and LSE (P is recomputed from
+    the LSE, which is not). dout (of O) and dlse (of LSE) may be None: no gradient reached them."""
+    _check(q, k, v)
+    lib = _capi.library()
+    q, k, v, o = _viewable(q), _viewable(k), _viewable(v), _viewable(o)
+    dout = torch.zeros_like(o) if dout is None else _viewable(dout)
+    acc = _accumulator_dtype(q.dtype)
+    # delta = rowsum(dO * O), a fresh buffer [B, Hq, Sq] of the accumulator dtype. The backward
+    # forms dS = P * (dP - delta); a gradient g of LSE adds P * g (dLSE/dS = P), so it enters as
+    # delta - g. Rows that see no key have P = 0 and take neither.
+    delta = torch.empty(lse.shape, dtype=acc, device=q.device)
+    # The C API adds into dq, dk and dv (accumulator dtype): they start at zero.
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    stream = _stream(q)
+    with _device(q):
+        dout_d, delta_d = _capi.describe(dout), _capi.describe(delta)
+        lib.backward_prepare(_capi.describe(o), dout_d, delta_d, stream)
+        if dlse is not None:
+            delta.sub_(dlse.to(acc))
+        params = _capi.BackwardParams(
+            q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), dout=dout_d,
+            lse=_capi.describe(_viewable(lse)), delta=delta_d, dq=_capi.describe(dq),
+            dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
+            deterministic=int(deterministic), q_start=q_start, k_start=k_start,
+            overwrite_key_gradients=0)
+        lib.backward(params, stream)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@attention_backward.register_fake
+def _(dout, dlse, q, k, v, o, lse, causal, scale, q_start, k_start, deterministic):
+    _check(q, k, v)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = inputs[3:]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(dout, dlse, q, k, v, o, lse, *ctx.args)
+    return (dq, dk, dv) + (None,) * len(ctx.args)
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)

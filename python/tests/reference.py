@@ -1,0 +1,44 @@
+"""The oracle: attention in fp64 in plain torch, materialising the scores, differentiable by
+torch.autograd. Independent of ringattn: only torch's einsum, exp, log and sum."""
+import torch
+
+
+def attention(q, k, v, causal=False, scale=None, q_start=0, k_start=0, dtype=torch.float64):
+    """(O, LSE) of softmax(q k^T * scale + mask) v computed in dtype (fp64: the oracle; the
+    inputs' own dtype: the naive computation's rounding, for an error baseline); q, k, v
+    [B, S, H, D] of any dtype. Rows that see no key: O = 0, LSE = -inf, zero gradients."""
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q_len, q_heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    k_len, kv_heads = k.shape[1], k.shape[2]
+    if scale is None:
+        scale = head_dim ** -0.5
+    group = q_heads // kv_heads
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if causal:
+        q_pos = q_start + torch.arange(q_len, device=q.device)
+        k_pos = k_start + torch.arange(k_len, device=q.device)
+        visible = q_pos[:, None] >= k_pos[None, :]
+    else:
+        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device)
+    s = s.masked_fill(~visible, float("-inf"))
+    # A row's maximum, 0 where the row sees nothing, so that exp() never meets -inf - -inf.
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    total = e.sum(dim=-1, keepdim=True)
+    seen = total > 0
+    safe_total = torch.where(seen, total, torch.ones_like(total))
+    p = e / safe_total
+    o = torch.einsum("bhij,bjhd->bihd", p, v)
+    lse = torch.where(seen, torch.log(safe_total) + m, torch.full_like(m, float("-inf")))
+    return o, lse.squeeze(-1)
+
+
+def relative_error(out, ref):
+    """||out - ref|| / ||ref|| in fp64 (the absolute error where ref is zero)."""
+    out, ref = out.double(), ref.double()
+    den = ref.norm().item()
+    num = (out - ref).norm().item()
+    return num / den if den > 0 else num

@@ -1,0 +1,255 @@
+"""How the package finds, loads and checks the shared library, its packaging, and the C API's
+structs against ringattn.h."""
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import ringattn
+from ringattn import _capi
+
+PYTHON_DIR = Path(__file__).resolve().parents[1]
+REPO = PYTHON_DIR.parent
+HEADER = REPO / "include" / "ringattn" / "ringattn.h"
+
+
+@pytest.fixture
+def no_env(monkeypatch):
+    monkeypatch.delenv(_capi.LIBRARY_ENV, raising=False)
+
+
+def fake_library(tmp_path, version_code, version_string):
+    """A shared library with the C API's entry points that reports the given version."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build a library of another version")
+    source = tmp_path / "fake.c"
+    source.write_text(f"""
+int ringattn_version(void) {{ return {version_code}; }}
+const char* ringattn_version_string(void) {{ return "{version_string}"; }}
+const char* ringattn_status_string(int s) {{ return "x"; }}
+const char* ringattn_last_error(void) {{ return ""; }}
+int ringattn_cuda_device_count(void) {{ return 0; }}
+int ringattn_attention_forward(const void* p, void* s) {{ return 5; }}
+int ringattn_attention_backward_prepare(const void* a, const void* b, const void* c, void* s) {{ return 5; }}
+int ringattn_attention_backward(const void* p, void* s) {{ return 5; }}
+""")
+    library = tmp_path / "libringattn.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return library
+
+
+def test_the_library_found_matches_the_package():
+    lib = ringattn.library()
+    assert lib.version == ringattn.library_version()
+    assert lib.version.split(".")[:2] == ringattn.__version__.split(".")[:2]
+    assert lib.version_code == int(lib.version.split(".")[0]) * 10000 + \
+        int(lib.version.split(".")[1]) * 100 + int(lib.version.split(".")[2])
+
+
+def test_version_mismatch_names_both(tmp_path):
+    library = fake_library(tmp_path, 400, "0.4.0")
+    with pytest.raises(ringattn.RingattnError) as info:
+        _capi.Library(library)
+    message = str(info.value)
+    assert str(library) in message
+    assert "ringattn 0.4.0" in message and f"ringattn is {ringattn.__version__}" in message
+    assert "major.minor" in message and _capi.LIBRARY_ENV in message
+
+
+def test_a_patch_release_of_the_same_minor_is_taken(tmp_path):
+    major, minor, _ = ringattn.__version__.split(".")
+    code = int(major) * 10000 + int(minor) * 100 + 7
+    lib = _capi.Library(fake_library(tmp_path, code, f"{major}.{minor}.7"))
+    assert lib.version == f"{major}.{minor}.7"
+
+
+def test_environment_variable_wins(tmp_path, monkeypatch):
+    library = fake_library(tmp_path, 300, "0.3.0")
+    monkeypatch.setenv(_capi.LIBRARY_ENV, str(library))
+    assert _capi.find_library() == library
+    monkeypatch.setenv(_capi.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(ringattn.RingattnError, match=r"RINGATTN_LIBRARY=.*missing\.so is not a file"):
+        _capi.find_library()
+
+
+def test_library_beside_the_package_comes_before_a_build_tree(tmp_path, monkeypatch, no_env):
+    package = tmp_path / "site-packages" / "ringattn"
+    package.mkdir(parents=True)
+    monkeypatch.setattr(_capi, "__file__", str(package / "_capi.py"))
+    tree = tmp_path / "tree"
+    (tree / "build").mkdir(parents=True)
+    (tree / "src").mkdir()
+    (tree / "build" / _capi.LIBRARY_NAME).write_bytes(b"")
+    monkeypatch.chdir(tree / "src")
+    if (Path(sys.prefix) / "lib" / _capi.LIBRARY_NAME).is_file():
+        pytest.skip("a library installed under sys.prefix would be found first")
+    assert _capi.find_library() == tree / "build" / _capi.LIBRARY_NAME  # from the cwd upward
+    (package / "lib").mkdir()
+    (package / "lib" / _capi.LIBRARY_NAME).write_bytes(b"")
+    assert _capi.find_library() == package / "lib" / _capi.LIBRARY_NAME
+    (package / _capi.LIBRARY_NAME).write_bytes(b"")
+    assert _capi.find_library() == package / _capi.LIBRARY_NAME
+
+
+def test_not_found_says_where_it_looked(tmp_path, monkeypatch, no_env):
+    package = tmp_path / "site-packages" / "ringattn"
+    package.mkdir(parents=True)
+    monkeypatch.setattr(_capi, "__file__", str(package / "_capi.py"))
+    monkeypatch.chdir(tmp_path)
+    if (Path(sys.prefix) / "lib" / _capi.LIBRARY_NAME).is_file():
+        pytest.skip("a library installed under sys.prefix would be found")
+    with pytest.raises(ringattn.RingattnError) as info:
+        _capi.find_library()
+    message = str(info.value)
+    assert message.startswith("libringattn.so not found: RINGATTN_LIBRARY is not set, none at "
+                              f"{package / _capi.LIBRARY_NAME}, ")
+    assert f"no build/libringattn.so in {package} and {tmp_path} or a folder above" in message
+
+
+def test_a_file_that_is_not_a_library_is_named(tmp_path):
+    bad = tmp_path / "libringattn.so"
+    bad.write_text("not an ELF file")
+    with pytest.raises(ringattn.RingattnError, match=f"cannot load {re.escape(str(bad))}"):
+        _capi.Library(bad)
+
+
+def test_status_and_message_of_a_failed_call():
+    lib = ringattn.library()
+    params = _capi.ForwardParams()
+    params.struct_size = 8  # shorter than any version of the struct
+    with pytest.raises(ringattn.RingattnError) as info:
+        lib.forward(params, None)
+    assert isinstance(info.value, RuntimeError) and info.value.status == 1
+    assert str(info.value) == ("ringattn_attention_forward: params->struct_size is 8; expected "
+                               f"sizeof = {ctypes.sizeof(_capi.ForwardParams)} (set it to "
+                               "sizeof(the struct)) (ringattn status 1: invalid argument)")
+
+
+def c_struct_fields(name):
+    """The field names of `typedef struct ... { ... } name;` in ringattn.h, in order."""
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    body = re.search(r"typedef struct \w+ \{([^}]*)\}\s*" + name + ";", text).group(1)
+    fields = []
+    for declaration in body.split(";"):
+        declaration = declaration.strip()
+        if not declaration:
+            continue
+        names = declaration.split(None, 1)[1] if not declaration.startswith("ringattn_tensor_t") \
+            else declaration[len("ringattn_tensor_t"):]
+        for field in names.split(","):
+            fields.append(re.sub(r"[\s*]|\[.*\]", "", field))
+    return fields
+
+
+@pytest.mark.skipif(not HEADER.is_file(), reason="not in the source tree")
+@pytest.mark.parametrize("struct,name", [(_capi.Tensor, "ringattn_tensor_t"),
+                                         (_capi.ForwardParams, "ringattn_forward_params_t"),
+                                         (_capi.BackwardParams, "ringattn_backward_params_t")])
+def test_structs_match_the_header(struct, name):
+    assert [f[0] for f in struct._fields_] == c_struct_fields(name)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or not HEADER.is_file(),
+                    reason="needs a C compiler and the source tree")
+def test_struct_layouts_match_the_compiler(tmp_path):
+    """sizeof and offsetof of every field, from the C compiler on ringattn.h, against ctypes."""
+    build_include = REPO / "build" / "include"
+    lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "ringattn/ringattn.h"',
+             "int main(void) {"]
+    for struct, name in ((_capi.Tensor, "ringattn_tensor_t"),
+                         (_capi.ForwardParams, "ringattn_forward_params_t"),
+                         (_capi.BackwardParams, "ringattn_backward_params_t")):
+        lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')
+        for field, _ in struct._fields_:
+            lines.append(f'printf("{name} {field} %zu\\n", offsetof({name}, {field}));')
+    lines.append("return 0; }")
+    source = tmp_path / "layout.c"
+    source.write_text("\n".join(lines))
+    program = tmp_path / "layout"
+    includes = [f"-I{REPO / 'include'}"] + ([f"-I{build_include}"] if build_include.is_dir() else [])
+    subprocess.run(["cc", *includes, "-o", str(program), str(source)], check=True)
+    c_layout = subprocess.run([str(program)], check=True, capture_output=True, text=True).stdout
+    ours = []
+    for struct, name in ((_capi.Tensor, "ringattn_tensor_t"),
+                         (_capi.ForwardParams, "ringattn_forward_params_t"),
+                         (_capi.BackwardParams, "ringattn_backward_params_t")):
+        ours.append(f"{name} size {ctypes.sizeof(struct)}")
+        ours += [f"{name} {field} {getattr(struct, field).offset}" for field, _ in struct._fields_]
+    assert c_layout.split("\n")[:-1] == ours
+
+
+def test_wheel_builds_offline_with_the_installed_setuptools(tmp_path):
+    """`pip wheel --no-build-isolation --no-index` of python/: no download, a pure-Python wheel
+    with the package and its version. Built from a copy: setuptools writes build/ and
+    egg-info/ beside the sources."""
+    source = tmp_path / "python"
+    shutil.copytree(PYTHON_DIR, source, ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", ".pytest_cache", "tests"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-index", "--no-deps",
+         "-w", str(tmp_path), str(source)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    wheels = list(tmp_path.glob("ringattn-*.whl"))
+    assert [w.name for w in wheels] == [f"ringattn-{ringattn.__version__}-py3-none-any.whl"]
+    names = zipfile.ZipFile(wheels[0]).namelist()
+    for module in ("__init__.py", "_capi.py", "_ops.py", "_version.py"):
+        assert f"ringattn/{module}" in names
+    assert not any(n.startswith("tests/") for n in names)
+
+
+def test_a_library_copied_into_the_package_is_installed_with_it(tmp_path):
+    source = tmp_path / "python"
+    shutil.copytree(PYTHON_DIR, source, ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", ".pytest_cache", "tests"))
+    shutil.copy(ringattn.library().path, source / "ringattn" / _capi.LIBRARY_NAME)
+    target = tmp_path / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index", "--no-deps",
+         "--target", str(target), str(source)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    installed = target / "ringattn" / _capi.LIBRARY_NAME
+    assert installed.is_file()
+    env = dict(os.environ, PYTHONPATH=str(target))
+    env.pop(_capi.LIBRARY_ENV, None)
+    found = subprocess.run([sys.executable, "-W", "ignore", "-c",
+                            "import ringattn; print(ringattn.library().path)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(installed)
+
+
+def test_bench_helper_is_the_package_underneath():
+    """bench/ringattn_ctypes.py (the bench scripts' raw calls) uses the package's structs and
+    library check, and its results are the op's, bitwise."""
+    import importlib.util
+    path = REPO / "bench" / "ringattn_ctypes.py"
+    if not path.is_file():
+        pytest.skip("not in the source tree")
+    spec = importlib.util.spec_from_file_location("ringattn_ctypes", path)
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+    assert shim.ForwardParams is _capi.ForwardParams and shim.BackwardParams is _capi.BackwardParams
+    ra = shim.Ringattn(ringattn.library().path)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(2, 9, h, 8, dtype=torch.float64, generator=g) for h in (4, 2, 2, 4))
+    o, lse = ra.forward(q, k, v, causal=True, q_start=2)
+    dq, dk, dv = ra.backward(q, k, v, o, lse, do, causal=True, q_start=2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o2, lse2 = ringattn.attention(*leaves, causal=True, q_start=2, return_lse=True)
+    o2.backward(do)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    for raw, leaf in zip((dq, dk, dv), leaves):
+        assert torch.equal(raw, leaf.grad)
+    # Positional construction, as the bench scripts build their parameter structs.
+    params = shim.ForwardParams(ctypes.sizeof(shim.ForwardParams), shim.describe(q),
+                                shim.describe(k), shim.describe(v), shim.describe(o),
+                                shim.describe(lse), 0.5, 1, 0, 0, 0)
+    assert params.struct_size == ctypes.sizeof(_capi.ForwardParams) and params.scale == 0.5
