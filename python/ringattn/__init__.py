@@ -1,18 +1,24 @@
-"""ringattn from PyTorch: the local attention block of the C API as a differentiable torch op.
+"""ringattn from PyTorch: the local attention block of the C API as a differentiable torch op,
+and ring attention over the ranks of an mpi4py communicator.
 
     import ringattn
     o = ringattn.attention(q, k, v, causal=True)    # [batch, seq, heads, head_dim]
+
+    ring = ringattn.RingAttention(MPI.COMM_WORLD, layout="zigzag")
+    o = ring(q, k, v, causal=True)                  # this rank's shards [batch, seq/N, ...]
 
 See docs/python.md.
 """
 import math
 
 from ringattn._capi import RingattnError, find_library, library
+from ringattn._layout import positions, shard, unshard
 from ringattn._ops import attention_backward, attention_forward
+from ringattn._ring import RingAttention
 from ringattn._version import __version__
 
-__all__ = ["RingattnError", "__version__", "attention", "find_library", "library",
-           "library_version"]
+__all__ = ["RingAttention", "RingattnError", "__version__", "attention", "find_library",
+           "library", "library_version", "positions", "shard", "unshard"]
 
 
 def library_version():

@@ -20,9 +20,10 @@ SUCCESS = 0
 STATUS_NAMES = {0: "success", 1: "invalid argument", 2: "unsupported", 3: "library call failed",
                 4: "I/O", 5: "internal"}
 
-# ringattn_dtype_t and ringattn_memory_t
+# ringattn_dtype_t, ringattn_memory_t and ringattn_layout_t
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 HOST, DEVICE = 0, 1
+LAYOUT_CODES = {"contiguous": 0, "zigzag": 1}
 
 LIBRARY_ENV = "RINGATTN_LIBRARY"
 LIBRARY_NAME = "libringattn.so"
@@ -67,6 +68,31 @@ class BackwardParams(ctypes.Structure):
                 ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64),
                 ("overwrite_key_gradients", ctypes.c_int32),
                 ("key_rotation_cos", Tensor), ("key_rotation_sin", Tensor)]
+
+    def __init__(self, *args, **fields):
+        if not args:  # fields by name: struct_size is this struct's sizeof unless given
+            fields.setdefault("struct_size", ctypes.sizeof(type(self)))
+        super().__init__(*args, **fields)
+
+
+class RingForwardParams(ctypes.Structure):
+    """ringattn_ring_forward_params_t."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
+                ("o", Tensor), ("lse", Tensor), ("scale", ctypes.c_double),
+                ("causal", ctypes.c_int32)]
+
+    def __init__(self, *args, **fields):
+        if not args:  # fields by name: struct_size is this struct's sizeof unless given
+            fields.setdefault("struct_size", ctypes.sizeof(type(self)))
+        super().__init__(*args, **fields)
+
+
+class RingBackwardParams(ctypes.Structure):
+    """ringattn_ring_backward_params_t."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
+                ("o", Tensor), ("lse", Tensor), ("dout", Tensor), ("dq", Tensor),
+                ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
+                ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32)]
 
     def __init__(self, *args, **fields):
         if not args:  # fields by name: struct_size is this struct's sizeof unless given
@@ -156,6 +182,15 @@ class Library:
             getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lib.ringattn_attention_backward_prepare.restype = ctypes.c_int
         lib.ringattn_attention_backward_prepare.argtypes = [ctypes.c_void_p] * 4
+        # ringattn_ring_t is a pointer: passed and returned as c_void_p.
+        lib.ringattn_ring_create.restype = ctypes.c_int
+        lib.ringattn_ring_create.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                                             ctypes.POINTER(ctypes.c_void_p)]
+        lib.ringattn_ring_destroy.restype = ctypes.c_int
+        lib.ringattn_ring_destroy.argtypes = [ctypes.c_void_p]
+        for name in ("ringattn_ring_forward", "ringattn_ring_backward"):
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = [ctypes.c_void_p] * 3
 
         code = lib.ringattn_version()
         self.version = lib.ringattn_version_string().decode()
@@ -185,6 +220,22 @@ class Library:
 
     def backward(self, params, stream):
         self.check(self.lib.ringattn_attention_backward(ctypes.byref(params), stream))
+
+    def ring_create(self, mpi_comm_address, memory, layout):
+        """A new ring handle over the MPI_Comm at mpi_comm_address (collective)."""
+        handle = ctypes.c_void_p()
+        self.check(self.lib.ringattn_ring_create(mpi_comm_address, memory, layout,
+                                                 ctypes.byref(handle)))
+        return handle
+
+    def ring_destroy(self, handle):
+        self.check(self.lib.ringattn_ring_destroy(handle))
+
+    def ring_forward(self, handle, params, stream):
+        self.check(self.lib.ringattn_ring_forward(handle, ctypes.byref(params), stream))
+
+    def ring_backward(self, handle, params, stream):
+        self.check(self.lib.ringattn_ring_backward(handle, ctypes.byref(params), stream))
 
     def cuda_device_count(self):
         return self.lib.ringattn_cuda_device_count()

@@ -40,6 +40,10 @@ int ringattn_cuda_device_count(void) {{ return 0; }}
 int ringattn_attention_forward(const void* p, void* s) {{ return 5; }}
 int ringattn_attention_backward_prepare(const void* a, const void* b, const void* c, void* s) {{ return 5; }}
 int ringattn_attention_backward(const void* p, void* s) {{ return 5; }}
+int ringattn_ring_create(const void* c, int m, int l, void** r) {{ return 5; }}
+int ringattn_ring_destroy(void* r) {{ return 5; }}
+int ringattn_ring_forward(void* r, const void* p, void* s) {{ return 5; }}
+int ringattn_ring_backward(void* r, const void* p, void* s) {{ return 5; }}
 """)
     library = tmp_path / "libringattn.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
@@ -149,10 +153,15 @@ def c_struct_fields(name):
     return fields
 
 
+STRUCTS = [(_capi.Tensor, "ringattn_tensor_t"),
+           (_capi.ForwardParams, "ringattn_forward_params_t"),
+           (_capi.BackwardParams, "ringattn_backward_params_t"),
+           (_capi.RingForwardParams, "ringattn_ring_forward_params_t"),
+           (_capi.RingBackwardParams, "ringattn_ring_backward_params_t")]
+
+
 @pytest.mark.skipif(not HEADER.is_file(), reason="not in the source tree")
-@pytest.mark.parametrize("struct,name", [(_capi.Tensor, "ringattn_tensor_t"),
-                                         (_capi.ForwardParams, "ringattn_forward_params_t"),
-                                         (_capi.BackwardParams, "ringattn_backward_params_t")])
+@pytest.mark.parametrize("struct,name", STRUCTS, ids=[name for _, name in STRUCTS])
 def test_structs_match_the_header(struct, name):
     assert [f[0] for f in struct._fields_] == c_struct_fields(name)
 
@@ -164,9 +173,7 @@ def test_struct_layouts_match_the_compiler(tmp_path):
     build_include = REPO / "build" / "include"
     lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "ringattn/ringattn.h"',
              "int main(void) {"]
-    for struct, name in ((_capi.Tensor, "ringattn_tensor_t"),
-                         (_capi.ForwardParams, "ringattn_forward_params_t"),
-                         (_capi.BackwardParams, "ringattn_backward_params_t")):
+    for struct, name in STRUCTS:
         lines.append(f'printf("{name} size %zu\\n", sizeof({name}));')
         for field, _ in struct._fields_:
             lines.append(f'printf("{name} {field} %zu\\n", offsetof({name}, {field}));')
@@ -178,9 +185,7 @@ def test_struct_layouts_match_the_compiler(tmp_path):
     subprocess.run(["cc", *includes, "-o", str(program), str(source)], check=True)
     c_layout = subprocess.run([str(program)], check=True, capture_output=True, text=True).stdout
     ours = []
-    for struct, name in ((_capi.Tensor, "ringattn_tensor_t"),
-                         (_capi.ForwardParams, "ringattn_forward_params_t"),
-                         (_capi.BackwardParams, "ringattn_backward_params_t")):
+    for struct, name in STRUCTS:
         ours.append(f"{name} size {ctypes.sizeof(struct)}")
         ours += [f"{name} {field} {getattr(struct, field).offset}" for field, _ in struct._fields_]
     assert c_layout.split("\n")[:-1] == ours
