@@ -16,13 +16,30 @@ def pytest_report_header(config):
     return f"ringattn tests: seed {SEED} (RINGATTN_TEST_SEED={SEED} replays it)"
 
 
+def seeded_generator(seed, nodeid):
+    """A torch generator of `seed` and a test's id: the same numbers in every process."""
+    import torch
+    g = torch.Generator()
+    g.manual_seed((seed * 1000003 + hash_text(nodeid)) % 2**63)
+    return g
+
+
+def cuda_devices():
+    """The CUDA GPUs a CUDA-built library sees; 0 without torch CUDA or a CUDA build."""
+    import torch
+    import ringattn
+    if not torch.cuda.is_available():
+        return 0
+    try:
+        return ringattn.library().cuda_device_count()
+    except ringattn.RingattnError:
+        return 0
+
+
 @pytest.fixture
 def gen(request):
     """A torch generator seeded from the run's seed and the test's id."""
-    import torch
-    g = torch.Generator()
-    g.manual_seed((SEED * 1000003 + hash_text(request.node.nodeid)) % 2**63)
-    return g
+    return seeded_generator(SEED, request.node.nodeid)
 
 
 def hash_text(text):

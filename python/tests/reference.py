@@ -42,3 +42,23 @@ def relative_error(out, ref):
     den = ref.norm().item()
     num = (out - ref).norm().item()
     return num / den if den > 0 else num
+
+
+class TinyAttentionModel(torch.nn.Module):
+    """x [B, S, E] -> projections -> GQA causal attention through `attend` (ringattn.attention,
+    or a ring over this rank's tokens) -> projection, plus the LSE's mean: a small model for
+    torch.compile tests. `attend(q, k, v, causal=True, return_lse=True)` returns (O, LSE)."""
+
+    def __init__(self, attend, embed=32, heads=4, kv_heads=2, head_dim=8, dtype=torch.float32):
+        super().__init__()
+        self.attend, self.heads, self.kv_heads, self.head_dim = attend, heads, kv_heads, head_dim
+        self.q = torch.nn.Linear(embed, heads * head_dim, dtype=dtype)
+        self.kv = torch.nn.Linear(embed, 2 * kv_heads * head_dim, dtype=dtype)
+        self.out = torch.nn.Linear(heads * head_dim, embed, dtype=dtype)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim)
+        k, v = self.kv(x).view(b, s, 2 * self.kv_heads, self.head_dim).chunk(2, dim=2)
+        o, lse = self.attend(q, k, v, causal=True, return_lse=True)
+        return self.out(o.reshape(b, s, -1)) + lse.mean()

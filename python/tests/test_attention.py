@@ -10,7 +10,7 @@ import torch
 import ringattn
 from conftest import SEED
 from reference import attention as reference
-from reference import relative_error
+from reference import TinyAttentionModel, relative_error
 
 FORWARD_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 GRAD_TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -281,31 +281,13 @@ def test_meta_tensors_give_shapes_and_dtypes():
         assert lse.shape == (3, 8, 10) and lse.dtype == acc
 
 
-class TinyAttentionModel(torch.nn.Module):
-    """x [B, S, E] -> projections -> GQA causal attention (ringattn) -> projection."""
-
-    def __init__(self, embed=32, heads=4, kv_heads=2, head_dim=8, dtype=torch.float32):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q = torch.nn.Linear(embed, heads * head_dim, dtype=dtype)
-        self.kv = torch.nn.Linear(embed, 2 * kv_heads * head_dim, dtype=dtype)
-        self.out = torch.nn.Linear(heads * head_dim, embed, dtype=dtype)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.heads, self.head_dim)
-        k, v = self.kv(x).view(b, s, 2 * self.kv_heads, self.head_dim).chunk(2, dim=2)
-        o, lse = ringattn.attention(q, k, v, causal=True, return_lse=True)
-        return self.out(o.reshape(b, s, -1)) + lse.mean()
-
-
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
 def test_torch_compile_fullgraph(backend):
     """torch.compile(fullgraph=True) of a small model through ringattn: the same output and
     parameter gradients as eager mode."""
     torch._dynamo.reset()
     torch.manual_seed(SEED)
-    model = TinyAttentionModel()
+    model = TinyAttentionModel(ringattn.attention)
     x = torch.randn(2, 19, 32)
     compiled = torch.compile(model, fullgraph=True, backend=backend)
     eager_out = model(x)

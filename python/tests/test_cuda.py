@@ -8,17 +8,8 @@ import pytest
 import torch
 
 import ringattn
-from conftest import SEED
+from conftest import SEED, cuda_devices
 from reference import attention as reference
-
-
-def cuda_devices():
-    if not torch.cuda.is_available():
-        return 0
-    try:
-        return ringattn.library().cuda_device_count()
-    except ringattn.RingattnError:
-        return 0
 
 
 pytestmark = pytest.mark.skipif(cuda_devices() == 0,

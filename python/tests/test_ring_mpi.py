@@ -24,9 +24,9 @@ import torch
 MPI = pytest.importorskip("mpi4py.MPI", reason="ring attention from Python needs mpi4py")
 
 import ringattn  # noqa: E402
-from conftest import SEED, hash_text  # noqa: E402
+from conftest import SEED, cuda_devices, seeded_generator  # noqa: E402
 from reference import attention as reference  # noqa: E402
-from reference import relative_error  # noqa: E402
+from reference import TinyAttentionModel, relative_error  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -39,9 +39,7 @@ LAYOUTS = ["zigzag", "contiguous"]
 @pytest.fixture
 def gen(request):
     """A generator of the shared seed and the test's id: the same numbers on every rank."""
-    g = torch.Generator()
-    g.manual_seed((SHARED_SEED * 1000003 + hash_text(request.node.nodeid)) % 2**63)
-    return g
+    return seeded_generator(SHARED_SEED, request.node.nodeid)
 
 
 def agree(failures):
@@ -349,15 +347,6 @@ def test_a_cuda_ring_without_a_gpu_fails_on_every_rank():
           [f"ranks without an error: {[r for r, m in enumerate(messages) if m is None]}"])
 
 
-def cuda_devices():
-    if not torch.cuda.is_available():
-        return 0
-    try:
-        return ringattn.library().cuda_device_count()
-    except ringattn.RingattnError:
-        return 0
-
-
 def node_local_gpu():
     """The GPU a device ring uses on this rank: that of its node-local rank, modulo the GPUs."""
     local = COMM.Split_type(MPI.COMM_TYPE_SHARED)
@@ -437,25 +426,6 @@ def test_opcheck(gen):
                                ring.ring_id, True, 0.4, True, False))
 
 
-class TinyRingModel(torch.nn.Module):
-    """x [B, S/N, E] (this rank's tokens) -> projections -> GQA causal ring attention ->
-    projection, plus the LSE's mean."""
-
-    def __init__(self, ring, embed=16, heads=4, kv_heads=2, head_dim=8):
-        super().__init__()
-        self.ring, self.heads, self.kv_heads, self.head_dim = ring, heads, kv_heads, head_dim
-        self.q = torch.nn.Linear(embed, heads * head_dim, dtype=torch.float64)
-        self.kv = torch.nn.Linear(embed, 2 * kv_heads * head_dim, dtype=torch.float64)
-        self.out = torch.nn.Linear(heads * head_dim, embed, dtype=torch.float64)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.q(x).view(b, s, self.heads, self.head_dim)
-        k, v = self.kv(x).view(b, s, 2 * self.kv_heads, self.head_dim).chunk(2, dim=2)
-        o, lse = self.ring(q, k, v, causal=True, return_lse=True)
-        return self.out(o.reshape(b, s, -1)) + lse.mean()
-
-
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_fullgraph(gen, backend):
     """torch.compile(fullgraph=True) through the ring: the output and parameter gradients of
@@ -463,7 +433,7 @@ def test_torch_compile_fullgraph(gen, backend):
     torch._dynamo.reset()
     with ringattn.RingAttention(COMM) as ring:
         torch.manual_seed(SHARED_SEED)
-        model = TinyRingModel(ring)
+        model = TinyAttentionModel(ring, embed=16, dtype=torch.float64)
         x = ring.shard(torch.randn(2, 24, 16, generator=gen, dtype=torch.float64))
         eager = model(x)
         eager.square().mean().backward()
