@@ -222,7 +222,8 @@ AttentionShape check_attention_inputs(const TensorView& q, const TensorView& k, 
   return s;
 }
 
-void check_mask(const Mask& mask, const AttentionShape& s, const char* where) {
+void check_mask(const Mask& mask, const AttentionShape& s, Memory documents_memory,
+                const char* where) {
   const auto check_rows = [&](std::int64_t start, std::int64_t len, const char* name,
                               const char* rows, const char* len_name) {
     std::int64_t end = 0;
@@ -241,6 +242,39 @@ void check_mask(const Mask& mask, const AttentionShape& s, const char* where) {
       __builtin_sub_overflow(mask.q_start, mask.k_start + s.k_len, &nearest)) {
     detail::fail(where, "q_start ", mask.q_start, " and k_start ", mask.k_start,
                  " are too far apart: a query position minus a key position overflows int64");
+  }
+  const auto check_window = [&](std::int64_t window, const char* name) {
+    if (window < 0) {
+      detail::fail(where, name, " is ", window,
+                   "; expected 0 (no window) or the number of positions a window spans (> 0)");
+    }
+  };
+  check_window(mask.window_left, "window_left");
+  check_window(mask.window_right, "window_right");
+  const DocumentStarts& docs = mask.documents;
+  if (docs.count < 0) {
+    detail::fail(where, "the document starts' count is ", docs.count,
+                 "; expected 0 (one document) or more");
+  }
+  if (docs.count == 0) return;
+  if (docs.data == nullptr) {
+    detail::fail(where, "the document starts are a null pointer with count ", docs.count,
+                 "; expected ", docs.count, " int64 positions a batch row");
+  }
+  if (docs.batch_stride < 0) {
+    detail::fail(where, "the document starts' batch_stride is ", docs.batch_stride,
+                 "; expected 0 (one list for every batch row) or the elements between the lists");
+  }
+  if (documents_memory != Memory::host) return;  // device lists are the caller's to keep sorted
+  for (std::int64_t b = 0; b < (docs.batch_stride == 0 ? 1 : s.batch); ++b) {
+    const std::int64_t* starts = docs.data + b * docs.batch_stride;
+    for (std::int64_t n = 1; n < docs.count; ++n) {
+      if (starts[n] < starts[n - 1]) {
+        detail::fail(where, "document start ", n, " of batch row ", b, " is ", starts[n],
+                     ", below start ", n - 1, " (", starts[n - 1],
+                     "); expected non-decreasing global positions");
+      }
+    }
   }
 }
 
@@ -275,7 +309,7 @@ void check_row_stats(const TensorView& t, const char* name, const AttentionShape
 
 AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const char* where) {
   const AttentionShape s = detail::check_attention_inputs(args.q, args.k, args.v, args.scale, memory, where);
-  detail::check_mask(args.mask, s, where);
+  detail::check_mask(args.mask, s, memory, where);
   const DType acc = accumulator_dtype(args.q.dtype);
   check_view(args.o, "o", 4, memory, where);
   detail::check_value_shape(args.o, "o", s.batch, s.q_len, s.q_heads, s,
@@ -295,7 +329,7 @@ AttentionShape check_forward_args(const ForwardArgs& args, Memory memory, const 
 
 AttentionShape check_backward_args(const BackwardArgs& args, Memory memory, const char* where) {
   const AttentionShape s = detail::check_attention_inputs(args.q, args.k, args.v, args.scale, memory, where);
-  detail::check_mask(args.mask, s, where);
+  detail::check_mask(args.mask, s, memory, where);
   const DType acc = accumulator_dtype(args.q.dtype);
   check_view(args.dout, "dout", 4, memory, where);
   detail::check_value_shape(args.dout, "dout", s.batch, s.q_len, s.q_heads, s,

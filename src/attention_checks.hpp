@@ -52,8 +52,12 @@ void check_dtype(const TensorView& t, const char* name, DType expected, const ch
 
 // The positions of the mask within int64: q_start + q_len and k_start + k_len (the blocks form
 // row and key positions up to them), and every query position minus every key position (the blocks
-// compare them through shift = q_start - k_start). Error naming the start and its value otherwise.
-void check_mask(const Mask& mask, const AttentionShape& s, const char* where);
+// compare them through shift = q_start - k_start); windows >= 0; a document list with a count
+// >= 0, a pointer when the count is positive, a batch_stride >= 0 and, in host memory
+// (documents_memory), non-decreasing starts in every batch row. Error naming the field and its
+// value otherwise.
+void check_mask(const Mask& mask, const AttentionShape& s, Memory documents_memory,
+                const char* where);
 
 // Bytes from the first element of a view checked by check_view to one past its last; 0 for a
 // view without elements. Error naming `name` when it overflows int64.

@@ -16,8 +16,27 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-bool visible(const Mask& mask, std::int64_t i, std::int64_t j) {
-  return !mask.causal || mask.k_start + j <= mask.q_start + i;
+// The mask as its definition states it (ringattn/attention.hpp), for batch row b; independent of
+// the interval form the kernels use (src/mask_rule.hpp). Differences of positions are formed in
+// 128-bit integers, so none overflows.
+std::int64_t document_index(const Mask& mask, std::int64_t b, std::int64_t position) {
+  const std::int64_t* starts = mask.documents.data + b * mask.documents.batch_stride;
+  std::int64_t index = 0;
+  for (std::int64_t n = 0; n < mask.documents.count; ++n) index += starts[n] <= position ? 1 : 0;
+  return index;
+}
+
+bool visible(const Mask& mask, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const __int128 query = static_cast<__int128>(mask.q_start) + i;
+  const __int128 key = static_cast<__int128>(mask.k_start) + j;
+  if (mask.causal && key > query) return false;
+  if (mask.window_left > 0 && query - key >= mask.window_left) return false;
+  if (mask.window_right > 0 && key - query >= mask.window_right) return false;
+  if (mask.documents.active() &&
+      document_index(mask, b, mask.q_start + i) != document_index(mask, b, mask.k_start + j)) {
+    return false;
+  }
+  return true;
 }
 
 // rows x head_dim of one (batch, head) of a [batch, seq, heads, head_dim] view, as doubles (each
@@ -37,23 +56,23 @@ double dot(const double* a, const double* b, std::int64_t d) {
   return sum;
 }
 
-// Softmax probabilities P[i * sk + j] of one (batch, q head) and each row's log-sum-exp.
+// Softmax probabilities P[i * sk + j] of one (batch b, q head) and each row's log-sum-exp.
 void probabilities(const std::vector<double>& q, const std::vector<double>& k, std::int64_t sq,
-                   std::int64_t sk, std::int64_t d, const Mask& mask, double scale,
+                   std::int64_t sk, std::int64_t d, const Mask& mask, std::int64_t b, double scale,
                    std::vector<double>& p, std::vector<double>& lse) {
   p.assign(sq * sk, 0.0);
   lse.assign(sq, kNegInf);
   for (std::int64_t i = 0; i < sq; ++i) {
     double row_max = kNegInf;
     for (std::int64_t j = 0; j < sk; ++j) {
-      if (!visible(mask, i, j)) continue;
+      if (!visible(mask, b, i, j)) continue;
       p[i * sk + j] = dot(&q[i * d], &k[j * d], d) * scale;
       row_max = std::max(row_max, p[i * sk + j]);
     }
     if (row_max == kNegInf) continue;  // no visible key: P = 0, LSE = -inf
     double sum = 0.0;
     for (std::int64_t j = 0; j < sk; ++j) {
-      if (!visible(mask, i, j)) continue;
+      if (!visible(mask, b, i, j)) continue;
       p[i * sk + j] = std::exp(p[i * sk + j] - row_max);
       sum += p[i * sk + j];
     }
@@ -68,7 +87,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
                        const Mask& mask, double scale, const TensorView& o, const TensorView& lse) {
   constexpr const char* kWhere = "reference::attention_forward";
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::host, kWhere);
-  detail::check_mask(mask, s, kWhere);
+  detail::check_mask(mask, s, Memory::host, kWhere);
   detail::check_view(o, "o", 4, Memory::host, kWhere);
   detail::check_value_shape(o, "o", s.batch, s.q_len, s.q_heads, s,
                             "batch, q_len and q_heads of q, head_dim of v", kWhere);
@@ -85,7 +104,7 @@ void attention_forward(const TensorView& q, const TensorView& k, const TensorVie
     const std::int64_t sq = s.q_len, sk = s.k_len, d = s.head_dim, dv = s.v_head_dim;
     const std::vector<double> qh = gather(q, b, h), kh = gather(k, b, kv_h), vh = gather(v, b, kv_h);
     std::vector<double> p, row_lse;
-    probabilities(qh, kh, sq, sk, d, mask, scale, p, row_lse);
+    probabilities(qh, kh, sq, sk, d, mask, b, scale, p, row_lse);
     std::vector<double> out(dv);
     for (std::int64_t i = 0; i < sq; ++i) {
       std::fill(out.begin(), out.end(), 0.0);
@@ -103,7 +122,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& dq, const TensorView& dk, const TensorView& dv) {
   constexpr const char* kWhere = "reference::attention_backward";
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::host, kWhere);
-  detail::check_mask(mask, s, kWhere);
+  detail::check_mask(mask, s, Memory::host, kWhere);
   detail::check_view(dout, "dout", 4, Memory::host, kWhere);
   detail::check_value_shape(dout, "dout", s.batch, s.q_len, s.q_heads, s,
                             "batch, q_len and q_heads of q, head_dim of v", kWhere);
@@ -126,7 +145,7 @@ void attention_backward(const TensorView& q, const TensorView& k, const TensorVi
     std::vector<double> p, row_lse, ds(sq * sk);
     for (std::int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
       const std::vector<double> qh = gather(q, b, h), gh = gather(dout, b, h);
-      probabilities(qh, kh, sq, sk, d, mask, scale, p, row_lse);
+      probabilities(qh, kh, sq, sk, d, mask, b, scale, p, row_lse);
       for (std::int64_t i = 0; i < sq; ++i) {
         double row_dot = 0.0;  // sum_j P_ij dP_ij
         for (std::int64_t j = 0; j < sk; ++j) {

@@ -440,11 +440,12 @@ class BlockProblem {
   // The problem as this rank's shard of a ring.
   ringattn::RingForwardArgs ring_forward_args() const {
     const ringattn::ForwardArgs f = forward_args();
-    return {f.q, f.k, f.v, f.o, f.lse, f.scale, causal, nullptr};
+    return {.q = f.q, .k = f.k, .v = f.v, .o = f.o, .lse = f.lse, .scale = f.scale, .causal = causal};
   }
   ringattn::RingBackwardArgs ring_backward_args() const {
     const ringattn::BackwardArgs b = backward_args();
-    return {b.q, b.k, b.v, forward_args().o, b.lse, b.dout, b.dq, b.dk, b.dv, b.scale, causal, false, nullptr};
+    return {.q = b.q, .k = b.k, .v = b.v, .o = forward_args().o, .lse = b.lse, .dout = b.dout,
+            .dq = b.dq, .dk = b.dk, .dv = b.dv, .scale = b.scale, .causal = causal};
   }
 
  private:

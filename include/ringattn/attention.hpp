@@ -19,14 +19,44 @@
 
 namespace ringattn {
 
+// Packed documents: the global start positions of the documents of a sequence (cu_seqlens
+// style, without the final end). The document of position p is the number of starts <= p, so
+// a position before the first start lies in document 0 and a start repeated, or one past the
+// sequence, makes an empty document (the padding of a batch row with fewer documents).
+//   data          int64 [batch, count] (or one list for every batch row), non-decreasing along
+//                 count, in the memory of the attention's tensors (device memory for the CUDA
+//                 block); nullptr with count 0: the whole sequence is one document
+//   batch_stride  elements between the lists of consecutive batch rows; 0: one list for all
+// The list covers the whole sequence, not one chunk of it: every block of a ring takes the same.
+struct DocumentStarts {
+  const std::int64_t* data = nullptr;
+  std::int64_t count = 0;
+  std::int64_t batch_stride = 0;
+
+  bool active() const { return count > 0; }
+};
+
 // Which keys a query sees, by global position: Q row i sits at position q_start + i, K row j at
-// k_start + j. Causal means a query sees exactly the keys at positions <= its own. A caller that
-// holds one chunk of a longer sequence passes the chunk's global starts, so the same block
-// serves every (Q chunk, K/V chunk) pair of a ring.
+// k_start + j. The query at position i sees the key at position j when all of these hold:
+//   causal        j <= i
+//   window_left   i - j < window_left   (0: no limit; 1 with causal: only itself)
+//   window_right  j - i < window_right  (0: no limit; it changes nothing under causal)
+//   documents     i and j lie in the same document (DocumentStarts)
+// The default (all false, zero and empty) sees every key. A caller that holds one chunk of a
+// longer sequence passes the chunk's global starts, so the same block serves every (Q chunk,
+// K/V chunk) pair of a ring. The keys a query sees always form one interval of positions, and
+// both of its ends grow with the query's position (ringattn::detail::MaskRule), which is what lets
+// every kernel skip key tiles nobody sees and run fully visible ones without mask arithmetic.
 struct Mask {
   bool causal = false;
   std::int64_t q_start = 0;
   std::int64_t k_start = 0;
+  std::int64_t window_left = 0;
+  std::int64_t window_right = 0;
+  DocumentStarts documents{};
+
+  // Anything beyond causality by position: a window or documents.
+  bool local() const { return window_left > 0 || window_right > 0 || documents.active(); }
 };
 
 // The extents of one call. head_dim is d_qk (the last extent of Q and K), v_head_dim d_v (the

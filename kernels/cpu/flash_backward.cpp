@@ -45,18 +45,20 @@ struct PairTiles {
   }
 
   // P = exp(scale * Q K^T - LSE) (0 where masked) and dS = P * (dO V^T - delta).
-  void recompute(const detail::Visibility& vis, T scale, std::int64_t row_first, std::int64_t rows,
+  void recompute(const detail::BlockMask& mask, T scale, std::int64_t row_first, std::int64_t rows,
                  std::int64_t key_first, std::int64_t keys) {
     detail::scaled_products(q.data(), kt.data(), rows, keys, d, scale, p.data());
     detail::scaled_products(dout.data(), vt.data(), rows, keys, dv, T(1), ds.data());
-    const bool masked = !vis.all_visible(row_first, key_first + keys);
+    const bool masked = !mask.all_visible(row_first, row_first + rows, key_first, key_first + keys);
     for (std::int64_t r = 0; r < rows; ++r) {
       T* pr = p.data() + r * keys;
       T* dsr = ds.data() + r * keys;
       // A row with LSE = -inf sees no key anywhere: its P row is zero.
       const bool empty_row = lse[r] == -std::numeric_limits<T>::infinity();
+      const auto [seen_first, seen_last] =
+          masked ? mask.keys_of(row_first + r) : ringattn::detail::LocalRange{0, mask.k_len};
       for (std::int64_t c = 0; c < keys; ++c) {
-        const bool seen = !empty_row && (!masked || vis.visible(row_first + r, key_first + c));
+        const bool seen = !empty_row && key_first + c >= seen_first && key_first + c < seen_last;
         pr[c] = seen ? std::exp(pr[c] - lse[r]) : T(0);
         dsr[c] = pr[c] * (dsr[c] - delta[r]);
       }
@@ -116,17 +118,17 @@ void key_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int
                         std::int64_t kv_h, std::int64_t key_first) {
   const std::int64_t d = s.head_dim, d_v = s.v_head_dim, group = s.q_heads / s.kv_heads;
   const std::int64_t keys = std::min(kKeysPerTile, s.k_len - key_first);
-  const detail::Visibility vis(a.mask);
+  const detail::BlockMask mask(a.mask, b, s.q_len, s.k_len);
+  const auto [rows_first, rows_end] = mask.rows_of_keys(key_first, key_first + keys);
   const T scale = static_cast<T>(a.scale);
   PairTiles<T> t(d, d_v);
   std::vector<T> dk(keys * d, T(0)), dv(keys * d_v, T(0));
   t.load_keys(a, b, kv_h, key_first, keys);
   for (std::int64_t h = kv_h * group; h < (kv_h + 1) * group; ++h) {
-    for (std::int64_t row_first = vis.row_begin(key_first, s.q_len); row_first < s.q_len;
-         row_first += kRowsPerTile) {
-      const std::int64_t rows = std::min(kRowsPerTile, s.q_len - row_first);
+    for (std::int64_t row_first = rows_first; row_first < rows_end; row_first += kRowsPerTile) {
+      const std::int64_t rows = std::min(kRowsPerTile, rows_end - row_first);
       t.load_rows(a, b, h, row_first, rows);
-      t.recompute(vis, scale, row_first, rows, key_first, keys);
+      t.recompute(mask, scale, row_first, rows, key_first, keys);
       accumulate_transposed(t.p.data(), t.dout.data(), rows, keys, d_v, dv.data());
       accumulate_transposed(t.ds.data(), t.q.data(), rows, keys, d, dk.data());
     }
@@ -142,17 +144,17 @@ void row_tile_gradients(const BackwardArgs& a, const AttentionShape& s, std::int
                         std::int64_t h, std::int64_t row_first) {
   const std::int64_t d = s.head_dim, kv_h = h / (s.q_heads / s.kv_heads);
   const std::int64_t rows = std::min(kRowsPerTile, s.q_len - row_first);
-  const detail::Visibility vis(a.mask);
+  const detail::BlockMask mask(a.mask, b, s.q_len, s.k_len);
   const T scale = static_cast<T>(a.scale);
   PairTiles<T> t(d, s.v_head_dim);
   std::vector<T> k(kKeysPerTile * d), dq(rows * d, T(0));
   t.load_rows(a, b, h, row_first, rows);
-  const std::int64_t key_end = vis.key_end(row_first + rows, s.k_len);
-  for (std::int64_t key_first = 0; key_first < key_end; key_first += kKeysPerTile) {
+  const auto [keys_first, key_end] = mask.keys_of_rows(row_first, row_first + rows);
+  for (std::int64_t key_first = keys_first; key_first < key_end; key_first += kKeysPerTile) {
     const std::int64_t keys = std::min(kKeysPerTile, key_end - key_first);
     t.load_keys(a, b, kv_h, key_first, keys);
     detail::load_rows(a.k, b, kv_h, key_first, keys, d, k.data());
-    t.recompute(vis, scale, row_first, rows, key_first, keys);
+    t.recompute(mask, scale, row_first, rows, key_first, keys);
     detail::accumulate_weighted_rows(t.ds.data(), k.data(), rows, keys, d, dq.data());
   }
   for (T& value : dq) value *= scale;

@@ -21,26 +21,27 @@ void forward_tile(const ForwardArgs& args, const AttentionShape& s, std::int64_t
   const std::int64_t d = s.head_dim, dv = s.v_head_dim;  // scores over d, outputs over dv
   const std::int64_t kv_h = h / (s.q_heads / s.kv_heads);
   const std::int64_t rows = std::min(kRowsPerTile, s.q_len - row_begin);
-  const detail::Visibility vis(args.mask);
-  const std::int64_t key_end = vis.key_end(row_begin + rows, s.k_len);
+  const detail::BlockMask mask(args.mask, b, s.q_len, s.k_len);
+  const auto [key_first, key_end] = mask.keys_of_rows(row_begin, row_begin + rows);
 
   std::vector<T> q(rows * d), kt(d * kKeysPerTile), v(kKeysPerTile * dv);
   std::vector<T> p(rows * kKeysPerTile), acc(rows * dv, T(0));
   std::vector<T> row_max(rows, kNegInf), row_sum(rows, T(0));
   detail::load_rows(args.q, b, h, row_begin, rows, d, q.data());
 
-  for (std::int64_t key_begin = 0; key_begin < key_end; key_begin += kKeysPerTile) {
+  for (std::int64_t key_begin = key_first; key_begin < key_end; key_begin += kKeysPerTile) {
     const std::int64_t keys = std::min(kKeysPerTile, key_end - key_begin);
     detail::load_rows_transposed(args.k, b, kv_h, key_begin, keys, d, kt.data());
     detail::load_rows(args.v, b, kv_h, key_begin, keys, dv, v.data());
     detail::scaled_products(q.data(), kt.data(), rows, keys, d, static_cast<T>(args.scale),
                             p.data());
-    const bool masked = !vis.all_visible(row_begin, key_begin + keys);
+    const bool masked = !mask.all_visible(row_begin, row_begin + rows, key_begin, key_begin + keys);
     for (std::int64_t r = 0; r < rows; ++r) {
       T* pr = p.data() + r * keys;
       if (masked) {
+        const auto [seen_first, seen_last] = mask.keys_of(row_begin + r);
         for (std::int64_t c = 0; c < keys; ++c) {
-          if (!vis.visible(row_begin + r, key_begin + c)) pr[c] = kNegInf;
+          if (key_begin + c < seen_first || key_begin + c >= seen_last) pr[c] = kNegInf;
         }
       }
       T tile_max = kNegInf;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ringattn/attention.hpp"
+#include "src/mask_rule.hpp"
 
 namespace ringattn::cpu::detail {
 
@@ -15,26 +16,36 @@ namespace ringattn::cpu::detail {
 constexpr std::int64_t kRowsPerTile = 64;
 constexpr std::int64_t kKeysPerTile = 64;
 
-// Causal visibility in local indices: query row i sees key j iff j <= i + shift, where
-// shift = q_start - k_start.
-struct Visibility {
-  bool causal;
-  std::int64_t shift;
+// The mask of one batch row in a block's local indices: query row i sits at global position
+// q_start + i, key row j at k_start + j (src/mask_rule.hpp has the interval form).
+struct BlockMask {
+  ringattn::detail::MaskRule rule;
+  std::int64_t q_start, k_start, q_len, k_len;
 
-  explicit Visibility(const Mask& mask) : causal(mask.causal), shift(mask.q_start - mask.k_start) {}
-  // Keys [0, end) may be seen by some row of [row_begin, row_end).
-  std::int64_t key_end(std::int64_t row_end, std::int64_t k_len) const {
-    return causal ? std::clamp<std::int64_t>(row_end + shift, 0, k_len) : k_len;
+  BlockMask(const Mask& mask, std::int64_t b, std::int64_t q_rows, std::int64_t k_rows)
+      : rule(ringattn::detail::MaskRule::of(mask, b)), q_start(mask.q_start),
+        k_start(mask.k_start), q_len(q_rows), k_len(k_rows) {}
+
+  // The keys that row i sees.
+  ringattn::detail::LocalRange keys_of(std::int64_t i) const {
+    return ringattn::detail::local_range(rule.keys_of(q_start + i), k_start, k_len);
   }
-  // Rows [begin, q_len) may see some key of [key_begin, key_end).
-  std::int64_t row_begin(std::int64_t key_begin, std::int64_t q_len) const {
-    return causal ? std::clamp<std::int64_t>(key_begin - shift, 0, q_len) : 0;
+  // The keys some row of [row_begin, row_end) sees: from the first row's first to the last
+  // row's last (both ends grow with the row).
+  ringattn::detail::LocalRange keys_of_rows(std::int64_t row_begin, std::int64_t row_end) const {
+    return {keys_of(row_begin).first, keys_of(row_end - 1).last};
   }
-  // Every row of [row_begin, ...) sees every key of [..., key_end).
-  bool all_visible(std::int64_t row_begin, std::int64_t key_end) const {
-    return !causal || key_end - 1 <= row_begin + shift;
+  // The rows that see some key of [key_begin, key_end).
+  ringattn::detail::LocalRange rows_of_keys(std::int64_t key_begin, std::int64_t key_end) const {
+    return {ringattn::detail::local_range(rule.queries_of(k_start + key_begin), q_start, q_len).first,
+            ringattn::detail::local_range(rule.queries_of(k_start + key_end - 1), q_start, q_len).last};
   }
-  bool visible(std::int64_t i, std::int64_t j) const { return !causal || j <= i + shift; }
+  // Every row of [row_begin, row_end) sees every key of [key_begin, key_end).
+  bool all_visible(std::int64_t row_begin, std::int64_t row_end, std::int64_t key_begin,
+                   std::int64_t key_end) const {
+    return rule.all_visible(q_start + row_begin, q_start + row_end - 1, k_start + key_begin,
+                            k_start + key_end - 1);
+  }
 };
 
 // rows x head_dim of a [batch, seq, heads, head_dim] view, row-major into `out`.

@@ -156,6 +156,15 @@ void copy_strides(const TensorView& t, std::int64_t (&out)[3]) {
   for (int axis = 0; axis < 3; ++axis) out[axis] = t.strides[axis];
 }
 
+void check_mask_supported(const Mask& mask, const char* where) {
+  if (mask.local()) {
+    detail::fail_as(ErrorKind::unsupported, where, "window_left ", mask.window_left,
+                    ", window_right ", mask.window_right, " and ", mask.documents.count,
+                    " document starts: the CUDA block takes causal masks only so far; sliding "
+                    "windows and documents run on the CPU block");
+  }
+}
+
 FlashParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionShape& s, double scale, const Mask& mask) {
   FlashParams p;
@@ -193,6 +202,7 @@ void flash_forward(const ForwardArgs& args, void* stream) {
   check_layout(args.o, "o", kWhere);
   check_layout(args.lse, "lse", kWhere);
   if (s.q_len == 0 || s.batch == 0) return;
+  check_mask_supported(args.mask, kWhere);
   FlashParams p = make_params(args.q, args.k, args.v, s, args.scale, args.mask);
   p.o = args.o.data;
   copy_strides(args.o, p.o_strides);
@@ -265,6 +275,7 @@ void flash_backward(const BackwardArgs& args, void* stream) {
                                &args.delta, &args.dq, &args.dk, &args.dv};
   for (int i = 0; i < 9; ++i) check_layout(*views[i], names[i], kWhere);
   if (s.batch == 0 || s.q_len == 0 || s.k_len == 0) return;
+  check_mask_supported(args.mask, kWhere);
   FlashParams p = make_params(args.q, args.k, args.v, s, args.scale, args.mask);
   p.dout = args.dout.data;
   copy_strides(args.dout, p.dout_strides);

@@ -13,6 +13,7 @@
 #include "ringattn/error.hpp"
 #include "src/attention_checks.hpp"
 #include "src/cuda/cuda_check.hpp"
+#include "src/mask_rule.hpp"
 
 namespace ringattn::cuda {
 namespace {
@@ -41,8 +42,8 @@ struct RefParams {
   Rows lse, delta;
   int batch, q_len, k_len, q_heads, kv_heads, head_dim;
   float scale;
-  bool causal;
-  std::int64_t shift;
+  detail::MaskRule rule;  // batch row 0's; rule.for_batch(b, document_stride) for the others
+  std::int64_t document_stride, q_start, k_start;
 };
 
 __device__ float load(const View4& t, std::int64_t b, std::int64_t i, std::int64_t h, std::int64_t x) {
@@ -75,8 +76,16 @@ __device__ float dot(const float (&a)[kPerLane], const float (&b)[kPerLane]) {
   return warp_sum(sum);
 }
 
-__device__ bool visible(const RefParams& p, std::int64_t i, std::int64_t j) {
-  return !p.causal || j <= i + p.shift;
+using detail::LocalRange;
+using detail::local_range;
+
+// The keys query row `row` of batch row b sees, and the query rows that see key row `key`.
+__device__ LocalRange keys_of(const RefParams& p, int b, std::int64_t row) {
+  return local_range(p.rule.for_batch(b, p.document_stride).keys_of(p.q_start + row), p.k_start, p.k_len);
+}
+__device__ LocalRange queries_of(const RefParams& p, int b, std::int64_t key) {
+  return local_range(p.rule.for_batch(b, p.document_stride).queries_of(p.k_start + key), p.q_start,
+                     p.q_len);
 }
 
 __global__ void reference_forward_kernel(const RefParams p) {
@@ -86,8 +95,8 @@ __global__ void reference_forward_kernel(const RefParams p) {
   float q[kPerLane], k[kPerLane], v[kPerLane], acc[kPerLane] = {};
   load_row(p.q, b, row, h, p.head_dim, q);
   float row_max = -INFINITY, row_sum = 0.f;
-  for (int j = 0; j < p.k_len; ++j) {
-    if (!visible(p, row, j)) break;  // keys are in position order: the rest is hidden too
+  const LocalRange keys = keys_of(p, b, row);
+  for (std::int64_t j = keys.first; j < keys.last; ++j) {
     load_row(p.k, b, j, kv_h, p.head_dim, k);
     const float s = dot(q, k) * p.scale;
     const float new_max = fmaxf(row_max, s);
@@ -125,7 +134,8 @@ __global__ void reference_dq_kernel(const RefParams p) {
   const float lse = p.lse.data[b * p.lse.s0 + h * p.lse.s1 + row * p.lse.s2];
   if (lane == 0) p.delta.data[b * p.delta.s0 + h * p.delta.s1 + row * p.delta.s2] = delta;
   if (lse != -INFINITY) {
-    for (int j = 0; j < p.k_len && visible(p, row, j); ++j) {
+    const LocalRange keys = keys_of(p, b, row);
+    for (std::int64_t j = keys.first; j < keys.last; ++j) {
       load_row(p.k, b, j, kv_h, p.head_dim, k);
       load_row(p.v, b, j, kv_h, p.head_dim, v);
       const float prob = expf(dot(q, k) * p.scale - lse);
@@ -149,10 +159,9 @@ __global__ void reference_dkdv_kernel(const RefParams p) {
   float k[kPerLane], v[kPerLane], q[kPerLane], g[kPerLane], dk[kPerLane] = {}, dv[kPerLane] = {};
   load_row(p.k, b, key, kv_h, p.head_dim, k);
   load_row(p.v, b, key, kv_h, p.head_dim, v);
-  std::int64_t first = p.causal ? key - p.shift : 0;
-  first = first < 0 ? 0 : first;
+  const LocalRange rows = queries_of(p, b, key);
   for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
-    for (std::int64_t i = first; i < p.q_len; ++i) {
+    for (std::int64_t i = rows.first; i < rows.last; ++i) {
       const float lse = p.lse.data[b * p.lse.s0 + h * p.lse.s1 + i * p.lse.s2];
       if (lse == -INFINITY) continue;
       const float delta = p.delta.data[b * p.delta.s0 + h * p.delta.s1 + i * p.delta.s2];
@@ -191,7 +200,7 @@ Rows rows_view(const TensorView& t) {
 RefParams common(const TensorView& q, const TensorView& k, const TensorView& v, const Mask& mask,
                  double scale, const char* where) {
   const AttentionShape s = detail::check_attention_inputs(q, k, v, scale, Memory::device, where);
-  detail::check_mask(mask, s, where);
+  detail::check_mask(mask, s, Memory::device, where);
   if (q.dtype == DType::f64) detail::fail(where, "q has dtype f64; the GPU reference takes f32, bf16 or f16");
   if (s.head_dim > kMaxHeadDim) detail::fail(where, "head_dim ", s.head_dim, " exceeds ", kMaxHeadDim);
   // One head dim for the scores and the outputs: the kernels read V and write O with head_dim.
@@ -212,8 +221,10 @@ RefParams common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.kv_heads = static_cast<int>(s.kv_heads);
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = static_cast<float>(scale);
-  p.causal = mask.causal;
-  p.shift = mask.q_start - mask.k_start;
+  p.rule = detail::MaskRule::of(mask);
+  p.document_stride = mask.documents.batch_stride;
+  p.q_start = mask.q_start;
+  p.k_start = mask.k_start;
   return p;
 }
 

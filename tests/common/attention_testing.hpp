@@ -210,8 +210,21 @@ struct PaddedTensor {
 // Dv = s.value_dim(); LSE [B, Hq, Sq]), every operation in `Acc`: long double for an independent
 // check of the oracle, float for the "same inputs in fp32" baseline. Returns O and LSE as doubles.
 
-inline bool sees(const Mask& mask, std::int64_t i, std::int64_t j) {
-  return !mask.causal || mask.k_start + j <= mask.q_start + i;
+// The mask's definition (ringattn/attention.hpp) for batch row b, written once more: two
+// positions share a document when no start lies in (min, max] of them. Host document lists only.
+inline bool sees(const Mask& mask, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const long double query = static_cast<long double>(mask.q_start) + i;
+  const long double key = static_cast<long double>(mask.k_start) + j;
+  if (mask.causal && key > query) return false;
+  if (mask.window_left > 0 && query - key >= mask.window_left) return false;
+  if (mask.window_right > 0 && key - query >= mask.window_right) return false;
+  const std::int64_t* starts = mask.documents.data + b * mask.documents.batch_stride;
+  const std::int64_t low = std::min(mask.q_start + i, mask.k_start + j);
+  const std::int64_t high = std::max(mask.q_start + i, mask.k_start + j);
+  for (std::int64_t n = 0; n < mask.documents.count; ++n) {
+    if (starts[n] > low && starts[n] <= high) return false;
+  }
+  return true;
 }
 
 template <typename Acc>
@@ -230,7 +243,7 @@ void naive_forward(const AttentionShape& s, const std::vector<double>& q,
         const double* qi = &q[((b * Sq + i) * Hq + h) * D];
         Acc row_max = -std::numeric_limits<Acc>::infinity();
         for (std::int64_t j = 0; j < Sk; ++j) {
-          if (!sees(mask, i, j)) continue;
+          if (!sees(mask, b, i, j)) continue;
           const double* kj = &k[((b * Sk + j) * Hkv + g) * D];
           Acc dot = 0;
           for (std::int64_t x = 0; x < D; ++x) dot += static_cast<Acc>(qi[x]) * static_cast<Acc>(kj[x]);
@@ -241,7 +254,7 @@ void naive_forward(const AttentionShape& s, const std::vector<double>& q,
         Acc sum = 0;
         if (row_max != -std::numeric_limits<Acc>::infinity()) {
           for (std::int64_t j = 0; j < Sk; ++j) {
-            if (!sees(mask, i, j)) continue;
+            if (!sees(mask, b, i, j)) continue;
             const Acc p = std::exp(scores[j] - row_max);
             sum += p;
             const double* vj = &v[((b * Sk + j) * Hkv + g) * Dv];
@@ -277,7 +290,7 @@ void naive_backward(const AttentionShape& s, const std::vector<double>& q,
         Acc row_max = -std::numeric_limits<Acc>::infinity();
         for (std::int64_t j = 0; j < Sk; ++j) {
           p[j] = 0;
-          if (!sees(mask, i, j)) continue;
+          if (!sees(mask, b, i, j)) continue;
           const double* kj = &k[((b * Sk + j) * Hkv + g) * D];
           Acc dot = 0;
           for (std::int64_t x = 0; x < D; ++x) dot += static_cast<Acc>(qi[x]) * static_cast<Acc>(kj[x]);
@@ -287,7 +300,7 @@ void naive_backward(const AttentionShape& s, const std::vector<double>& q,
         if (row_max == -std::numeric_limits<Acc>::infinity()) continue;
         Acc sum = 0;
         for (std::int64_t j = 0; j < Sk; ++j) {
-          p[j] = sees(mask, i, j) ? std::exp(p[j] - row_max) : Acc(0);
+          p[j] = sees(mask, b, i, j) ? std::exp(p[j] - row_max) : Acc(0);
           sum += p[j];
         }
         Acc row_dot = 0;

@@ -62,7 +62,7 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
         float row_max = kNegInf;
         for (std::int64_t j = 0; j < Sk; ++j) {
           float score = kNegInf;
-          if (sees(mask, i, j)) {
+          if (sees(mask, b, i, j)) {
             float dot = 0.f;
             for (std::int64_t x = 0; x < D; ++x) dot += qs[i * D + x] * static_cast<float>(k[kj(b, j, g) + x]);
             score = r(dot);

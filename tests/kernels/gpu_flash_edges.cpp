@@ -272,7 +272,7 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
       double max_score = 0.0;
       for (std::int64_t j = 0; j < Sk; ++j) {
         p[j] = 0.0;
-        if (!sees(mask, i, j)) continue;
+        if (!sees(mask, 0, i, j)) continue;
         score[j] = scale * dot(q, &problem.k[(j * Hkv + g) * D]);
         max_score = std::max(max_score, std::abs(score[j]));
         p[j] = std::exp(score[j] - lse);
