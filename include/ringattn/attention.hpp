@@ -168,10 +168,14 @@ void set_num_threads(int threads);
 }  // namespace cpu
 
 // The CUDA flash block (tensor cores, sm_80 and later): the same contract on device memory.
-// Inputs f16 or bf16; head_dim 64 or 128, the same for Q, K and V (a v_head_dim that differs is
-// refused as ErrorKind::unsupported, naming both); every tensor in device memory; Q, K, V, O and
-// dO with unit stride along head_dim, other strides multiples of 8 elements and 16-byte aligned
-// data; the fp32 buffers (running O, dQ, dK, dV) with unit stride along head_dim and even strides.
+// Inputs f16 or bf16; head_dim 32, 64, 96, 128, 192 or 256 (those of RINGATTN_CUDA_HEAD_DIMS), the
+// same for Q, K and V (a v_head_dim that differs is refused as ErrorKind::unsupported, naming
+// both); every tensor in device memory; Q, K, V, O and dO with unit stride along head_dim, other
+// strides multiples of 8 elements and 16-byte aligned data; the fp32 buffers (running O, dQ, dK,
+// dV) with unit stride along head_dim and even strides. Every mask of Mask: the document starts in
+// device memory (host memory is refused), kept non-decreasing by the caller (the host checks only
+// host lists). Windows and documents run on the mma.sync kernels on every GPU, skipping key tiles
+// no row sees; causal and full masks take the wgmma kernels on Hopper at head_dim 64 and 128.
 // `stream` is a cudaStream_t (nullptr: the default stream); the calls are asynchronous to the
 // host. Everything is checked before any launch; a library built without CUDA throws Error.
 namespace cuda {

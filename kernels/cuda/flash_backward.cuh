@@ -153,7 +153,7 @@ template <bool kCausal, int kRowTiles>
 __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const int (&keys)[2],
                                               int row_first, int quad_col, bool masked,
                                               const FragmentRows<kRowTiles>& lse_log2,
-                                              const FlashParams& p) {
+                                              const FlashParams& p, int batch) {
 #pragma unroll
   for (int nt = 0; nt < kRowTiles; ++nt) {
 #pragma unroll
@@ -162,6 +162,25 @@ __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const in
     }
   }
   if (!masked) return;
+  if (kCausal && p.local) {
+    // Tile row r sees the key iff first <= r < last (the key's rows under the local mask).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const detail::LocalRange rows = local_key_rows(p, batch, keys[half]);
+      const bool past_end = keys[half] >= p.k_len;
+      const int first = past_end ? 0 : static_cast<int>(rows.first) - row_first - quad_col;
+      const int last = past_end ? 0 : static_cast<int>(rows.last) - row_first - quad_col;
+#pragma unroll
+      for (int nt = 0; nt < kRowTiles; ++nt) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          const int r = nt * 8 + (e & 1);
+          if (r < first || r >= last) s[nt][e] = 0.f;
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     // Tile row r sees the key iff r >= first_visible: key < k_len and, causal,
@@ -206,10 +225,10 @@ __device__ __forceinline__ void probabilities_and_ds(float (&s)[kRowTiles][4],
                                                      const int (&keys)[2], int row_first,
                                                      int quad_col, bool masked,
                                                      const float* lse_log2, const float* delta,
-                                                     const FlashParams& p) {
+                                                     const FlashParams& p, int batch) {
   FragmentRows<kRowTiles> rows;
   rows.load(lse_log2, quad_col);
-  probabilities<kCausal>(s, keys, row_first, quad_col, masked, rows, p);
+  probabilities<kCausal>(s, keys, row_first, quad_col, masked, rows, p, batch);
   rows.load(delta, quad_col);
   ds_from_probabilities(dp, s, rows);
 }
@@ -402,12 +421,19 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
   const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
   const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
-  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift.
-  int first_tile = 0;
-  if (kCausal) {
+  // Row tiles [first_tile, end_tile) hold every row that sees some key of this CTA: causal
+  // hides rows before key0 - shift; a local mask every row outside the first key's first row and
+  // the last key's last.
+  int first_tile = 0, end_tile = (p.q_len + kRows - 1) / kRows;
+  if (kCausal && p.local) {
+    const detail::LocalRange first = local_key_rows(p, batch, key0);
+    const detail::LocalRange last = local_key_rows(p, batch, min(key0 + kKeys, p.k_len) - 1);
+    first_tile = static_cast<int>(first.first) / kRows;
+    end_tile = last.last > first.first ? static_cast<int>((last.last + kRows - 1) / kRows) : first_tile;
+  } else if (kCausal) {
     first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
   }
-  const int row_tiles = (p.q_len + kRows - 1) / kRows - first_tile;
+  const int row_tiles = end_tile - first_tile;
   const int steps = row_tiles > 0 ? row_tiles * p.group : 0;
 
   // Step i covers query head kv_head * group + i / row_tiles, row tile first_tile + i % row_tiles.
@@ -472,10 +498,9 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     }
 
     // P^T = exp2(S^T * scale * log2e - LSE * log2e), zero where hidden; dS^T = P^T (dP^T - delta).
-    const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
-    const bool partial = key0 + kKeys > p.k_len;
-    probabilities_and_ds<kCausal>(s, dp, my_keys, row_first, quad_col, partial || diagonal, lse_s,
-                                  delta_s, p);
+    const bool masked = tile_needs_mask<kCausal>(p, batch, row_first, kRows, key0, kKeys);
+    probabilities_and_ds<kCausal>(s, dp, my_keys, row_first, quad_col, masked, lse_s, delta_s, p,
+                                  batch);
 
     // dV += P^T dO and dK += dS^T Q: the row index is the reduction axis.
 #pragma unroll
@@ -581,14 +606,18 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
   const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
   const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
-  const int key_end = visible_key_end<kCausal>(p, row0, kRows);
+  const detail::LocalRange visible = visible_key_range<kCausal>(p, batch, row0, kRows);
+  if (visible.empty()) return;
+  const int key_end = static_cast<int>(visible.last);
+  const int first_tile = static_cast<int>(visible.first) / kKeys;
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
-  if (key_tiles == 0) return;
 
   load_tile_async<kRows, kHeadDim, kThreads>(q_tile, q, p.q_strides[1], row0, p.q_len);
   load_tile_async<kRows, kHeadDim, kThreads>(do_tile, g, p.dout_strides[1], row0, p.q_len);
-  load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], 0, key_end);
-  load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], 0, key_end);
+  load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], first_tile * kKeys,
+                                             key_end);
+  load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], first_tile * kKeys,
+                                             key_end);
   cp_async_commit();
 
   const int my_rows[2] = {row0 + warp * 16 + group_row, row0 + warp * 16 + group_row + 8};
@@ -622,8 +651,8 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
   }
   float dq[kHeadDim / 8][4] = {};
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
-    const int stage = tile & 1;
+  for (int tile = first_tile; tile < key_tiles; ++tile) {
+    const int stage = (tile - first_tile) & 1;
     const T* k_tile = k_tiles + stage * kKeys * kHeadDim;
     const T* v_tile = v_tiles + stage * kKeys * kHeadDim;
     if (tile + 1 < key_tiles) {
@@ -653,19 +682,24 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
       }
     }
     const int key0 = tile * kKeys;
-    const bool partial = key0 + kKeys > p.k_len;
-    const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
+    const bool masked = tile_needs_mask<kCausal>(p, batch, row0, kRows, key0, kKeys);
+    // Each row's keys [lo, hi) where the tile needs the mask.
+    int lo[2] = {0, 0}, hi[2] = {p.k_len, p.k_len};
+    if (masked) {
+      if (kCausal && p.local) {
+        local_key_bounds(p, batch, my_rows, lo, hi);
+      } else if (kCausal) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) hi[r] = clamp_to(my_rows[r] + p.shift + 1, 0, p.k_len);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + nt * 8 + quad_col + (e & 1);
         float prob = fast_exp2(s[nt][e] * p.scale_log2 - lse_l2[e / 2]);
-        if (partial || diagonal) {
-          const bool hidden = key >= p.k_len ||
-                              (kCausal && static_cast<std::int64_t>(key) > my_rows[e / 2] + p.shift);
-          if (hidden) prob = 0.f;
-        }
+        if (masked && (key < lo[e / 2] || key >= hi[e / 2])) prob = 0.f;
         dp[nt][e] = prob * (dp[nt][e] - delta_r[e / 2]);
       }
     }

@@ -434,7 +434,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       const bool diagonal =
           kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
       const bool partial = key0 + kKeys > p.k_len;
-      probabilities<kCausal>(s, my_keys, row_first, quad_col, partial || diagonal, lse_rows, p);
+      probabilities<kCausal>(s, my_keys, row_first, quad_col, partial || diagonal, lse_rows, p,
+                             batch);
 
       // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
       // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart. The

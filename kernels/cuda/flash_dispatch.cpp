@@ -119,23 +119,22 @@ void check_device(const char* where) {
 }
 
 // The pointer must be device (or managed) memory: host memory would fault inside the kernel.
-void check_device_pointer(const TensorView& t, const char* name, const char* where) {
-  if (t.numel() == 0) return;
+void check_device_pointer(const void* data, const char* name, const char* where) {
   cudaPointerAttributes attributes{};
-  const cudaError_t status = cudaPointerGetAttributes(&attributes, t.data);
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, data);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
-    detail::fail(where, name, " (", t.data, ") is not a pointer CUDA knows: ", cudaGetErrorString(status));
+    detail::fail(where, name, " (", data, ") is not a pointer CUDA knows: ", cudaGetErrorString(status));
   }
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
-    detail::fail(where, name, " (", t.data, ") points to ",
+    detail::fail(where, name, " (", data, ") points to ",
                  attributes.type == cudaMemoryTypeHost ? "pinned host" : "host",
                  " memory; expected device memory");
   }
 }
 
 void check_layout(const TensorView& t, const char* name, const char* where) {
-  check_device_pointer(t, name, where);
+  if (t.numel() > 0) check_device_pointer(t.data, name, where);
   detail::check_block_layout(t, name, where);
 }
 
@@ -156,13 +155,9 @@ void copy_strides(const TensorView& t, std::int64_t (&out)[3]) {
   for (int axis = 0; axis < 3; ++axis) out[axis] = t.strides[axis];
 }
 
-void check_mask_supported(const Mask& mask, const char* where) {
-  if (mask.local()) {
-    detail::fail_as(ErrorKind::unsupported, where, "window_left ", mask.window_left,
-                    ", window_right ", mask.window_right, " and ", mask.documents.count,
-                    " document starts: the CUDA block takes causal masks only so far; sliding "
-                    "windows and documents run on the CPU block");
-  }
+// The kernels read the document starts on the device.
+void check_mask_memory(const Mask& mask, const char* where) {
+  if (mask.documents.active()) check_device_pointer(mask.documents.data, "the document starts", where);
 }
 
 FlashParams make_params(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -185,6 +180,14 @@ FlashParams make_params(const TensorView& q, const TensorView& k, const TensorVi
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.causal = mask.causal;
   p.shift = mask.q_start - mask.k_start;
+  if (mask.local()) {  // the kCausal kernels of the sm_80 family serve windows and documents
+    p.causal = true;
+    p.local = true;
+    p.rule = detail::MaskRule::of(mask);
+    p.document_stride = mask.documents.batch_stride;
+    p.q_start = mask.q_start;
+    p.k_start = mask.k_start;
+  }
   return p;
 }
 
@@ -201,8 +204,8 @@ void flash_forward(const ForwardArgs& args, void* stream) {
   check_layout(args.v, "v", kWhere);
   check_layout(args.o, "o", kWhere);
   check_layout(args.lse, "lse", kWhere);
+  check_mask_memory(args.mask, kWhere);
   if (s.q_len == 0 || s.batch == 0) return;
-  check_mask_supported(args.mask, kWhere);
   FlashParams p = make_params(args.q, args.k, args.v, s, args.scale, args.mask);
   p.o = args.o.data;
   copy_strides(args.o, p.o_strides);
@@ -274,8 +277,8 @@ void flash_backward(const BackwardArgs& args, void* stream) {
   const TensorView* views[] = {&args.q,   &args.k,     &args.v,  &args.dout, &args.lse,
                                &args.delta, &args.dq, &args.dk, &args.dv};
   for (int i = 0; i < 9; ++i) check_layout(*views[i], names[i], kWhere);
+  check_mask_memory(args.mask, kWhere);
   if (s.batch == 0 || s.q_len == 0 || s.k_len == 0) return;
-  check_mask_supported(args.mask, kWhere);
   FlashParams p = make_params(args.q, args.k, args.v, s, args.scale, args.mask);
   p.dout = args.dout.data;
   copy_strides(args.dout, p.dout_strides);
@@ -293,8 +296,8 @@ void flash_backward(const BackwardArgs& args, void* stream) {
   p.round_key_gradients = args.dk.dtype == args.q.dtype;  // checked: only when overwriting
   if (args.key_rotation.active()) {
     const KeyRotation& rotation = args.key_rotation;
-    check_device_pointer(rotation.cos, "key_rotation.cos", kWhere);
-    check_device_pointer(rotation.sin, "key_rotation.sin", kWhere);
+    check_device_pointer(rotation.cos.data, "key_rotation.cos", kWhere);
+    check_device_pointer(rotation.sin.data, "key_rotation.sin", kWhere);
     p.key_cos = static_cast<const float*>(rotation.cos.data);
     p.key_sin = static_cast<const float*>(rotation.sin.data);
     p.key_cos_stride = rotation.cos.strides[0];

@@ -98,6 +98,65 @@ __device__ __forceinline__ int visible_key_end(const FlashParams& p, int row0, i
   return clamp_to(last_row + p.shift + 1, 0, p.k_len);
 }
 
+// Under a local mask (FlashParams::local), the keys [first, last) local row `row` of batch row
+// `batch` sees, and the rows that see local key `key`; as local indices clamped to the block.
+// (A row or key past the block's end, in a partial tile, is taken as the last one: its result
+// is never stored, and its position stays within int64.)
+__device__ __forceinline__ detail::LocalRange local_row_keys(const FlashParams& p, int batch,
+                                                             std::int64_t row) {
+  const std::int64_t position = p.q_start + min(row, static_cast<std::int64_t>(p.q_len) - 1);
+  return detail::local_range(p.rule.for_batch(batch, p.document_stride).keys_of(position),
+                             p.k_start, p.k_len);
+}
+__device__ __forceinline__ detail::LocalRange local_key_rows(const FlashParams& p, int batch,
+                                                             std::int64_t key) {
+  const std::int64_t position = p.k_start + min(key, static_cast<std::int64_t>(p.k_len) - 1);
+  return detail::local_range(p.rule.for_batch(batch, p.document_stride).queries_of(position),
+                             p.q_start, p.q_len);
+}
+
+// The keys [first, last) that some row of [row0, row0 + rows) can see: every key, the keys up to
+// the last row's position when causal, or under a local mask from the first row's first key to the
+// last row's last (both grow with the row).
+template <bool kCausal>
+__device__ __forceinline__ detail::LocalRange visible_key_range(const FlashParams& p, int batch,
+                                                                int row0, int rows) {
+  if (kCausal && p.local) {
+    const int last_row = min(row0 + rows, p.q_len) - 1;
+    return {local_row_keys(p, batch, row0).first, local_row_keys(p, batch, last_row).last};
+  }
+  return {0, visible_key_end<kCausal>(p, row0, rows)};
+}
+
+// Under a local mask, the keys [lo, hi) of the rows a thread holds (rows[0], rows[1]), for
+// mask_scores_bounded. Computed where a tile needs the mask (a binary search over the document
+// starts a row), so that no register holds them across the key loop.
+__device__ __forceinline__ void local_key_bounds(const FlashParams& p, int batch,
+                                                 const int (&rows)[2], int (&lo)[2], int (&hi)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const detail::LocalRange keys = local_row_keys(p, batch, rows[r]);
+    lo[r] = static_cast<int>(keys.first);
+    hi[r] = static_cast<int>(keys.last);
+  }
+}
+
+// Whether the tile of keys [key0, key0 + keys) needs mask_scores for rows [row0, row0 + rows):
+// keys past k_len, or some (row, key) pair hidden by the mask.
+template <bool kCausal>
+__device__ __forceinline__ bool tile_needs_mask(const FlashParams& p, int batch, int row0, int rows,
+                                                int key0, int keys) {
+  if (key0 + keys > p.k_len) return true;
+  if (!kCausal) return false;
+  if (p.local) {
+    const int last_row = min(row0 + rows, p.q_len) - 1;
+    return !p.rule.for_batch(batch, p.document_stride)
+                .all_visible(p.q_start + row0, p.q_start + last_row, p.k_start + key0,
+                             p.k_start + key0 + keys - 1);
+  }
+  return static_cast<std::int64_t>(key0 + keys - 1) > row0 + p.shift;
+}
+
 // The pieces of a forward step that both kernel families share. A thread holds, for one 16-row
 // tile, kKeyTiles n-tiles of scores s[nt][0..3] (rows[0] for elements 0-1, rows[1] for 2-3, keys
 // key0 + nt * 8 + quad_col + {0, 1}) and the fp32 O accumulator of the same two rows.
@@ -114,6 +173,21 @@ __device__ __forceinline__ void mask_scores(float (&s)[kKeyTiles][4], int key0, 
       const bool hidden = key >= p.k_len ||
                           (kCausal && static_cast<std::int64_t>(key) > rows[e / 2] + p.shift);
       if (hidden) s[nt][e] = -kInfinity;
+    }
+  }
+}
+
+// Hides the keys outside each row's [lo, hi) (row_key_bounds).
+template <int kKeyTiles>
+__device__ __forceinline__ void mask_scores_bounded(float (&s)[kKeyTiles][4], int key0,
+                                                    const int (&lo)[2], const int (&hi)[2],
+                                                    int quad_col) {
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + nt * 8 + quad_col + (e & 1);
+      if (key < lo[e / 2] || key >= hi[e / 2]) s[nt][e] = -kInfinity;
     }
   }
 }
@@ -381,14 +455,19 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
   const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
-  // Keys [0, key_end) can be seen by some row of this CTA.
-  const int key_end = visible_key_end<kCausal>(p, row0, kRows);
-  const int key_tiles = (key_end + kKeys - 1) / kKeys;
+  // Key tiles [first_tile, key_tiles) hold every key some row of this CTA can see (keys below
+  // key_end; under a local mask none below first_tile's).
+  const detail::LocalRange visible = visible_key_range<kCausal>(p, batch, row0, kRows);
+  const int key_end = static_cast<int>(visible.last);
+  const int first_tile = visible.empty() ? 0 : static_cast<int>(visible.first) / kKeys;
+  const int key_tiles = visible.empty() ? 0 : (key_end + kKeys - 1) / kKeys;
 
-  if (key_tiles > 0) {
+  if (key_tiles > first_tile) {
     load_tile_async<kRows, kHeadDim, kThreads>(q_tile, q, p.q_strides[1], row0, p.q_len);
-    load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], 0, key_end);
-    load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], 0, key_end);
+    load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], first_tile * kKeys,
+                                               key_end);
+    load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], first_tile * kKeys,
+                                               key_end);
   }
   cp_async_commit();
 
@@ -410,7 +489,7 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   cp_async_wait<0>();
   __syncthreads();
   if constexpr (Tiles::kQInRegisters) {
-    if (key_tiles > 0) {
+    if (key_tiles > first_tile) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -421,8 +500,8 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     }
   }
 
-  for (int tile = 0; tile < key_tiles; ++tile) {
-    const int stage = tile & 1;
+  for (int tile = first_tile; tile < key_tiles; ++tile) {
+    const int stage = (tile - first_tile) & 1;
     const T* k_tile = k_tiles + stage * kKeys * kHeadDim;
     const T* v_tile = v_tiles + stage * kKeys * kHeadDim;
     if (tile + 1 < key_tiles) {
@@ -461,15 +540,20 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
       }
     }
 
-    // Mask keys past the end and, when causal, keys after the row's position. Tiles that every
-    // row of the CTA sees in full skip this.
+    // Mask keys past the end and, when causal, keys after the row's position (under a local
+    // mask, keys outside the row's interval). Tiles that every row of the CTA sees in full skip
+    // this.
     const int key0 = tile * kKeys;
-    const bool partial = key0 + kKeys > p.k_len;
-    const bool diagonal = kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
-    if (partial || diagonal) {
+    if (tile_needs_mask<kCausal>(p, batch, row0, kRows, key0, kKeys)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        mask_scores<kCausal>(s[mt], key0, my_rows[mt], quad_col, p);
+        if (kCausal && p.local) {
+          int lo[2], hi[2];
+          local_key_bounds(p, batch, my_rows[mt], lo, hi);
+          mask_scores_bounded(s[mt], key0, lo, hi, quad_col);
+        } else {
+          mask_scores<kCausal>(s[mt], key0, my_rows[mt], quad_col, p);
+        }
       }
     }
 

@@ -112,9 +112,7 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
   using T = typename CudaType<kDtype>::type;
   using HopperTiles = HopperForwardTiles<kHeadDim>;
   CUtensorMap q_map, k_map, v_map;
-  // The Hopper kernel reads through tensor maps; a view the driver cannot describe takes the
-  // sm_80 kernel.
-  if (      make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
+  if (make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
                         HopperTiles::kRows) &&
       make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys) &&
@@ -142,10 +140,11 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
   return false;
 }
 
+// Windows and documents (FlashParams::local) run on the sm_80 family on every GPU.
 template <DType kDtype, int kHeadDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
   if constexpr (kHopperHeadDim<kHeadDim>) {
-    if (hopper && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
+    if (hopper && !p.local && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
   } else {
     (void)hopper;
   }
@@ -281,7 +280,7 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
   using T = typename CudaType<kDtype>::type;
   bool launched = false;
   if constexpr (kHopperHeadDim<kHeadDim>) {
-    launched = hopper && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
+    launched = hopper && !p.local && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
   } else {
     (void)hopper;
   }

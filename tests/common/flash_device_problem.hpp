@@ -30,11 +30,17 @@ struct Case {
   bool packed = false;      // Q, K, V as views of one [B, S, Hq + 2 Hkv, D] buffer
   double input_scale = 1.0;  // large values give scores near 1e4
   double softmax_scale = 0.0;  // 0: 1/sqrt(head_dim)
+  // Sliding window and packed documents (Mask): `documents` holds every batch row's list
+  // (document_stride apart; 0: one list for all), uploaded for the kernels.
+  std::int64_t window_left = 0, window_right = 0;
+  std::vector<std::int64_t> documents = {};
+  std::int64_t document_stride = 0;
+  const char* label = nullptr;  // the case's name, when its mask needs one
 };
 
 inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  std::string name = std::string(dtype_name(c.dtype)) + "_b" + std::to_string(c.batch) + "_sq" +
+  std::string name = std::string(dtype_name(c.dtype)) + (c.label ? std::string("_") + c.label : "") + "_b" + std::to_string(c.batch) + "_sq" +
                      std::to_string(c.q_len) + "_sk" + std::to_string(c.k_len) + "_h" +
                      std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_d" +
                      std::to_string(c.head_dim) + (c.causal ? "_causal" : "_full");
@@ -82,7 +88,7 @@ struct DeviceProblem {
   Case c;
   AttentionShape s;
   std::vector<double> q, k, v, dout;  // logical values, exactly representable in c.dtype
-  DeviceBuffer qkv, k_only, v_only, dout_buffer, o, lse, delta, dq, dk, dv;
+  DeviceBuffer qkv, k_only, v_only, dout_buffer, o, lse, delta, dq, dk, dv, document_buffer;
   TensorView q_view, k_view, v_view, o_view, lse_view, dout_view, delta_view, dq_view, dk_view, dv_view;
 
   // Random inputs drawn from `stream`: q and k of magnitude c.input_scale, v and dout N(0, 1).
@@ -136,6 +142,12 @@ struct DeviceProblem {
     dq_view = TensorView::contiguous(dq.data(), DType::f32, {B, Sq, Hq, D}, Memory::device);
     dk_view = TensorView::contiguous(dk.data(), DType::f32, {B, Sk, Hkv, D}, Memory::device);
     dv_view = TensorView::contiguous(dv.data(), DType::f32, {B, Sk, Hkv, D}, Memory::device);
+    if (!c.documents.empty()) {
+      document_buffer = DeviceBuffer(c.documents.size() * sizeof(std::int64_t));
+      RINGATTN_CUDA_CHECK(cudaMemcpy(document_buffer.data(), c.documents.data(),
+                                     c.documents.size() * sizeof(std::int64_t),
+                                     cudaMemcpyHostToDevice));
+    }
   }
 
   static std::array<std::vector<double>, 4> random_inputs(const Case& c, std::uint64_t stream) {
@@ -157,7 +169,18 @@ struct DeviceProblem {
     return TensorView::contiguous(buffer.data(), c.dtype, shape, Memory::device);
   }
 
-  Mask mask() const { return {c.causal, c.q_start, c.k_start}; }
+  // The mask with the document starts on the host (the oracle, the baseline) or on the device
+  // (the kernels).
+  Mask mask() const { return mask_with(c.documents.data()); }
+  Mask device_mask() const { return mask_with(document_buffer.as<const std::int64_t>()); }
+  Mask mask_with(const std::int64_t* starts) const {
+    Mask m{c.causal, c.q_start, c.k_start, c.window_left, c.window_right};
+    if (!c.documents.empty()) {
+      const std::int64_t rows = c.document_stride > 0 ? c.batch : 1;
+      m.documents = {starts, static_cast<std::int64_t>(c.documents.size()) / rows, c.document_stride};
+    }
+    return m;
+  }
   double scale() const { return c.softmax_scale > 0.0 ? c.softmax_scale : default_scale(c.head_dim); }
 
   // Forward, prepare and backward with every output poisoned (NaN), dQ too (the prepare zeroes
@@ -171,10 +194,10 @@ struct DeviceProblem {
     RINGATTN_CUDA_CHECK(cudaMemset(dq.data(), 0xff, dq.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(dk.data(), overwrite ? 0xff : 0, dk.bytes()));
     RINGATTN_CUDA_CHECK(cudaMemset(dv.data(), overwrite ? 0xff : 0, dv.bytes()));
-    cuda::flash_forward({q_view, k_view, v_view, o_view, lse_view, scale(), mask(), false});
+    cuda::flash_forward({q_view, k_view, v_view, o_view, lse_view, scale(), device_mask(), false});
     cuda::flash_backward_prepare(o_view, dout_view, delta_view, nullptr, &dq_view);
     BackwardArgs args{q_view, k_view, v_view, dout_view, lse_view, delta_view,
-                      dq_view, dk_view, dv_view, scale(), mask(), deterministic};
+                      dq_view, dk_view, dv_view, scale(), device_mask(), deterministic};
     args.overwrite_key_gradients = overwrite;
     args.key_rotation = rotation;
     if (rounded) {  // dK and dV in the input dtype, in the front halves of the poisoned buffers
