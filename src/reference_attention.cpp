@@ -17,8 +17,7 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // The mask as its definition states it (ringattn/attention.hpp), for batch row b; independent of
-// the interval form the kernels use (src/mask_rule.hpp). Differences of positions are formed in
-// 128-bit integers, so none overflows.
+// the interval form the kernels use (src/mask_rule.hpp).
 std::int64_t document_index(const Mask& mask, std::int64_t b, std::int64_t position) {
   const std::int64_t* starts = mask.documents.data + b * mask.documents.batch_stride;
   std::int64_t index = 0;
@@ -26,14 +25,20 @@ std::int64_t document_index(const Mask& mask, std::int64_t b, std::int64_t posit
   return index;
 }
 
+// a - b >= limit (limit > 0) for any int64 a and b: a difference past int64 exceeds every limit.
+bool distance_at_least(std::int64_t a, std::int64_t b, std::int64_t limit) {
+  std::int64_t difference = 0;
+  if (__builtin_sub_overflow(a, b, &difference)) return a > b;
+  return difference >= limit;
+}
+
 bool visible(const Mask& mask, std::int64_t b, std::int64_t i, std::int64_t j) {
-  const __int128 query = static_cast<__int128>(mask.q_start) + i;
-  const __int128 key = static_cast<__int128>(mask.k_start) + j;
+  const std::int64_t query = mask.q_start + i, key = mask.k_start + j;  // fit: check_mask
   if (mask.causal && key > query) return false;
-  if (mask.window_left > 0 && query - key >= mask.window_left) return false;
-  if (mask.window_right > 0 && key - query >= mask.window_right) return false;
+  if (mask.window_left > 0 && distance_at_least(query, key, mask.window_left)) return false;
+  if (mask.window_right > 0 && distance_at_least(key, query, mask.window_right)) return false;
   if (mask.documents.active() &&
-      document_index(mask, b, mask.q_start + i) != document_index(mask, b, mask.k_start + j)) {
+      document_index(mask, b, query) != document_index(mask, b, key)) {
     return false;
   }
   return true;

@@ -206,12 +206,22 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   const int key0 = place.order * kKeys;
   const int kv_head = place.y, batch = kRowSplits ? place.z / p.row_splits : place.z;
 
-  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift; kRowSplits
-  // takes part place.z % row_splits of them.
+  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift, a local mask
+  // the rows outside the first key's first row and the last key's last; kRowSplits takes part
+  // place.z % row_splits of them.
   int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
   if constexpr (kCausal) {
-    first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
-    row_tiles -= first_tile;
+    if (p.local) {
+      const detail::LocalRange first = local_key_rows(p, batch, key0);
+      const detail::LocalRange last = local_key_rows(p, batch, min(key0 + kKeys, p.k_len) - 1);
+      first_tile = static_cast<int>(first.first) / kRows;
+      row_tiles = last.last > first.first
+                      ? static_cast<int>((last.last + kRows - 1) / kRows) - first_tile
+                      : 0;
+    } else {
+      first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
+      row_tiles -= first_tile;
+    }
   } else if constexpr (kRowSplits) {
     const int all_tiles = row_tiles, split = place.z % p.row_splits;
     first_tile = all_tiles * split / p.row_splits;
@@ -431,11 +441,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       wgmma_wait<1>();
       pin_registers(s);
 
-      const bool diagonal =
-          kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row_first + p.shift;
-      const bool partial = key0 + kKeys > p.k_len;
-      probabilities<kCausal>(s, my_keys, row_first, quad_col, partial || diagonal, lse_rows, p,
-                             batch);
+      const bool masked = tile_needs_mask<kCausal>(p, batch, row_first, kRows, key0, kKeys);
+      probabilities<kCausal>(s, my_keys, row_first, quad_col, masked, lse_rows, p, batch);
 
       // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
       // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart. The

@@ -115,8 +115,12 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
   const int row0 = row_block * kRows;
   const int head = place.y, batch = place.z, kv_head = head / p.group;
 
-  const int key_end = visible_key_end<kCausal>(p, row0, kRows);
-  const int key_tiles = (key_end + kKeys - 1) / kKeys;
+  // The key tiles first_tile .. first_tile + key_tiles - 1 hold every key some row of this CTA
+  // sees (under a local mask none below first_tile's); loops count tiles from first_tile.
+  const detail::LocalRange visible = visible_key_range<kCausal>(p, batch, row0, kRows);
+  const int first_tile = visible.empty() ? 0 : static_cast<int>(visible.first) / kKeys;
+  const int key_tiles =
+      visible.empty() ? 0 : (static_cast<int>(visible.last) + kKeys - 1) / kKeys - first_tile;
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
@@ -147,7 +151,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
           mbarrier_arrive_expect_bytes(full + stage, Tiles::kTileBytes);
           for (int panel = 0; panel < kPanels; ++panel) {
             tma_load_box(tiles + stage * kTileElements + panel * kKeys * 64, map, panel * 64,
-                         tile * kKeys, kv_head, batch, full + stage);
+                         (first_tile + tile) * kKeys, kv_head, batch, full + stage);
           }
         };
         load(k_tiles, &k_map, k_empty, k_full);
@@ -204,19 +208,25 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     };
     // The softmax of S_j, then K_j's stage is released: until then a warp can make its scores
     // again, for a tile whose probabilities overflowed against the rows' old maxima.
+    const auto apply_mask = [&](int key0) {
+      if (kCausal && p.local) {
+        int lo[2], hi[2];
+        local_key_bounds(p, batch, my_rows, lo, hi);
+        mask_scores_bounded(s, key0, lo, hi, quad_col);
+      } else {
+        mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
+      }
+    };
     const auto softmax = [&](int tile) {
-      const int key0 = tile * kKeys, stage = tile % kStages;
-      const bool partial = key0 + kKeys > p.k_len;
-      const bool diagonal =
-          kCausal && static_cast<std::int64_t>(key0 + kKeys - 1) > row0 + p.shift;
-      const bool masked = partial || diagonal;
-      if (masked) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
+      const int key0 = (first_tile + tile) * kKeys, stage = tile % kStages;
+      const bool masked = tile_needs_mask<kCausal>(p, batch, row0, kRows, key0, kKeys);
+      if (masked) apply_mask(key0);
       const TileSoftmax done =
           stale_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
       if (done == TileSoftmax::kNeedsScores) {
         warp_scores<T, kHeadDim, kRows, kKeys>(s, q_tile, warp_group * 64 + warp * 16,
                                                k_tiles + stage * kTileElements, lane);
-        if (masked) mask_scores<kCausal>(s, key0, my_rows, quad_col, p);
+        if (masked) apply_mask(key0);
         rescale = online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
       } else {
         rescale = done == TileSoftmax::kMoved;

@@ -140,11 +140,10 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
   return false;
 }
 
-// Windows and documents (FlashParams::local) run on the sm_80 family on every GPU.
 template <DType kDtype, int kHeadDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
   if constexpr (kHopperHeadDim<kHeadDim>) {
-    if (hopper && !p.local && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
+    if (hopper && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
   } else {
     (void)hopper;
   }
@@ -280,7 +279,7 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
   using T = typename CudaType<kDtype>::type;
   bool launched = false;
   if constexpr (kHopperHeadDim<kHeadDim>) {
-    launched = hopper && !p.local && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
+    launched = hopper && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
   } else {
     (void)hopper;
   }

@@ -46,8 +46,8 @@ struct FlashParams {
   // Causal visibility in local indices: row i sees key j iff j <= i + shift,
   // shift = q_start - k_start (global positions of the first Q row and the first K row).
   std::int64_t shift = 0;
-  // Sliding windows and documents (Mask::local()): the kCausal instantiations of the sm_80
-  // family serve them (causal is then set, whatever rule.causal says) and take each row's keys
+  // Sliding windows and documents (Mask::local()): the kCausal instantiations of both families
+  // serve them (causal is then set, whatever rule.causal says) and take each row's keys
   // [first, last) and each key's rows from `rule` by global position instead of from `shift`.
   // rule is batch row 0's; rule.for_batch(b, document_stride) gives the others. The document
   // starts are in device memory.
