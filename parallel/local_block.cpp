@@ -6,10 +6,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ringattn/config.h"
 #include "ringattn/error.hpp"
 #include "src/attention_checks.hpp"
 #include "src/element_access.hpp"
 #include "src/thread_pool.hpp"
+
+#if RINGATTN_WITH_CUDA
+#include "src/cuda/cuda_check.hpp"
+#endif
 
 namespace ringattn::detail {
 namespace {
@@ -113,6 +118,22 @@ void add(const TensorView& src, const TensorView& dst, void* stream) {
   if (src.memory == Memory::device) return device::add(src, dst, stream);
   if (src.dtype == DType::f32) return add_typed<float>(src, dst);
   add_typed<double>(src, dst);
+}
+
+void copy_to_host(const void* src, Memory memory, std::size_t bytes, void* dst, void* stream) {
+  if (bytes == 0) return;
+  if (memory == Memory::host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#if RINGATTN_WITH_CUDA
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda_stream));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(cuda_stream));
+#else
+  (void)stream;
+  fail("copy_to_host", "device memory needs a library built with CUDA");
+#endif
 }
 
 }  // namespace ringattn::detail

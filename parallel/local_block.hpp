@@ -3,6 +3,8 @@
 // device tensors. The ring schedule calls only these, so it is written once for both backends.
 #pragma once
 
+#include <cstddef>
+
 #include "kernels/block_checks.hpp"
 #include "ringattn/attention.hpp"
 
@@ -13,6 +15,11 @@ namespace ringattn::detail {
 void fill(const TensorView& t, double value, void* stream);             // t = value
 void copy(const TensorView& src, const TensorView& dst, void* stream);  // dst = src, converted
 void add(const TensorView& src, const TensorView& dst, void* stream);   // dst += src
+
+// `bytes` of `src` (in `memory`) to the host buffer `dst`, complete when it returns: for device
+// memory, queued on `stream` behind its work and waited for. For the small metadata a call must
+// read on the host before it starts (the document starts a ring plans from).
+void copy_to_host(const void* src, Memory memory, std::size_t bytes, void* dst, void* stream);
 
 // The device side of the element-wise operations (parallel/cuda/local_block_cuda.cu); a library
 // built without CUDA throws Error (parallel/cuda_unavailable.cpp).

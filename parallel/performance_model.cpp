@@ -1,10 +1,18 @@
 #include "parallel/performance_model.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <random>
+#include <string>
+#include <system_error>
 
+#include "parallel/ring_attention.hpp"
+#include "parallel/sequence_layout.hpp"
 #include "ringattn/error.hpp"
+#include "src/mask_rule.hpp"
 
 namespace ringattn {
 
@@ -75,6 +83,116 @@ double ring_efficiency(double one_gpu_time, int ranks, double ring_time) {
 double hidden_share(double ring_time, double compute_alone, double transfers_alone) {
   if (!(transfers_alone > 0)) return std::numeric_limits<double>::quiet_NaN();
   return std::clamp(1.0 - (ring_time - compute_alone) / transfers_alone, 0.0, 1.0);
+}
+
+namespace {
+
+// `text` as a whole number >= lo, or Error naming the part of `description` it came from.
+std::int64_t whole_number(std::string_view text, std::int64_t lo, const char* part,
+                          std::string_view description) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || value < lo) {
+    detail::fail("document_starts", "documents '", description, "': ", part, " is '", text,
+                 "'; expected a whole number >= ", lo);
+  }
+  return value;
+}
+
+std::vector<std::int64_t> lognormal_starts(std::int64_t seq, std::int64_t mean, std::uint64_t seed,
+                                           std::int64_t long_length) {
+  // sigma 1: a mean of MEAN tokens is a median of MEAN / e^(1/2), about 0.61 MEAN.
+  constexpr double kSigma = 1.0;
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> length(
+      std::log(static_cast<double>(mean)) - kSigma * kSigma / 2, kSigma);
+  std::vector<std::int64_t> lengths;
+  std::int64_t filled = 0;
+  while (filled < seq) {
+    const auto next = std::max<std::int64_t>(1, std::llround(length(rng)));
+    lengths.push_back(next);
+    filled += next;
+  }
+  if (long_length > 0) {
+    // Before a document that starts early enough for the long one to end within the sequence.
+    std::size_t fitting = 1;
+    for (std::int64_t start = lengths[0]; fitting < lengths.size() && start <= seq - long_length;
+         start += lengths[fitting++]) {
+    }
+    std::uniform_int_distribution<std::size_t> place(0, fitting - 1);
+    lengths.insert(lengths.begin() + static_cast<std::ptrdiff_t>(place(rng)), long_length);
+  }
+  std::vector<std::int64_t> starts;
+  for (std::int64_t start = 0, i = 0; start < seq; start += lengths[i++]) starts.push_back(start);
+  return starts;
+}
+
+std::vector<std::int64_t> file_starts(const std::string& path, std::string_view description) {
+  std::ifstream in(path);
+  if (!in) detail::fail("document_starts", "documents '", description, "': cannot read ", path);
+  std::vector<std::int64_t> starts;
+  std::string token;
+  for (char c; in.get(c);) {
+    const bool separator = c == ' ' || c == ',' || c == '\n' || c == '\t' || c == '\r';
+    if (!separator) token += c;
+    if ((separator || in.peek() == EOF) && !token.empty()) {
+      starts.push_back(whole_number(token, 0, "a start", description));
+      if (starts.size() > 1 && starts.back() < starts[starts.size() - 2]) {
+        detail::fail("document_starts", "documents '", description, "': start ", starts.size() - 1,
+                     " is ", starts.back(), ", below the one before (", starts[starts.size() - 2],
+                     "); expected non-decreasing positions");
+      }
+      token.clear();
+    }
+  }
+  return starts;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> document_starts(std::string_view description, std::int64_t seq) {
+  std::vector<std::string_view> parts;
+  for (std::size_t begin = 0;;) {
+    const std::size_t colon = description.find(':', begin);
+    parts.push_back(description.substr(begin, colon - begin));
+    if (colon == std::string_view::npos) break;
+    begin = colon + 1;
+  }
+  if (parts[0] == "lognormal" && (parts.size() == 3 || parts.size() == 4)) {
+    const std::int64_t mean = whole_number(parts[1], 1, "MEAN", description);
+    const std::int64_t seed = whole_number(parts[2], 0, "SEED", description);
+    const std::int64_t long_length =
+        parts.size() == 4 ? whole_number(parts[3], 1, "LONG", description) : 0;
+    return lognormal_starts(seq, mean, static_cast<std::uint64_t>(seed), long_length);
+  }
+  if (parts[0] == "file" && parts.size() >= 2) {
+    return file_starts(std::string(description.substr(5)), description);
+  }
+  detail::fail("document_starts", "documents '", description,
+               "'; expected lognormal:MEAN:SEED, lognormal:MEAN:SEED:LONG or file:PATH");
+}
+
+RingBalance ring_balance(SequenceLayoutKind layout, int ranks, std::int64_t seq, const Mask& mask) {
+  const SequenceLayout first(layout, ranks, 0, seq);
+  RingBalance balance;
+  Mask row = mask;
+  row.documents.batch_stride = 0;  // one batch row: the first list
+  balance.steps = ring_steps(first, RingMask{row, 1});
+  const detail::MaskRule rule = detail::MaskRule::of(row);
+  for (int rank = 0; rank < ranks; ++rank) {
+    double pairs = 0;
+    for (const SequenceChunk& chunk : first.for_rank(rank).chunks()) {
+      for (std::int64_t i = chunk.global_start; i < chunk.global_start + chunk.length; ++i) {
+        const detail::PositionInterval keys = rule.keys_of(i);
+        pairs += static_cast<double>(std::max<std::int64_t>(
+            0, std::min(keys.end, seq) - std::max<std::int64_t>(keys.begin, 0)));
+      }
+    }
+    balance.visible_pairs.push_back(pairs);
+    balance.mean += pairs / ranks;
+    balance.max = std::max(balance.max, pairs);
+  }
+  return balance;
 }
 
 }  // namespace ringattn

@@ -4,6 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "ringattn/attention.hpp"
+#include "ringattn/ring.hpp"
 
 namespace ringattn {
 
@@ -56,5 +61,32 @@ double ring_efficiency(double one_gpu_time, int ranks, double ring_time);
 // those of its halves run apart (RingWork::compute and RingWork::transfers):
 // 1 - (ring - compute alone) / transfers alone, clamped to [0, 1]. NaN when transfers_alone <= 0.
 double hidden_share(double ring_time, double compute_alone, double transfers_alone);
+
+// Packed documents for planning, as the global start positions of a sequence of `seq` tokens
+// (DocumentStarts' list), from a description:
+//   lognormal:MEAN:SEED[:LONG]  document lengths drawn from a log-normal distribution of mean MEAN
+//                               tokens and sigma 1 (std::lognormal_distribution seeded with SEED,
+//                               at least one token each) until the sequence is full, the last one
+//                               cut at its end; with LONG, one document of LONG tokens put among
+//                               them at a seeded place where it ends within the sequence (if
+//                               LONG <= seq)
+//   file:PATH                   the starts themselves, whole numbers separated by blanks, commas or
+//                               line ends, non-decreasing
+// Throws Error naming the description and what it expects.
+std::vector<std::int64_t> document_starts(std::string_view description, std::int64_t seq);
+
+// How a ring under a mask shares its work: the steps it runs (RingAttention runs as many) and
+// each rank's visible (query, key) pairs, the work of its local blocks up to their tile edges.
+struct RingBalance {
+  int steps = 1;
+  std::vector<double> visible_pairs;  // by rank
+  double mean = 0, max = 0;
+  double imbalance() const { return mean > 0 ? max / mean : 1.0; }  // the most loaded rank / mean
+};
+
+// The balance of one batch row: `mask` (causal, window, documents in host memory; q_start and
+// k_start unused) over a sequence of `seq` tokens in `layout` over `ranks` ranks. Throws Error
+// when seq does not split (see SequenceLayout).
+RingBalance ring_balance(SequenceLayoutKind layout, int ranks, std::int64_t seq, const Mask& mask);
 
 }  // namespace ringattn

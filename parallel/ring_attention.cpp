@@ -16,6 +16,16 @@
 // compute. After N steps every accumulator has collected all N contributions and arrived at the
 // shard's owner (N sends of dK/dV, N - 1 of K/V); dQ stays local, added into by every step.
 //
+// Masks. Each call plans from the layout and the mask (ring_steps, visible_pairs): the (Q chunk,
+// K/V chunk) pairs with nothing visible make no block call, and the ring runs only as many steps
+// as the farthest shard some rank needs, computed from what every rank knows alike, so all ranks
+// run the same steps and the K/V exchanges pair up. In the forward that is all: K/V make
+// steps - 1 hops. In the backward K/V also stop there, but an accumulator must get back to its
+// owner, and the ring sends only forward: the accumulators keep travelling through the steps
+// where nobody computes (N hops in all, as before). A plan of one step (every rank sees only its
+// own shard) moves nothing at all. Document starts in device memory are copied to the host for
+// the plan once per call, a synchronous copy before the first exchange.
+//
 // No step waits on the host for device work: the communicator orders transfers on the stream.
 //
 // The halves (RingWork): the loops below run either side on its own by skipping the other. With
@@ -38,6 +48,7 @@
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
 #include "src/attention_checks.hpp"
+#include "src/mask_rule.hpp"
 #include "src/owned_buffer.hpp"
 
 namespace ringattn {
@@ -77,18 +88,29 @@ void merge_adjacent(std::vector<BlockPair>& pairs) {
   }
 }
 
+// The rules of the batch rows a plan must serve: one, or one a batch row for per-batch documents.
+std::vector<detail::MaskRule> plan_rules(const RingMask& m) {
+  const DocumentStarts& documents = m.mask.documents;
+  const std::int64_t rows = documents.active() && documents.batch_stride != 0 ? m.batch : 1;
+  std::vector<detail::MaskRule> rules;
+  for (std::int64_t b = 0; b < rows; ++b) rules.push_back(detail::MaskRule::of(m.mask, b));
+  return rules;
+}
+
 }  // namespace
 
 std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
-                                     bool causal) {
-  if (!causal) {
+                                     const RingMask& m) {
+  const Mask& mask = m.mask;
+  if (!mask.causal && !mask.local()) {
     return {{0, queries.local_length(), 0, 0, keys.local_length(), 0, false}};
   }
   const std::vector<SequenceChunk> q_chunks = queries.chunks(), k_chunks = keys.chunks();
-  // A rank's own shard against itself: its chunks lie in the order of their positions, so a key
-  // precedes a query in the sequence exactly when it does locally, and the causal mask of local
-  // indices (both starts 0) is the true one: one call, whatever the gaps between the chunks.
-  if (q_chunks == k_chunks) {
+  // A rank's own shard against itself under a causal mask alone: its chunks lie in the order of
+  // their positions, so a key precedes a query in the sequence exactly when it does locally, and
+  // the causal mask of local indices (both starts 0) is the true one: one call, whatever the gaps
+  // between the chunks. A window or documents measure true distances: those take the chunks.
+  if (!mask.local() && q_chunks == k_chunks) {
     bool ordered = true;
     for (std::size_t c = 1; c < q_chunks.size(); ++c) {
       ordered = ordered && q_chunks[c].global_start > q_chunks[c - 1].global_start &&
@@ -96,19 +118,50 @@ std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const Sequen
     }
     if (ordered) return {{0, queries.local_length(), 0, 0, keys.local_length(), 0, true}};
   }
+  const std::vector<detail::MaskRule> rules = plan_rules(m);
   std::vector<BlockPair> pairs;
   for (const SequenceChunk& q : q_chunks) {
     for (const SequenceChunk& k : k_chunks) {
-      const std::int64_t last_query = q.global_start + q.length - 1;
-      const std::int64_t last_key = k.global_start + k.length - 1;
-      if (k.global_start > last_query) continue;  // every key after every query
-      const bool diagonal = last_key > q.global_start;
-      pairs.push_back({q.local_start, q.length, q.global_start, k.local_start, k.length,
-                       k.global_start, diagonal});
+      if (q.length == 0 || k.length == 0) continue;
+      const std::int64_t qa = q.global_start, qb = qa + q.length - 1;
+      const std::int64_t ka = k.global_start, kb = ka + k.length - 1;
+      bool any = false, all = true;
+      for (const detail::MaskRule& rule : rules) {
+        any = any || rule.any_visible(qa, qb, ka, kb);
+        all = all && rule.all_visible(qa, qb, ka, kb);
+      }
+      if (!any) continue;
+      pairs.push_back(
+          {q.local_start, q.length, q.global_start, k.local_start, k.length, k.global_start, !all});
     }
   }
   merge_adjacent(pairs);
   return pairs;
+}
+
+std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
+                                     bool causal) {
+  return visible_pairs(queries, keys, RingMask{Mask{causal}, 1});
+}
+
+bool shard_needed(const SequenceLayout& queries, const SequenceLayout& keys, const RingMask& mask) {
+  return !visible_pairs(queries, keys, mask).empty();
+}
+
+int ring_steps(const SequenceLayout& layout, const RingMask& mask) {
+  const int world = layout.world();
+  int farthest = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    const SequenceLayout queries = layout.for_rank(rank);
+    // From the farthest hop down: the first shard this rank needs settles its part.
+    for (int hop = world - 1; hop > farthest; --hop) {
+      if (shard_needed(queries, layout.for_rank((rank - hop + world) % world), mask)) {
+        farthest = hop;
+        break;
+      }
+    }
+  }
+  return farthest + 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,9 +209,11 @@ std::size_t paired_bytes(const AttentionShape& s, DType dtype) {
 using NamedView = std::pair<const char*, const TensorView*>;
 using NamedViews = std::initializer_list<NamedView>;
 
-// "q [2, 96, 4, 32] f64; k [...] f64; ...; layout zigzag; causal true; scale 0.125": what the ranks
-// must agree on (strides may differ), as items for check_same_on_all_ranks.
-std::string describe_call(NamedViews views, SequenceLayoutKind layout, bool causal, double scale) {
+// "q [2, 96, 4, 32] f64; k [...] f64; ...; layout zigzag; causal true; window_left 0;
+// window_right 0; scale 0.125": what the ranks must agree on (strides may differ), as items for
+// check_same_on_all_ranks.
+std::string describe_call(NamedViews views, SequenceLayoutKind layout, bool causal,
+                          std::int64_t window_left, std::int64_t window_right, double scale) {
   std::string text;
   for (const auto& [name, t] : views) {
     text += std::string(name) + " [";
@@ -169,7 +224,8 @@ std::string describe_call(NamedViews views, SequenceLayoutKind layout, bool caus
   char scale_text[32];
   std::snprintf(scale_text, sizeof(scale_text), "%.17g", scale);
   return text + detail::concat("layout ", sequence_layout_name(layout), "; ", "causal ",
-                               causal ? "true" : "false", "; scale ", scale_text);
+                               causal ? "true" : "false", "; window_left ", window_left,
+                               "; window_right ", window_right, "; scale ", scale_text);
 }
 
 // The local checks of a ring call beyond the block's argument checks: equal lengths of q and k,
@@ -181,6 +237,68 @@ void check_ring_inputs(const AttentionShape& s, const TensorView& q, Memory memo
                  "; every rank holds the same tokens of q, k and v");
   }
   detail::check_block_dtype(q.dtype, s.head_dim, s.v_head_dim, memory, where);
+}
+
+// The mask of a call: the block's (documents in the tensors' memory), the planner's (the same
+// starts copied to the host) and the items the ranks compare.
+struct CallMask {
+  Mask block;     // causal, window and documents; q_start and k_start set per block call
+  RingMask plan;  // the same with plan.mask.documents in `host_starts`
+  std::vector<std::int64_t> host_starts;
+  std::string documents_item;  // the digest of the starts, which the ranks compare
+};
+
+// 64-bit FNV-1a over the starts: two ranks with other lists compare unequal (but for a collision,
+// about 2^-64 for lists that differ by mistake rather than by design).
+std::uint64_t digest(const std::vector<std::int64_t>& values) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (const std::int64_t value : values) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (static_cast<std::uint64_t>(value) >> (8 * byte)) & 0xffu;
+      hash *= 0x100000001b3ull;
+    }
+  }
+  return hash;
+}
+
+// The mask of a call of `batch` rows on more than one rank, whose window and documents
+// check_mask has passed, with the starts read to the host (from device memory: queued on
+// `stream`, waited for). Device lists, which check_mask cannot read, are checked here: the plan
+// needs them sorted. (One rank neither plans nor compares: it passes the mask to its one block.)
+CallMask read_call_mask(const Mask& call, std::int64_t batch, Memory memory, void* stream,
+                        const char* where) {
+  CallMask m;
+  m.block = call;
+  m.plan = RingMask{call, batch};
+  const DocumentStarts& documents = call.documents;
+  if (!documents.active()) return m;
+  const std::int64_t lists = documents.batch_stride != 0 ? batch : 1;
+  m.host_starts.resize(static_cast<std::size_t>(lists * documents.count));
+  // One copy when the lists lie back to back (one wait on the stream), else one a list.
+  const bool packed = lists == 1 || documents.batch_stride == documents.count;
+  for (std::int64_t b = 0; b < (packed ? 1 : lists); ++b) {
+    detail::copy_to_host(documents.data + b * documents.batch_stride, memory,
+                         static_cast<std::size_t>((packed ? lists : 1) * documents.count) *
+                             sizeof(std::int64_t),
+                         m.host_starts.data() + b * documents.count, stream);
+  }
+  for (std::int64_t b = 0; b < lists; ++b) {
+    const std::int64_t* list = m.host_starts.data() + b * documents.count;
+    for (std::int64_t i = 1; i < documents.count; ++i) {
+      if (list[i] < list[i - 1]) {
+        detail::fail(where, "document start ", i, " of batch row ", b, " is ", list[i],
+                     ", below start ", i - 1, " (", list[i - 1],
+                     "); expected non-decreasing global positions");
+      }
+    }
+  }
+  m.plan.mask.documents = DocumentStarts{m.host_starts.data(), documents.count,
+                                         documents.batch_stride != 0 ? documents.count : 0};
+  char digest_text[24];
+  std::snprintf(digest_text, sizeof(digest_text), "%016llx",
+                static_cast<unsigned long long>(digest(m.host_starts)));
+  m.documents_item = detail::concat("documents digest ", digest_text);
+  return m;
 }
 
 // Runs the local checks of a call on this rank, then compares and agrees across the ranks, so
@@ -198,6 +316,22 @@ void validate_collectively(const Communicator& comm, const char* where,
   }
   check_same_on_all_ranks(comm, where, description);
   check_no_rank_failed(comm, where, local_error ? &*local_error : nullptr);
+}
+
+// The documents as the ranks compare them before the first transfer: what each knows without
+// reading them (the count, one list or one a row) goes with the other arguments; the starts
+// themselves, read to the host by the local checks, are compared after those passed on every
+// rank, by a digest, in a second round that only calls with documents make.
+std::string describe_documents(const DocumentStarts& documents) {
+  if (!documents.active()) return "documents none";
+  return detail::concat("documents ", documents.count, " starts ",
+                        documents.batch_stride != 0 ? "a batch row" : "for every batch row");
+}
+
+void check_same_documents(const Communicator& comm, const char* where, const CallMask& mask) {
+  if (comm.size() > 1 && mask.block.documents.active()) {
+    check_same_on_all_ranks(comm, where, mask.documents_item);
+  }
 }
 
 }  // namespace
@@ -358,6 +492,37 @@ void ring_backward(RingAttention& ring, const RingBackwardArgs& args, RingWork w
   RingAttentionInternals::backward(ring, args, work);
 }
 
+namespace {
+
+// A block call's mask: the call's mask at the pair's global starts, or none for a pair that
+// every query sees whole.
+Mask pair_mask(const Mask& call, const BlockPair& p) {
+  if (!p.causal) return Mask{};
+  Mask mask = call;
+  mask.q_start = p.q_global_start;
+  mask.k_start = p.k_global_start;
+  return mask;
+}
+
+// The plan of a call on this rank: the steps every rank runs and this rank's block calls at each.
+struct CallPlan {
+  int steps = 1;
+  std::vector<std::vector<BlockPair>> pairs;  // [step]
+};
+
+CallPlan plan_call(const SequenceLayout& layout, const RingMask& mask) {
+  CallPlan plan;
+  plan.steps = ring_steps(layout, mask);
+  const int ranks = layout.world(), rank = layout.rank();
+  for (int step = 0; step < plan.steps; ++step) {
+    plan.pairs.push_back(
+        visible_pairs(layout, layout.for_rank((rank - step + ranks) % ranks), mask));
+  }
+  return plan;
+}
+
+}  // namespace
+
 void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs& args,
                                      RingWork work) {
   constexpr const char* kWhere = "RingAttention::forward";
@@ -365,15 +530,20 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
   const int ranks = comm.size(), rank = comm.rank();
   RingAttention::Workspace& w = *ring.workspace_;
   const bool transfers = work != RingWork::compute, compute = work != RingWork::transfers;
-  const std::string description = describe_call(
-      {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}, {"lse", &args.lse}},
-      ring.layout_, args.causal, args.scale);
+  const std::string description =
+      describe_call(
+          {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}, {"lse", &args.lse}},
+          ring.layout_, args.causal, args.window_left, args.window_right, args.scale) +
+      "; " + describe_documents(args.documents);
 
+  const Mask call_mask{args.causal, 0, 0, args.window_left, args.window_right, args.documents};
   AttentionShape s;
   std::optional<SequenceLayout> layout;
+  CallMask mask;
+  CallPlan plan;
   Slice kv_slices[2], running_slice;
   validate_collectively(comm, kWhere, description, [&] {
-    ForwardArgs whole{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
+    ForwardArgs whole{args.q, args.k, args.v, args.o, args.lse, args.scale, call_mask, false};
     s = check_forward_args(whole, comm.memory(), kWhere);
     check_ring_inputs(s, args.q, comm.memory(), kWhere);
     for (const auto& [name, view] :
@@ -385,21 +555,23 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
                   {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o},
                    {"lse", &args.lse}},
                   kWhere);
-    if (ranks == 1) return;  // no workspace: see below
+    if (ranks == 1) return;  // no plan and no workspace: see below
+    mask = read_call_mask(call_mask, s.batch, comm.memory(), args.stream, kWhere);
+    plan = plan_call(*layout, mask.plan);
     Placement place(args.scratch, comm.memory());
     running_slice = place.take(w.running_o, static_cast<std::size_t>(args.o.numel()) *
                                                 dtype_size(accumulator_dtype(args.q.dtype)));
     for (int i = 0; i < 2; ++i) kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
   });
+  check_same_documents(comm, kWhere, mask);
   if (ranks > 1 && transfers) keep_persistent(comm, args.scratch);
 
   void* stream = args.stream;
-  // One rank holds the whole sequence in order (either layout): one block call on local positions
-  // writes O and LSE, with no copies and no running output.
+  // One rank holds the whole sequence in order (either layout): one block call on local positions,
+  // which are the global ones, writes O and LSE, with no copies and no running output.
   if (ranks == 1) {
     if (compute) {
-      flash_forward({args.q, args.k, args.v, args.o, args.lse, args.scale,
-                     Mask{args.causal, 0, 0}, false},
+      flash_forward({args.q, args.k, args.v, args.o, args.lse, args.scale, call_mask, false},
                     stream);
     }
     return;
@@ -415,17 +587,16 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
     detail::fill(args.lse, kNegInf, stream);
   }
 
+  // Only plan.steps steps: no rank needs a shard from farther back, so K/V stop there.
   int held = 0;  // the kv buffer holding the visiting shard
-  for (int step = 0; step < ranks; ++step) {
-    const bool more = step + 1 < ranks && transfers;
+  const std::vector<BlockPair> none;
+  for (int step = 0; step < plan.steps; ++step) {
+    const bool more = step + 1 < plan.steps && transfers;
     if (more) {
       comm.exchange_start(kv_slices[held].data, kv[held].bytes, kv_slices[1 - held].data,
                           kv[1 - held].bytes, stream);
     }
-    const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
-    const std::vector<BlockPair> pairs =
-        compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
-    for (const BlockPair& p : pairs) {
+    for (const BlockPair& p : compute ? plan.pairs[step] : none) {
       ForwardArgs block;
       block.q = rows(args.q, p.q_local_start, p.q_length);
       block.k = rows(kv[held].k, p.k_local_start, p.k_length);
@@ -433,7 +604,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
       block.o = rows(running, p.q_local_start, p.q_length);
       block.lse = columns(args.lse, p.q_local_start, p.q_length);
       block.scale = args.scale;
-      block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
+      block.mask = pair_mask(mask.block, p);
       block.combine = true;
       flash_forward(block, stream);
     }
@@ -463,17 +634,21 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
                      {"dq", &args.dq},
                      {"dk", &args.dk},
                      {"dv", &args.dv}},
-                    ring.layout_, args.causal, args.scale) +
+                    ring.layout_, args.causal, args.window_left, args.window_right, args.scale) +
+      "; " + describe_documents(args.documents) +
       (args.deterministic ? "; deterministic true" : "; deterministic false");
 
+  const Mask call_mask{args.causal, 0, 0, args.window_left, args.window_right, args.documents};
   AttentionShape s;
   std::optional<SequenceLayout> layout;
+  CallMask mask;
+  CallPlan plan;
   Slice kv_slices[2], dkv_slices[2], step_slice, delta_slice;
   validate_collectively(comm, kWhere, description, [&] {
-    ForwardArgs forward{args.q, args.k, args.v, args.o, args.lse, args.scale, Mask{}, false};
+    ForwardArgs forward{args.q, args.k, args.v, args.o, args.lse, args.scale, call_mask, false};
     s = check_forward_args(forward, comm.memory(), kWhere);
-    BackwardArgs whole{args.q,  args.k,  args.v,  args.dout,  args.lse, args.lse,
-                       args.dq, args.dk, args.dv, args.scale, Mask{},   args.deterministic};
+    BackwardArgs whole{args.q,  args.k,  args.v,  args.dout,  args.lse,  args.lse,
+                       args.dq, args.dk, args.dv, args.scale, call_mask, args.deterministic};
     whole.overwrite_key_gradients = ranks == 1;  // one block call: dk, dv may be rounded
     whole.key_rotation = args.key_rotation;
     if (args.key_rotation.active() && ranks > 1) {
@@ -493,6 +668,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       detail::check_block_layout(*view, name, kWhere);
     }
     layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
+    if (ranks > 1) mask = read_call_mask(call_mask, s.batch, comm.memory(), args.stream, kWhere);
     check_scratch(args.scratch,
                   {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o},
                    {"lse", &args.lse}, {"dout", &args.dout}, {"dq", &args.dq}, {"dk", &args.dk},
@@ -501,15 +677,23 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
     const DType acc = accumulator_dtype(args.q.dtype);
     Placement place(args.scratch, comm.memory());
     if (ranks > 1) {  // one rank: the gradients go straight to dq, dk, dv (see below)
-      for (int i = 0; i < 2; ++i) dkv_slices[i] = place.take(w.dkv[i], paired_bytes(s, acc));
-      if (ranks > 2) step_slice = place.take(w.dkv_step, paired_bytes(s, acc));
-      for (int i = 0; i < 2; ++i) kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
+      plan = plan_call(*layout, mask.plan);
+      // One step: every rank needs only its own shard, and nothing travels.
+      if (plan.steps > 1) {
+        for (int i = 0; i < 2; ++i) dkv_slices[i] = place.take(w.dkv[i], paired_bytes(s, acc));
+        if (plan.steps > 2) step_slice = place.take(w.dkv_step, paired_bytes(s, acc));
+        for (int i = 0; i < 2; ++i) {
+          kv_slices[i] = place.take(w.kv[i], paired_bytes(s, args.q.dtype));
+        }
+      }
     }
     delta_slice =
         place.take(w.delta, static_cast<std::size_t>(args.lse.numel()) * dtype_size(acc));
   });
 
-  if (ranks > 1 && transfers) keep_persistent(comm, args.scratch);
+  check_same_documents(comm, kWhere, mask);
+  const bool travels = ranks > 1 && plan.steps > 1;
+  if (travels && transfers) keep_persistent(comm, args.scratch);
   void* stream = args.stream;
   const DType acc = accumulator_dtype(args.q.dtype);
   const TensorView delta = delta_slice.view(acc, {s.batch, s.q_heads, s.q_len});
@@ -524,22 +708,13 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   // writes dk and dv.
   if (ranks == 1) {
     if (compute) {
-      BackwardArgs block{args.q,  args.k,  args.v,  args.dout,  args.lse,
-                         delta,   args.dq, args.dk, args.dv,    args.scale,
-                         Mask{args.causal, 0, 0}, args.deterministic};
+      BackwardArgs block{args.q,  args.k,  args.v,  args.dout,  args.lse, delta,
+                         args.dq, args.dk, args.dv, args.scale, call_mask, args.deterministic};
       block.overwrite_key_gradients = true;
       block.key_rotation = args.key_rotation;
       flash_backward(block, stream);
     }
     return;
-  }
-  const PairedViews kv[2] = {paired_views(kv_slices[0], s, args.q.dtype),
-                             paired_views(kv_slices[1], s, args.q.dtype)};
-  const PairedViews dkv[2] = {paired_views(dkv_slices[0], s, acc),
-                              paired_views(dkv_slices[1], s, acc)};
-  if (compute) {
-    detail::copy(args.k, kv[0].k, stream);
-    detail::copy(args.v, kv[0].v, stream);
   }
   // The block calls of `pairs` against the K/V views `k`, `v`, adding into dK/dV views `dk`, `dv`.
   const auto run_pairs = [&](const std::vector<BlockPair>& pairs, const TensorView& k,
@@ -556,20 +731,36 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
       block.dk = rows(dk, p.k_local_start, p.k_length);
       block.dv = rows(dv, p.k_local_start, p.k_length);
       block.scale = args.scale;
-      block.mask = Mask{p.causal, p.q_global_start, p.k_global_start};
+      block.mask = pair_mask(mask.block, p);
       block.deterministic = args.deterministic;
       flash_backward(block, stream);
     }
   };
+  // One step (no rank sees another's shard): the own shard adds straight into dk and dv.
+  if (!travels) {
+    if (compute) run_pairs(plan.pairs[0], args.k, args.v, args.dk, args.dv);
+    return;
+  }
+  const PairedViews kv[2] = {paired_views(kv_slices[0], s, args.q.dtype),
+                             paired_views(kv_slices[1], s, args.q.dtype)};
+  const PairedViews dkv[2] = {paired_views(dkv_slices[0], s, acc),
+                              paired_views(dkv_slices[1], s, acc)};
+  if (compute) {
+    detail::copy(args.k, kv[0].k, stream);
+    detail::copy(args.v, kv[0].v, stream);
+  }
 
   // The rank's own shard adds straight into dk and dv, in two parts by query rows: the first
   // while its K/V travel to the next rank, the second while the accumulator of its K/V, having
   // visited every other rank, travels home. A visiting shard's accumulator starts at the rank
   // after its owner (step 1): from step 2 on, a step's contribution goes to the step buffer while
   // the accumulator arrives, and joins it after.
+  // K/V travel plan.steps - 1 hops, as far as the farthest rank that needs them; the accumulators
+  // go on around the ring to their owners (N hops: the ring only sends forward), through steps
+  // where no rank computes.
   std::vector<BlockPair> own[2];
   if (compute) {
-    for (const BlockPair& p : visible_pairs(*layout, *layout, args.causal)) {
+    for (const BlockPair& p : plan.pairs[0]) {
       BlockPair first = p, second = p;
       first.q_length = p.q_length / 2;
       second.q_local_start += first.q_length;
@@ -589,16 +780,16 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   // copy), and the dkv buffer holding the visiting shard's accumulator.
   int held = transfers ? 1 : 0;
   int arrived = 0;
+  const std::vector<BlockPair> none;
   for (int step = 1; step < ranks; ++step) {
-    const bool more = step + 1 < ranks;
+    const bool more = step + 1 < plan.steps;  // K/V go on
     if (more && transfers) {
       comm.exchange_start(kv_slices[held].data, kv[held].bytes, kv_slices[1 - held].data,
                           kv[1 - held].bytes, stream);
     }
-    const PairedViews target = step == 1 ? dkv[arrived] : paired_views(step_slice, s, acc);
-    const SequenceLayout visiting = layout->for_rank((rank - step + ranks) % ranks);
-    const std::vector<BlockPair> pairs =
-        compute ? visible_pairs(*layout, visiting, args.causal) : std::vector<BlockPair>{};
+    const std::vector<BlockPair>& pairs = compute && step < plan.steps ? plan.pairs[step] : none;
+    const PairedViews target =
+        step == 1 || pairs.empty() ? dkv[arrived] : paired_views(step_slice, s, acc);
     if (compute && (step == 1 || !pairs.empty())) detail::fill(target.both, 0.0, stream);
     run_pairs(pairs, kv[held].k, kv[held].v, target.k, target.v);
     if (transfers) comm.exchange_wait(stream);

@@ -13,10 +13,11 @@
 namespace ringattn {
 
 // Rows [q_local_start, +q_length) of this rank's Q against rows [k_local_start, +k_length) of the
-// visiting K/V shard. `causal` is set for a pair on the diagonal, which needs the mask: key
-// k_global_start + j is visible to query q_global_start + i when it is not after it (for a rank's
-// own shard the starts are 0 and the positions local indices, which order the same way); every
-// other pair is fully visible and runs without mask arithmetic.
+// visiting K/V shard. `causal` (named after the first mask that needed it) is set for a pair that
+// needs mask arithmetic: the block gets the call's whole mask with q_global_start and
+// k_global_start as its q_start and k_start (for a rank's own shard under a causal mask alone the
+// starts are 0 and the positions local indices, which order the same way); every other pair is
+// fully visible and runs without a mask.
 struct BlockPair {
   std::int64_t q_local_start = 0, q_length = 0, q_global_start = 0;
   std::int64_t k_local_start = 0, k_length = 0, k_global_start = 0;
@@ -25,13 +26,34 @@ struct BlockPair {
   bool operator==(const BlockPair&) const = default;
 };
 
+// The mask of a ring call as the planner reads it: Mask's causal, window and documents (q_start
+// and k_start unused), the document starts in host memory, and the batch rows to plan for: a
+// pair runs when any batch row has visible work in it, and runs without mask arithmetic only
+// when every batch row sees all of it. With one list for every batch row (batch_stride 0) the
+// batch does not matter.
+struct RingMask {
+  Mask mask{};
+  std::int64_t batch = 1;
+};
+
 // The block calls of a step where `queries` holds Q and `keys` is the layout of the rank whose
-// K/V visits: every (query chunk, key chunk) pair that some query sees, fully masked pairs
-// skipped, fully visible pairs that share their rows or their keys merged into one call (fewer,
-// larger calls; fewer merges of the running output). Without a mask: one call, all against all;
-// with one, a rank's own shard is one causal call too.
+// K/V visits: every (query chunk, key chunk) pair with visible work, the others skipped, fully
+// visible pairs that share their rows or their keys merged into one call (fewer, larger calls;
+// fewer merges of the running output). Without a mask: one call, all against all; under a causal
+// mask alone, a rank's own shard is one masked call too.
+std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
+                                     const RingMask& mask);
 std::vector<BlockPair> visible_pairs(const SequenceLayout& queries, const SequenceLayout& keys,
                                      bool causal);
+
+// Whether the Q of `queries` sees any key of the K/V of `keys` (some block call runs).
+bool shard_needed(const SequenceLayout& queries, const SequenceLayout& keys, const RingMask& mask);
+
+// The steps a ring call runs, 1 to N: one more than the farthest hop (rank - owner, modulo N) at
+// which some rank's Q sees a shard, over every rank of `layout`'s world. It follows from the
+// layout and the mask alone, so every rank that agrees on those counts the same. K/V make
+// steps - 1 hops.
+int ring_steps(const SequenceLayout& layout, const RingMask& mask);
 
 // Which work of a ring call runs. `all` is the ring (RingAttention::forward and backward). The
 // other two are its halves, for benchmarks (ringattn-bench ring): `transfers` makes exactly the

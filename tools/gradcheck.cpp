@@ -5,6 +5,12 @@
 //       --backend cuda --dtype bf16 [--layout zigzag] [--json FILE]
 //   mpirun -np 3 ringattn-gradcheck --backend cpu --seq 1002 --heads 4 --kv-heads 2 \
 //       --head-dim 192 --v-head-dim 128 --causal        (V of its own head dim: CPU ranks only)
+//   mpirun -np 4 ringattn-gradcheck --backend cpu --seq 4096 --causal --window-left 300 \
+//       --documents lognormal:512:1 --layout contiguous
+//
+// --window-left, --window-right and --documents (as ringattn-plan takes them: lognormal:MEAN:SEED
+// [:LONG] or file:PATH, one list for every batch row) give the ring, the one-device block and the
+// reference the same Mask; the starts are in the memory of the tensors.
 //
 // The reference is the fp64 CPU oracle when the problem is small enough (--oracle auto), else
 // the streaming fp32 GPU reference (cuda backend). Beside the ring, rank 0 runs the same local
@@ -62,6 +68,8 @@ struct Options {
   std::int64_t v_head_dim = 0;  // 0: head_dim
   std::int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   bool causal = false;
+  std::int64_t window_left = 0, window_right = 0;
+  std::string documents;  // a description for ringattn::document_starts; empty: none
   std::string layout = "zigzag", dtype = "f32", backend = "cpu", oracle = "auto", json;
   std::uint64_t seed = 1234;
   int timed = 0;  // extra forward+backward runs to time (ring and one device)
@@ -148,6 +156,38 @@ struct Shapes {
   std::int64_t B, S, Hq, Hkv, D, Dv;  // D: q and k, Dv: v, o and their gradients
 };
 
+// The document starts of the run in `memory` (int64, one list for every batch row).
+OwnedBuffer upload_starts(const std::vector<std::int64_t>& starts, Memory memory) {
+  const std::size_t bytes = starts.size() * sizeof(std::int64_t);
+  OwnedBuffer buffer(memory, bytes);
+  if (bytes == 0) return buffer;
+  if (memory == Memory::host) {
+    std::memcpy(buffer.data(), starts.data(), bytes);
+    return buffer;
+  }
+#if RINGATTN_WITH_CUDA
+  RINGATTN_CUDA_CHECK(cudaMemcpy(buffer.data(), starts.data(), bytes, cudaMemcpyHostToDevice));
+  return buffer;
+#else
+  detail::fail("ringattn-gradcheck", "device memory needs a build with CUDA");
+#endif
+}
+
+// The run's mask on the whole sequence, its document starts at `starts` (in the tensors' memory).
+Mask whole_mask(const Options& opt, const OwnedBuffer& starts) {
+  Mask mask{opt.causal, 0, 0, opt.window_left, opt.window_right, {}};
+  const auto count = static_cast<std::int64_t>(starts.bytes() / sizeof(std::int64_t));
+  if (count > 0) mask.documents = {static_cast<const std::int64_t*>(starts.data()), count, 0};
+  return mask;
+}
+
+std::string mask_text(const Options& opt) {
+  return detail::concat(opt.causal ? "causal" : "full",
+                        opt.window_left > 0 ? detail::concat(", window_left ", opt.window_left) : "",
+                        opt.window_right > 0 ? detail::concat(", window_right ", opt.window_right) : "",
+                        opt.documents.empty() ? "" : ", documents " + opt.documents);
+}
+
 void synchronize(Memory memory) {
 #if RINGATTN_WITH_CUDA
   if (memory == Memory::device) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -159,8 +199,9 @@ void synchronize(Memory memory) {
 // The local block (or the GPU reference) on the whole sequence, in `memory`.
 // With `seconds` set, also times `opt.timed` more forward+backward runs of the block.
 Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memory, bool gpu_reference,
-                  const std::vector<double>& q, const std::vector<double>& k,
-                  const std::vector<double>& v, const std::vector<double>& g, double* seconds = nullptr) {
+                  const std::vector<std::int64_t>& starts, const std::vector<double>& q,
+                  const std::vector<double>& k, const std::vector<double>& v,
+                  const std::vector<double>& g, double* seconds = nullptr) {
   const DType acc = accumulator_dtype(dtype);
   // The GPU reference writes fp32 outputs from inputs of any supported dtype.
   const DType out_dtype = gpu_reference ? DType::f32 : dtype;
@@ -177,7 +218,8 @@ Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memor
                    dl = delta.view(acc, {s.B, s.Hq, s.S}), dqv = dq.view(acc, {s.B, s.S, s.Hq, s.D}),
                    dkv = dk.view(acc, {s.B, s.S, s.Hkv, s.D}), dvv = dv.view(acc, {s.B, s.S, s.Hkv, s.Dv});
   const double scale = default_scale(s.D);
-  const Mask mask{opt.causal, 0, 0};
+  const OwnedBuffer starts_buffer = upload_starts(starts, memory);
+  const Mask mask = whole_mask(opt, starts_buffer);
   if (gpu_reference) {
     cuda::reference_forward(qv, kv, vv, mask, scale, ov, lv);
     cuda::reference_backward(qv, kv, vv, ov, lv, gv, mask, scale, dl, dqv, dkv, dvv);
@@ -204,8 +246,9 @@ Result one_device(const Options& opt, const Shapes& s, DType dtype, Memory memor
           download(dv, acc, nv)};
 }
 
-Result fp64_oracle(const Options& opt, const Shapes& s, std::vector<double> q, std::vector<double> k,
-                   std::vector<double> v, std::vector<double> g) {
+Result fp64_oracle(const Options& opt, const Shapes& s, const std::vector<std::int64_t>& starts,
+                   std::vector<double> q, std::vector<double> k, std::vector<double> v,
+                   std::vector<double> g) {
   Result r;
   r.o.resize(g.size());
   r.lse.resize(s.B * s.Hq * s.S);
@@ -216,7 +259,8 @@ Result fp64_oracle(const Options& opt, const Shapes& s, std::vector<double> q, s
     return TensorView::contiguous(d.data(), DType::f64, shape);
   };
   const double scale = default_scale(s.D);
-  const Mask mask{opt.causal, 0, 0};
+  const OwnedBuffer starts_buffer = upload_starts(starts, Memory::host);
+  const Mask mask = whole_mask(opt, starts_buffer);
   reference::attention_forward(view(q, {s.B, s.S, s.Hq, s.D}), view(k, {s.B, s.S, s.Hkv, s.D}),
                                view(v, {s.B, s.S, s.Hkv, s.Dv}), mask, scale, view(r.o, {s.B, s.S, s.Hq, s.Dv}),
                                view(r.lse, {s.B, s.Hq, s.S}));
@@ -309,6 +353,13 @@ std::string check_options(const Options& opt, int ranks) {
                           opt.layout, " over ", ranks, " rank", ranks == 1 ? "" : "s", ")");
   }
   if (opt.oracle == "gpu" && opt.backend != "cuda") return "--oracle gpu needs --backend cuda";
+  if (!opt.documents.empty()) {
+    try {
+      document_starts(opt.documents, opt.seq);
+    } catch (const Error& error) {
+      return detail::concat("--documents: ", error.what());
+    }
+  }
   const bool cuda_backend = opt.backend == "cuda";
   try {
     detail::check_block_dtype(parse_dtype(opt.dtype), opt.head_dim, opt.value_dim(),
@@ -375,6 +426,10 @@ int run(const Options& opt) {
   const DType acc = accumulator_dtype(dtype);
   const std::vector<std::int64_t> positions = ring.global_positions(s.S);
   const std::int64_t len = static_cast<std::int64_t>(positions.size());
+  const std::vector<std::int64_t> starts =
+      opt.documents.empty() ? std::vector<std::int64_t>{} : document_starts(opt.documents, s.S);
+  const OwnedBuffer starts_buffer = upload_starts(starts, memory);
+  const Mask mask = whole_mask(opt, starts_buffer);
 
   auto start = std::chrono::steady_clock::now();
   const std::vector<double> q = draw(opt, dtype, 1, s.Hq, s.D, positions),
@@ -388,10 +443,16 @@ int run(const Options& opt) {
   RingForwardArgs fwd{qb.view(dtype, {s.B, len, s.Hq, s.D}), kb.view(dtype, {s.B, len, s.Hkv, s.D}),
                       vb.view(dtype, {s.B, len, s.Hkv, s.Dv}), ob.view(dtype, {s.B, len, s.Hq, s.Dv}),
                       lse.view(acc, {s.B, s.Hq, len}), default_scale(s.D), opt.causal};
+  fwd.window_left = mask.window_left;
+  fwd.window_right = mask.window_right;
+  fwd.documents = mask.documents;
   ring.forward(fwd);
   RingBackwardArgs bwd{fwd.q, fwd.k, fwd.v, fwd.o, fwd.lse, gb.view(dtype, {s.B, len, s.Hq, s.Dv}),
                        dq.view(acc, {s.B, len, s.Hq, s.D}), dk.view(acc, {s.B, len, s.Hkv, s.D}),
                        dv.view(acc, {s.B, len, s.Hkv, s.Dv}), default_scale(s.D), opt.causal};
+  bwd.window_left = mask.window_left;
+  bwd.window_right = mask.window_right;
+  bwd.documents = mask.documents;
   ring.backward(bwd);
 #if RINGATTN_WITH_CUDA
   if (cuda_backend) RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -428,11 +489,12 @@ int run(const Options& opt) {
                               fg = draw(opt, dtype, 4, s.Hq, s.Dv, all);
     const bool use_fp64 = uses_fp64_oracle(opt);
     start = std::chrono::steady_clock::now();
-    const Result ref = use_fp64 ? fp64_oracle(opt, s, fq, fk, fv, fg) : one_device(opt, s, DType::f32, memory, true, fq, fk, fv, fg);
+    const Result ref = use_fp64 ? fp64_oracle(opt, s, starts, fq, fk, fv, fg)
+                                : one_device(opt, s, DType::f32, memory, true, starts, fq, fk, fv, fg);
     const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fprintf(stderr, "gradcheck: reference done (%.1f s)\n", ref_s);
     double single_s = 0.0;
-    const Result single = one_device(opt, s, dtype, memory, false, fq, fk, fv, fg, &single_s);
+    const Result single = one_device(opt, s, dtype, memory, false, starts, fq, fk, fv, fg, &single_s);
     if (opt.timed > 0) {
       // FlashAttention's count: 4 b h s^2 d forward (half when causal), backward 2.5x; d is the
       // mean of D (the scores) and Dv (the outputs), the count being linear in each.
@@ -455,7 +517,7 @@ int run(const Options& opt) {
                 "forward+backward+transfers %.1f s\n",
                 size, opt.layout.c_str(), opt.backend.c_str(), opt.dtype.c_str(), comm->transport().c_str(),
                 (long long)s.S, (long long)s.B,
-                (long long)s.Hq, (long long)s.Hkv, (long long)s.D, v_dim.c_str(), opt.causal ? "causal" : "full",
+                (long long)s.Hq, (long long)s.Hkv, (long long)s.D, v_dim.c_str(), mask_text(opt).c_str(),
                 use_fp64 ? "fp64 CPU oracle" : "fp32 GPU streaming reference", ref_s, ring_s);
     std::printf("%-4s %14s %14s %14s %14s %8s  %s\n", "out", "ring max err", "1-dev max err", "ring rel err",
                 "1-dev rel err", "ratio", "verdict");
@@ -484,7 +546,9 @@ int run(const Options& opt) {
           << "\", \"exchanges\": \"" << comm->transport() << "\", \"dtype\": \"" << opt.dtype << "\", \"seq\": " << s.S << ", \"batch\": " << s.B
           << ", \"heads\": " << s.Hq << ", \"kv_heads\": " << s.Hkv << ", \"head_dim\": " << s.D
           << ", \"v_head_dim\": " << s.Dv
-          << ", \"causal\": " << (opt.causal ? "true" : "false") << ",\n  \"reference\": \""
+          << ", \"causal\": " << (opt.causal ? "true" : "false") << ", \"window_left\": " << opt.window_left
+          << ", \"window_right\": " << opt.window_right << ", \"documents\": \"" << opt.documents
+          << "\",\n  \"reference\": \""
           << (use_fp64 ? "fp64" : "gpu-fp32") << "\", \"passed\": " << (verdict == 0 ? "true" : "false")
           << ",\n  \"rows\": [\n" << rows << "\n  ]\n}\n";
       if (!out.flush()) {
@@ -514,6 +578,15 @@ int main(int argc, char** argv) {
                  "head dimension of v and o (default: --head-dim; another one on --backend cpu only)")
       ->check(tools::whole_number(1));
   app.add_flag("--causal", opt.causal, "causal mask");
+  app.add_option("--window-left", opt.window_left,
+                 "sliding window: a query sees keys fewer than this many positions back (0: none)")
+      ->check(tools::whole_number(0));
+  app.add_option("--window-right", opt.window_right,
+                 "sliding window: ... and fewer than this many positions ahead (0: none)")
+      ->check(tools::whole_number(0));
+  app.add_option("--documents", opt.documents,
+                 "packed documents: lognormal:MEAN:SEED[:LONG] (log-normal lengths of mean MEAN "
+                 "tokens, sigma 1, and one of LONG tokens) or file:PATH (the starts)");
   app.add_option("--layout", opt.layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
   app.add_option("--dtype", opt.dtype, "f32, f64 (cpu); bf16, f16 (cuda)")->check(CLI::IsMember({"f32", "f64", "bf16", "f16"}));
   app.add_option("--backend", opt.backend, "cpu (MPI) or cuda (NCCL)")->check(CLI::IsMember({"cpu", "cuda"}));

@@ -1,16 +1,23 @@
 // ringattn-plan: DESIGN.md's performance model for your cluster. Says whether a ring step's K/V
 // transfer hides behind its compute, from how many tokens per rank it does, and the longest
-// sequence whose attention (forward + backward) fits in the GPUs' memory.
+// sequence whose attention (forward + backward) fits in the GPUs' memory. Then, for the mask
+// (causal or full, a sliding window, packed documents), the ring's steps (how far K/V travel) and
+// each rank's share of the visible (query, key) pairs, with the most loaded rank over the mean.
 //
 //   ringattn-plan --ranks 2 --seq 131072 --heads 16 --head-dim 128 --causal \
 //       --tflops 400 --link-gbps 205 --memory-gib 139
+//   ringattn-plan --ranks 8 --seq 1048576 --layout contiguous --window-left 4096
+//   ringattn-plan --ranks 8 --seq 1048576 --documents lognormal:8192:1
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "parallel/performance_model.hpp"
+#include "ringattn/attention.hpp"
+#include "ringattn/ring.hpp"
 #include "ringattn/error.hpp"
 #include "tools/cli_checks.hpp"
 
@@ -40,6 +47,17 @@ int main(int argc, char** argv) {
       ->check(tools::positive_real());
   app.add_option("--element-bytes", in.element_bytes, "2 for bf16/f16, 4 for f32")
       ->check(CLI::IsMember({"2", "4"}));  // text: of an int set, CLI11 names "two" without the set
+  std::int64_t window_left = 0, window_right = 0;
+  std::string documents;
+  app.add_option("--window-left", window_left,
+                 "sliding window: a query sees keys fewer than this many positions back (0: none)")
+      ->check(tools::whole_number(0));
+  app.add_option("--window-right", window_right,
+                 "sliding window: ... and fewer than this many positions ahead (0: none)")
+      ->check(tools::whole_number(0));
+  app.add_option("--documents", documents,
+                 "packed documents: lognormal:MEAN:SEED[:LONG] (log-normal lengths of mean MEAN "
+                 "tokens, sigma 1, and one of LONG tokens) or file:PATH (the starts)");
   const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
   if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-plan");
   if (app.count("--kv-heads") == 0) in.kv_heads = in.heads;
@@ -72,6 +90,25 @@ int main(int argc, char** argv) {
                 p.backward_hidden ? "yes" : "NO", p.backward_min_tokens_per_rank);
     std::printf("\nattention memory: %.0f bytes a local token; longest sequence that fits on %d GPUs: %lld\n",
                 p.bytes_per_local_token, in.ranks, (long long)p.longest_seq);
+
+    const std::vector<std::int64_t> starts =
+        documents.empty() ? std::vector<std::int64_t>{} : ringattn::document_starts(documents, in.seq);
+    ringattn::Mask mask;
+    mask.causal = in.causal;
+    mask.window_left = window_left;
+    mask.window_right = window_right;
+    mask.documents = {starts.data(), static_cast<std::int64_t>(starts.size()), 0};
+    const ringattn::RingBalance balance = ringattn::ring_balance(
+        ringattn::parse_sequence_layout(layout), in.ranks, in.seq, mask);
+    std::printf("\nmask: %s, window_left %lld, window_right %lld, documents %s",
+                in.causal ? "causal" : "full", (long long)window_left, (long long)window_right,
+                documents.empty() ? "none" : documents.c_str());
+    if (!documents.empty()) std::printf(" (%zu starts)", starts.size());
+    std::printf("\nring steps: %d of %d (K/V hops: %d; the backward's dK/dV hops: %d)\n", balance.steps,
+                in.ranks, balance.steps - 1, balance.steps > 1 ? in.ranks : 0);
+    std::printf("visible pairs by rank, over the mean:");
+    for (double pairs : balance.visible_pairs) std::printf(" %.3f", pairs / balance.mean);
+    std::printf("\nimbalance (most loaded rank / mean): %.3f\n", balance.imbalance());
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ringattn-plan: %s\n", e.what());

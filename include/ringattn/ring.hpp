@@ -12,8 +12,8 @@
 //   ring.forward({.q = q, .k = k, .v = v, .o = o, .lse = lse, .scale = 0.125, .causal = true});
 //
 // Backends: host tensors (f32, f64; any head dims, V's may differ from Q's and K's) run the CPU
-// block and move over MPI; device tensors (bf16, f16; head_dim 64 or 128, the same for Q, K and V)
-// run the CUDA block and move over NCCL, queued on a CUDA stream. The communicator's memory must be
+// block and move over MPI; device tensors (bf16, f16; head_dim 32, 64, 96, 128, 192 or 256, the
+// same for Q, K and V) run the CUDA block and move over NCCL, queued on a CUDA stream. The communicator's memory must be
 // the tensors' memory.
 //
 // Errors: every call validates its arguments on every rank and compares shapes, dtypes, layout,
@@ -21,6 +21,22 @@
 // one rank throws ringattn::Error with the same message on every rank instead of hanging. A
 // failure inside the ring itself (a CUDA, MPI or NCCL error) leaves transfers unfinished: the
 // communicator is then unusable, as the job usually is.
+//
+// Masks: besides `causal`, a sliding window (window_left, window_right) and packed documents
+// (DocumentStarts), all by global position exactly as in Mask. Every call plans from them which
+// (Q chunk, K/V chunk) pairs of the layout have visible work and skips the others, and runs only
+// as many ring steps as the farthest K/V shard some rank needs (the same count on every rank: it
+// follows from the layout and the mask, which the ranks agree on first). A causal window narrower
+// than a shard then moves K/V one hop instead of N - 1 with the contiguous layout, and documents
+// that end at shard edges move nothing; under zigzag the chunk before a rank's second chunk lies
+// on the next rank, N - 1 hops away, so any window wider than one token still needs every step.
+// The backward's dK/dV accumulators still go all the way round to their owners when anything
+// travels (the ring only sends forward): a shorter ring saves the backward's K/V transfers only.
+// To plan, the ring reads the document starts on the host: for device tensors (on more than one
+// rank) it copies them to the host once per call, synchronously on the call's stream (they are
+// small), before the first transfer. The ranks compare window_left, window_right and the count of
+// starts with the other arguments, then a digest of the starts (every batch row's list), so a
+// rank with another mask fails like one with another shape, with the same message everywhere.
 #pragma once
 
 #include <cstddef>
@@ -92,6 +108,12 @@ struct RingForwardArgs {
   bool causal = false;
   void* stream = nullptr;  // cudaStream_t for device tensors (nullptr: the default stream)
   std::vector<ScratchRegion> scratch;  // optional: see ScratchRegion
+  // Sliding window and packed documents by global position, as in Mask (ringattn/attention.hpp),
+  // last so that initialisers written before them still read the same. The document starts cover
+  // the whole sequence and are the same list on every rank, in the memory of the tensors: host
+  // memory for host tensors, device memory for device tensors (see "Masks" above).
+  std::int64_t window_left = 0, window_right = 0;
+  DocumentStarts documents{};
 };
 
 // The local shards of one backward call: q, k, v, scale and causal as in the forward, o and lse
@@ -112,6 +134,8 @@ struct RingBackwardArgs {
   void* stream = nullptr;
   std::vector<ScratchRegion> scratch;  // optional: see ScratchRegion
   KeyRotation key_rotation{};
+  std::int64_t window_left = 0, window_right = 0;  // as in the forward
+  DocumentStarts documents{};
 };
 
 // The ring schedule over one communicator. Its workspace (two K/V buffers, the running output,
