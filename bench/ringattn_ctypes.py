@@ -7,6 +7,10 @@ they are defined. For attention as a differentiable torch op, use the package it
     ra = Ringattn("build/libringattn.so")
     o, lse = ra.forward(q, k, v, causal=True)             # q, k, v: [B, S, H, D] bf16/f16 CUDA
     dq, dk, dv = ra.backward(q, k, v, o, lse, do, causal=True)   # fp32 gradients
+    o, lse = ra.forward(q, k, v, causal=True, window=(256, 0), document_starts=starts)
+
+window=(left, right) and document_starts (int64 [count] or [batch, count] on q's device) are the
+mask of ringattn.attention (docs/python.md); the backward takes the forward's.
 
 v (and so o, do and dv) may have a head dim Dv of its own on the host (f32/f64 CPU tensors), as
 multi-head latent attention's 192/128; the scale defaults to 1/sqrt(D) of q and k. The CUDA block
@@ -21,7 +25,8 @@ import torch
 # This tree's package, whether or not (or whichever version) is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from ringattn._capi import (BackwardParams, ForwardParams, Library, RingattnError,  # noqa: E402
-                            Tensor, describe)
+                            Tensor, describe, mask_fields)
+from ringattn._ops import documents_for_c, window_pair  # noqa: E402
 
 __all__ = ["BackwardParams", "ForwardParams", "Ringattn", "RingattnError", "Tensor", "describe"]
 
@@ -42,19 +47,25 @@ class Ringattn:
     def _stream(self, t):
         return torch.cuda.current_stream().cuda_stream if t.is_cuda else None
 
-    def forward(self, q, k, v, causal=False, scale=None, q_start=0, k_start=0):
+    @staticmethod
+    def _mask(window, document_starts):
+        return mask_fields(*window_pair(window, "Ringattn"), documents_for_c(document_starts))
+
+    def forward(self, q, k, v, causal=False, scale=None, q_start=0, k_start=0, window=None,
+                document_starts=None):
         b, sq, h, d = q.shape
         o = q.new_empty(b, sq, h, v.shape[-1])  # O has V's head dim
         lse = torch.empty(b, h, sq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype,
                           device=q.device)
         p = ForwardParams(q=describe(q), k=describe(k), v=describe(v), o=describe(o),
                           lse=describe(lse), scale=1.0 / math.sqrt(d) if scale is None else scale,
-                          causal=int(causal), combine=0, q_start=q_start, k_start=k_start)
+                          causal=int(causal), combine=0, q_start=q_start, k_start=k_start,
+                          **self._mask(window, document_starts))
         self.library.forward(p, self._stream(q))
         return o, lse
 
     def backward(self, q, k, v, o, lse, dout, causal=False, scale=None, deterministic=False,
-                 q_start=0, k_start=0):
+                 q_start=0, k_start=0, window=None, document_starts=None):
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         delta = torch.empty_like(lse)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -66,6 +77,7 @@ class Ringattn:
                            lse=describe(lse), delta=delta_d, dq=describe(dq), dk=describe(dk),
                            dv=describe(dv), scale=1.0 / math.sqrt(q.shape[-1]) if scale is None
                            else scale, causal=int(causal), deterministic=int(deterministic),
-                           q_start=q_start, k_start=k_start)
+                           q_start=q_start, k_start=k_start,
+                           **self._mask(window, document_starts))
         self.library.backward(p, self._stream(q))
         return dq, dk, dv

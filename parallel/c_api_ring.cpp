@@ -2,6 +2,8 @@
 // host tensors, NCCL for device tensors), and its forward and backward.
 #include <mpi.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "parallel/device_communicator.hpp"
@@ -18,7 +20,16 @@ namespace {
 using namespace ringattn;
 using detail::check_params;
 using detail::guarded;
+using detail::StructVersion;
 using detail::to_view;
+
+// Every version of each parameter struct, oldest first (as in src/c_api.cpp).
+constexpr StructVersion kRingForwardVersions[] = {
+    {offsetof(ringattn_ring_forward_params_t, window_left), "0.1 to 0.3"},
+    {sizeof(ringattn_ring_forward_params_t), "0.4"}};
+constexpr StructVersion kRingBackwardVersions[] = {
+    {offsetof(ringattn_ring_backward_params_t, window_left), "0.1 to 0.3"},
+    {sizeof(ringattn_ring_backward_params_t), "0.4"}};
 
 RingAttention& ring_of(ringattn_ring_t handle, const char* where) {
   if (handle == nullptr) detail::fail(where, "ring is a null handle (create it with ringattn_ring_create)");
@@ -58,7 +69,7 @@ ringattn_status_t ringattn_ring_forward(ringattn_ring_t ring, const ringattn_rin
   constexpr const char* kWhere = "ringattn_ring_forward";
   return guarded([&] {
     RingAttention& r = ring_of(ring, kWhere);
-    check_params(params, kWhere);
+    check_params(params, kWhere, kRingForwardVersions);
     RingForwardArgs args;
     args.q = to_view(params->q, "q", kWhere);
     args.k = to_view(params->k, "k", kWhere);
@@ -67,6 +78,7 @@ ringattn_status_t ringattn_ring_forward(ringattn_ring_t ring, const ringattn_rin
     args.lse = to_view(params->lse, "lse", kWhere);
     args.scale = params->scale;
     args.causal = params->causal != 0;
+    detail::read_window_and_documents(*params, args.window_left, args.window_right, args.documents);
     args.stream = stream;
     r.forward(args);
   });
@@ -77,7 +89,7 @@ ringattn_status_t ringattn_ring_backward(ringattn_ring_t ring, const ringattn_ri
   constexpr const char* kWhere = "ringattn_ring_backward";
   return guarded([&] {
     RingAttention& r = ring_of(ring, kWhere);
-    check_params(params, kWhere);
+    check_params(params, kWhere, kRingBackwardVersions);
     RingBackwardArgs args;
     args.q = to_view(params->q, "q", kWhere);
     args.k = to_view(params->k, "k", kWhere);
@@ -90,6 +102,7 @@ ringattn_status_t ringattn_ring_backward(ringattn_ring_t ring, const ringattn_ri
     args.dv = to_view(params->dv, "dv", kWhere);
     args.scale = params->scale;
     args.causal = params->causal != 0;
+    detail::read_window_and_documents(*params, args.window_left, args.window_right, args.documents);
     args.deterministic = params->deterministic != 0;
     args.stream = stream;
     r.backward(args);

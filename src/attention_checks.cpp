@@ -253,16 +253,17 @@ void check_mask(const Mask& mask, const AttentionShape& s, Memory documents_memo
   check_window(mask.window_right, "window_right");
   const DocumentStarts& docs = mask.documents;
   if (docs.count < 0) {
-    detail::fail(where, "the document starts' count is ", docs.count,
+    detail::fail(where, "documents.count (C API: num_documents) is ", docs.count,
                  "; expected 0 (one document) or more");
   }
   if (docs.count == 0) return;
   if (docs.data == nullptr) {
-    detail::fail(where, "the document starts are a null pointer with count ", docs.count,
-                 "; expected ", docs.count, " int64 positions a batch row");
+    detail::fail(where, "documents.data (C API: document_starts) is a null pointer with count ",
+                 docs.count, "; expected ", docs.count, " int64 positions a batch row");
   }
   if (docs.batch_stride < 0) {
-    detail::fail(where, "the document starts' batch_stride is ", docs.batch_stride,
+    detail::fail(where, "documents.batch_stride (C API: document_batch_stride) is ",
+                 docs.batch_stride,
                  "; expected 0 (one list for every batch row) or the elements between the lists");
   }
   if (documents_memory != Memory::host) return;  // device lists are the caller's to keep sorted

@@ -3,6 +3,7 @@
 // message.
 #include "ringattn/ringattn.h"
 
+#include <cstddef>
 #include <string>
 
 #include "ringattn/attention.hpp"
@@ -46,7 +47,19 @@ namespace {
 using namespace ringattn;
 using detail::check_params;
 using detail::guarded;
+using detail::StructVersion;
 using detail::to_view;
+
+// Every version of each parameter struct, oldest first: a version's struct ends where the fields
+// of the next one begin (each appended group starts at an 8-byte boundary, past any padding).
+constexpr StructVersion kForwardVersions[] = {
+    {offsetof(ringattn_forward_params_t, window_left), "0.1 to 0.3"},
+    {sizeof(ringattn_forward_params_t), "0.4"}};
+constexpr StructVersion kBackwardVersions[] = {
+    {offsetof(ringattn_backward_params_t, overwrite_key_gradients), "0.1"},
+    {offsetof(ringattn_backward_params_t, key_rotation_cos), "0.2"},
+    {offsetof(ringattn_backward_params_t, window_left), "0.3"},
+    {sizeof(ringattn_backward_params_t), "0.4"}};
 }  // namespace
 
 extern "C" {
@@ -73,7 +86,7 @@ int ringattn_cuda_device_count(void) { return cuda_device_count(); }
 ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* params, void* stream) {
   constexpr const char* kWhere = "ringattn_attention_forward";
   return guarded([&] {
-    check_params(params, kWhere);
+    check_params(params, kWhere, kForwardVersions);
     ForwardArgs args;
     args.q = to_view(params->q, "q", kWhere);
     args.k = to_view(params->k, "k", kWhere);
@@ -82,6 +95,8 @@ ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* pa
     args.lse = to_view(params->lse, "lse", kWhere);
     args.scale = params->scale;
     args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
+    detail::read_window_and_documents(*params, args.mask.window_left, args.mask.window_right,
+                                      args.mask.documents);
     args.combine = params->combine != 0;
     // The block checks again; checked here first, a refusal names the function the caller
     // called and comes before any backend is chosen.
@@ -111,8 +126,7 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
                                               void* stream) {
   constexpr const char* kWhere = "ringattn_attention_backward";
   return guarded([&] {
-    // The first version of the struct ended at k_start.
-    check_params(params, kWhere, offsetof(ringattn_backward_params_t, overwrite_key_gradients));
+    check_params(params, kWhere, kBackwardVersions);
     BackwardArgs args;
     args.q = to_view(params->q, "q", kWhere);
     args.k = to_view(params->k, "k", kWhere);
@@ -125,6 +139,8 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
     args.dv = to_view(params->dv, "dv", kWhere);
     args.scale = params->scale;
     args.mask = Mask{params->causal != 0, params->q_start, params->k_start};
+    detail::read_window_and_documents(*params, args.mask.window_left, args.mask.window_right,
+                                      args.mask.documents);
     args.deterministic = params->deterministic != 0;
     args.overwrite_key_gradients =
         detail::has_field(params->struct_size,

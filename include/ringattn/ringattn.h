@@ -10,14 +10,34 @@
  * v_head_dim (d_v) is read from v's descriptor and may differ from head_dim (d_qk, q's and k's),
  * as in multi-head latent attention (192/128); the usual scale is 1/sqrt(head_dim). The
  * accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64, any
- * head_dim and v_head_dim) run on the CPU flash block, device tensors (f16 or bf16, head_dim 64 or
- * 128, v_head_dim equal to it) on the CUDA one; a device call of other head dims returns
- * RINGATTN_ERROR_UNSUPPORTED, naming them, before any CUDA call. See ringattn/attention.hpp for the
+ * head_dim and v_head_dim) run on the CPU flash block, device tensors (f16 or bf16, head_dim 32,
+ * 64, 96, 128, 192 or 256 as the build has them, v_head_dim equal to it) on the CUDA one; a device
+ * call of other head dims returns RINGATTN_ERROR_UNSUPPORTED, naming them, before any CUDA call. See ringattn/attention.hpp for the
  * full contract (combine mode, add-into gradients, masks by global position).
+ *
+ * Masks are by global position: query row i sits at position q_start + i, key row j at
+ * k_start + j (a ring passes each shard's positions itself), and the query at position i sees the
+ * key at position j when every term that is set holds:
+ *   causal          j <= i
+ *   window_left     i - j < window_left    (0: no limit; 1 with causal: the query's own key only)
+ *   window_right    j - i < window_right   (0: no limit; it changes nothing under causal)
+ *   documents       i and j lie in the same document
+ * Documents are packed sequences given by their global start positions (cu_seqlens style; a final
+ * end may be included or left out): document_starts[b * document_batch_stride + n],
+ * n < num_documents, non-decreasing along n, and the document of position p is the number of
+ * starts <= p. Positions before the first start form document 0; a start repeated, or at or past
+ * the sequence's end, makes an empty document (the padding of a batch row with fewer documents).
+ * document_batch_stride 0 gives every batch row the same list. The list lives in the memory of the
+ * tensors (device memory for device tensors, read by the kernels) and covers the whole sequence,
+ * not one chunk of it. All zero (num_documents 0, document_starts may be NULL): no window and one
+ * document, the behaviour of 0.3. A row that sees no key gets O = 0 and LSE = -inf, and its query
+ * and the keys nobody sees get zero gradients.
  *
  * Every call returns a status; on failure ringattn_last_error() gives a message naming the
  * argument, its value and what was expected. Parameter structs start with struct_size, which the
- * caller sets to sizeof(the struct): later versions append fields without breaking callers.
+ * caller sets to sizeof(the struct): later versions append fields without breaking callers. The
+ * library takes the sizeof of its own struct or of any older version's (the fields an older
+ * struct ends before keep their defaults) and refuses any other size, naming the sizes it takes.
  */
 #ifndef RINGATTN_RINGATTN_H
 #define RINGATTN_RINGATTN_H
@@ -68,6 +88,12 @@ typedef struct ringattn_forward_params {
   int32_t combine;       /* merge into a running (o, lse) pair instead of overwriting */
   int64_t q_start;       /* global position of the first query row */
   int64_t k_start;       /* global position of the first key row */
+  /* Since 0.4: the sliding window and the documents of the mask (above); a struct_size that ends
+   * before them (0.1 to 0.3) means no window and one document. */
+  int64_t window_left, window_right;     /* >= 0; 0: no limit */
+  const int64_t* document_starts;        /* [batch, num_documents], in q's memory */
+  int64_t num_documents;                 /* >= 0; 0: one document */
+  int64_t document_batch_stride;         /* elements between batch rows' lists; 0: one list */
 } ringattn_forward_params_t;
 
 typedef struct ringattn_backward_params {
@@ -92,6 +118,12 @@ typedef struct ringattn_backward_params {
    * stride along the last axis. Both left zeroed (rank 0): no rotation, as with a struct_size
    * that ends before them. */
   ringattn_tensor_t key_rotation_cos, key_rotation_sin;
+  /* Since 0.4: the window and documents of the forward (as in ringattn_forward_params_t); a
+   * struct_size that ends before them means none. */
+  int64_t window_left, window_right;
+  const int64_t* document_starts;
+  int64_t num_documents;
+  int64_t document_batch_stride;
 } ringattn_backward_params_t;
 
 /* RINGATTN_VERSION_CODE of the library that is running (major * 10000 + minor * 100 + patch). */
@@ -133,6 +165,14 @@ typedef struct ringattn_ring_forward_params {
   ringattn_tensor_t lse;     /* [B, Hq, S/N] accumulator dtype, overwritten; keep for backward */
   double scale;
   int32_t causal; /* by global position, whichever ranks hold the keys */
+  /* Since 0.4: the window and documents by global position in the whole sequence (above), the
+   * same on every rank; document_starts lists the documents of the whole sequence, not of this
+   * rank's shard, in the tensors' memory. Shard pairs with nothing visible are skipped. A
+   * struct_size that ends before these fields (0.1 to 0.3) means no window and one document. */
+  int64_t window_left, window_right;
+  const int64_t* document_starts;
+  int64_t num_documents;
+  int64_t document_batch_stride;
 } ringattn_ring_forward_params_t;
 
 typedef struct ringattn_ring_backward_params {
@@ -143,6 +183,11 @@ typedef struct ringattn_ring_backward_params {
   double scale;
   int32_t causal;
   int32_t deterministic;
+  /* Since 0.4: the forward's window and documents (as in ringattn_ring_forward_params_t). */
+  int64_t window_left, window_right;
+  const int64_t* document_starts;
+  int64_t num_documents;
+  int64_t document_batch_stride;
 } ringattn_ring_backward_params_t;
 
 /* A ring over the ranks of an MPI communicator. `mpi_comm` points to an MPI_Comm (C: &comm;

@@ -2,9 +2,8 @@
 the library's discovery and version check, and torch tensors as descriptors.
 
 The structs follow ringattn.h field for field. Parameter structs start with struct_size, which is
-set to this module's sizeof: the library reads the fields a struct of that size holds, so fields
-a later 0.3.x library appends are left at their defaults, and fields this module has that an older
-library lacks are never read (the library refuses a struct shorter than its first version).
+set to this module's sizeof: a library of this major.minor (the version check) or a later one
+reads exactly the fields of that version, and fields a later library appends keep their defaults.
 """
 import ctypes
 import os
@@ -45,12 +44,31 @@ class Tensor(ctypes.Structure):
                 ("strides", ctypes.c_int64 * 4)]
 
 
+# The window and documents appended to every parameter struct in 0.4 (document_starts is a
+# const int64_t*, set from a tensor's data_ptr()).
+MASK_FIELDS = [("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64),
+               ("document_starts", ctypes.c_void_p), ("num_documents", ctypes.c_int64),
+               ("document_batch_stride", ctypes.c_int64)]
+
+
+def mask_fields(window_left, window_right, document_starts):
+    """The MASK_FIELDS of a window and of an int64 tensor of document starts ([count], or
+    [batch, count] with unit stride along count; None: one document)."""
+    fields = dict(window_left=window_left, window_right=window_right)
+    if document_starts is not None and document_starts.shape[-1] > 0:
+        fields.update(document_starts=document_starts.data_ptr(),
+                      num_documents=document_starts.shape[-1],
+                      document_batch_stride=document_starts.stride(0)
+                      if document_starts.dim() == 2 else 0)
+    return fields
+
+
 class ForwardParams(ctypes.Structure):
-    """ringattn_forward_params_t."""
+    """ringattn_forward_params_t, with the window and documents appended in 0.4."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("o", Tensor), ("lse", Tensor), ("scale", ctypes.c_double),
                 ("causal", ctypes.c_int32), ("combine", ctypes.c_int32),
-                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64)]
+                ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64)] + MASK_FIELDS
 
     def __init__(self, *args, **fields):
         if not args:  # fields by name: struct_size is this struct's sizeof unless given
@@ -59,15 +77,15 @@ class ForwardParams(ctypes.Structure):
 
 
 class BackwardParams(ctypes.Structure):
-    """ringattn_backward_params_t, with the fields appended in 0.2 (overwrite_key_gradients) and
-    0.3 (key_rotation_cos, key_rotation_sin; rank 0: no rotation)."""
+    """ringattn_backward_params_t, with the fields appended in 0.2 (overwrite_key_gradients), 0.3
+    (key_rotation_cos, key_rotation_sin; rank 0: no rotation) and 0.4 (window and documents)."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("dout", Tensor), ("lse", Tensor), ("delta", Tensor), ("dq", Tensor),
                 ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
                 ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32),
                 ("q_start", ctypes.c_int64), ("k_start", ctypes.c_int64),
                 ("overwrite_key_gradients", ctypes.c_int32),
-                ("key_rotation_cos", Tensor), ("key_rotation_sin", Tensor)]
+                ("key_rotation_cos", Tensor), ("key_rotation_sin", Tensor)] + MASK_FIELDS
 
     def __init__(self, *args, **fields):
         if not args:  # fields by name: struct_size is this struct's sizeof unless given
@@ -76,10 +94,10 @@ class BackwardParams(ctypes.Structure):
 
 
 class RingForwardParams(ctypes.Structure):
-    """ringattn_ring_forward_params_t."""
+    """ringattn_ring_forward_params_t, with the window and documents appended in 0.4."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("o", Tensor), ("lse", Tensor), ("scale", ctypes.c_double),
-                ("causal", ctypes.c_int32)]
+                ("causal", ctypes.c_int32)] + MASK_FIELDS
 
     def __init__(self, *args, **fields):
         if not args:  # fields by name: struct_size is this struct's sizeof unless given
@@ -88,11 +106,11 @@ class RingForwardParams(ctypes.Structure):
 
 
 class RingBackwardParams(ctypes.Structure):
-    """ringattn_ring_backward_params_t."""
+    """ringattn_ring_backward_params_t, with the window and documents appended in 0.4."""
     _fields_ = [("struct_size", ctypes.c_size_t), ("q", Tensor), ("k", Tensor), ("v", Tensor),
                 ("o", Tensor), ("lse", Tensor), ("dout", Tensor), ("dq", Tensor),
                 ("dk", Tensor), ("dv", Tensor), ("scale", ctypes.c_double),
-                ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32)]
+                ("causal", ctypes.c_int32), ("deterministic", ctypes.c_int32)] + MASK_FIELDS
 
     def __init__(self, *args, **fields):
         if not args:  # fields by name: struct_size is this struct's sizeof unless given

@@ -3,6 +3,7 @@ ringattn::attention_backward) with fake (meta) implementations and autograd, so 
 mode, autograd and torch.compile(fullgraph=True) all go through the same two calls of the C API.
 """
 import contextlib
+import operator
 from typing import Optional
 
 import torch
@@ -16,9 +17,10 @@ def _accumulator_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check(q, k, v):
+def _check(q, k, v, document_starts=None):
     """What the descriptors and the outputs' shapes need; every other check (shapes that do not
-    match, GQA, dtypes, memory, head dims) is the library's, whose message names the argument."""
+    match, GQA, dtypes, memory, head dims, windows, the documents' order) is the library's, whose
+    message names the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"ringattn.attention: {name} has shape {list(t.shape)}; expected "
@@ -30,6 +32,67 @@ def _check(q, k, v):
         if t.device != q.device:
             raise ValueError(f"ringattn.attention: {name} is on {t.device} but q is on "
                              f"{q.device}")
+    check_documents(document_starts, q, "ringattn.attention")
+
+
+def window_pair(window, where):
+    """(window_left, window_right) of window=(left, right), None or 0 meaning no limit on that
+    side. A negative width goes on to the library, which names it."""
+    if window is None:
+        return 0, 0
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: window is {window!r}; expected a pair (left, right) of "
+                        "widths (0 or None: no limit on that side), or None") from None
+    pair = []
+    for name, width in (("left", left), ("right", right)):
+        if width is None:
+            pair.append(0)
+            continue
+        try:
+            if isinstance(width, bool):  # an int to Python, and a mistake here
+                raise TypeError
+            pair.append(operator.index(width))
+        except TypeError:
+            raise TypeError(f"{where}: window's {name} width is {width!r}; expected an int "
+                            "(0 or None: no limit)") from None
+    return tuple(pair)
+
+
+def check_documents(document_starts, q, where):
+    """document_starts as the C API can describe it: an integer tensor [count] or
+    [batch, count] (a batch of 1: one list for every row) on q's device."""
+    if document_starts is None:
+        return
+    if not isinstance(document_starts, torch.Tensor):
+        raise TypeError(f"{where}: document_starts is a {type(document_starts).__name__}; "
+                        "expected an int64 tensor [count] or [batch, count], or None")
+    if document_starts.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{where}: document_starts has dtype {document_starts.dtype}; expected "
+                        "torch.int64 (or torch.int32, converted)")
+    if document_starts.device != q.device:
+        raise ValueError(f"{where}: document_starts is on {document_starts.device} but q is on "
+                         f"{q.device}; the library reads them in the tensors' memory")
+    batch = q.shape[0] if q.dim() == 4 else None
+    if document_starts.dim() not in (1, 2) or (
+            document_starts.dim() == 2 and batch is not None
+            and document_starts.shape[0] not in (1, batch)):
+        raise ValueError(f"{where}: document_starts has shape {list(document_starts.shape)}; "
+                         f"expected [count] or [batch, count] with batch {batch} (or 1)")
+
+
+def documents_for_c(document_starts):
+    """document_starts as the C API reads them: int64, unit stride along count, [count] (one
+    list) or [batch, count]."""
+    if document_starts is None:
+        return None
+    t = document_starts.to(torch.int64)
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    return t
 
 
 def _viewable(t):
@@ -54,27 +117,31 @@ def _device(t):
 
 
 @torch.library.custom_op("ringattn::attention_forward", mutates_args=())
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, q_start: int,
-                      k_start: int, deterministic: bool) -> tuple[Tensor, Tensor]:
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tensor],
+                      causal: bool, scale: float, q_start: int, k_start: int, window_left: int,
+                      window_right: int, deterministic: bool) -> tuple[Tensor, Tensor]:
     """O [B, Sq, Hq, Dv] in q's dtype and LSE [B, Hq, Sq] in the accumulator dtype.
     deterministic is the backward's (kept with the forward's arguments for it)."""
-    _check(q, k, v)
+    _check(q, k, v, document_starts)
     lib = _capi.library()
     q, k, v = _viewable(q), _viewable(k), _viewable(v)
+    documents = documents_for_c(document_starts)
     batch, q_len, q_heads, _ = q.shape
     o = torch.empty(batch, q_len, q_heads, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype), device=q.device)
     params = _capi.ForwardParams(q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v),
                                  o=_capi.describe(o), lse=_capi.describe(lse), scale=scale,
-                                 causal=int(causal), combine=0, q_start=q_start, k_start=k_start)
+                                 causal=int(causal), combine=0, q_start=q_start, k_start=k_start,
+                                 **_capi.mask_fields(window_left, window_right, documents))
     with _device(q):
         lib.forward(params, _stream(q))
     return o, lse
 
 
 @attention_forward.register_fake
-def _(q, k, v, causal, scale, q_start, k_start, deterministic):
-    _check(q, k, v)
+def _(q, k, v, document_starts, causal, scale, q_start, k_start, window_left, window_right,
+      deterministic):
+    _check(q, k, v, document_starts)
     batch, q_len, q_heads, _ = q.shape
     o = q.new_empty(batch, q_len, q_heads, v.shape[-1])
     lse = q.new_empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype))
@@ -83,14 +150,16 @@ def _(q, k, v, causal, scale, q_start, k_start, deterministic):
 
 @torch.library.custom_op("ringattn::attention_backward", mutates_args=())
 def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
-                       v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float,
-                       q_start: int, k_start: int,
-                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                       v: Tensor, o: Tensor, lse: Tensor, document_starts: Optional[Tensor],
+                       causal: bool, scale: float, q_start: int, k_start: int, window_left: int,
+                       window_right: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV in the inputs' dtype from the forward's saved O and LSE (P is recomputed from
-    the LSE, which is not). dout (of O) and dlse (of LSE) may be None: no gradient reached them."""
-    _check(q, k, v)
+    the LSE, which is not), under the forward's mask. dout (of O) and dlse (of LSE) may be None:
+    no gradient reached them."""
+    _check(q, k, v, document_starts)
     lib = _capi.library()
     q, k, v, o = _viewable(q), _viewable(k), _viewable(v), _viewable(o)
+    documents = documents_for_c(document_starts)
     dout = torch.zeros_like(o) if dout is None else _viewable(dout)
     acc = _accumulator_dtype(q.dtype)
     # delta = rowsum(dO * O), a fresh buffer [B, Hq, Sq] of the accumulator dtype. The backward
@@ -112,28 +181,30 @@ def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor
             lse=_capi.describe(_viewable(lse)), delta=delta_d, dq=_capi.describe(dq),
             dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
             deterministic=int(deterministic), q_start=q_start, k_start=k_start,
-            overwrite_key_gradients=0)
+            overwrite_key_gradients=0,
+            **_capi.mask_fields(window_left, window_right, documents))
         lib.backward(params, stream)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 @attention_backward.register_fake
-def _(dout, dlse, q, k, v, o, lse, causal, scale, q_start, k_start, deterministic):
-    _check(q, k, v)
+def _(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, q_start, k_start, window_left,
+      window_right, deterministic):
+    _check(q, k, v, document_starts)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v = inputs[:3]
+    q, k, v, document_starts = inputs[:4]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.args = inputs[3:]
+    ctx.save_for_backward(q, k, v, o, lse, document_starts)
+    ctx.args = inputs[4:]
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward(dout, dlse, q, k, v, o, lse, *ctx.args)
-    return (dq, dk, dv) + (None,) * len(ctx.args)
+    q, k, v, o, lse, document_starts = ctx.saved_tensors
+    dq, dk, dv = attention_backward(dout, dlse, q, k, v, o, lse, document_starts, *ctx.args)
+    return (dq, dk, dv, None) + (None,) * len(ctx.args)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)

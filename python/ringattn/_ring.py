@@ -24,7 +24,8 @@ from torch import Tensor
 from ringattn import _capi
 from ringattn._capi import RingattnError
 from ringattn._layout import check_layout, positions, shard, unshard
-from ringattn._ops import _accumulator_dtype, _device, _stream, _viewable
+from ringattn._ops import (_accumulator_dtype, _device, _stream, _viewable, check_documents,
+                           documents_for_c, window_pair)
 
 DEVICES = {"cpu": _capi.HOST, "cuda": _capi.DEVICE}
 
@@ -90,22 +91,28 @@ class RingAttention:
         self.ring_id = next(_ids)
         _rings[self.ring_id] = weakref.ref(self)
 
-    def __call__(self, q, k, v, causal=False, scale=None, return_lse=False, *,
-                 deterministic=False):
+    def __call__(self, q, k, v, causal=False, scale=None, return_lse=False, *, window=None,
+                 document_starts=None, deterministic=False):
         """softmax(q k^T * scale + mask) v over the whole sequence, for this rank's queries.
 
         q [batch, S/N, q_heads, head_dim], k [batch, S/N, kv_heads, head_dim] and
         v [batch, S/N, kv_heads, v_head_dim]: this rank's shards (shard()), q_heads a multiple of
-        kv_heads, v_head_dim free on the CPU. causal masks by global position. scale defaults to
-        1 / sqrt(head_dim). Returns this rank's O [batch, S/N, q_heads, v_head_dim] in q's dtype,
-        and with return_lse its LSE [batch, q_heads, S/N] in the accumulator dtype (f64 for f64,
-        f32 otherwise). Both are differentiable (on CUDA, O only); the backward is collective like
-        the forward. deterministic asks the CUDA backward for bitwise-reproducible gradients.
+        kv_heads, v_head_dim free on the CPU. The mask is by global position in the whole
+        sequence, whichever ranks hold the keys: causal, window=(left, right) and
+        document_starts as in ringattn.attention, where document_starts ([count] or
+        [batch, count], on the tensors' device) lists the documents of the whole sequence, the
+        same on every rank. scale defaults to 1 / sqrt(head_dim). Returns this rank's
+        O [batch, S/N, q_heads, v_head_dim] in q's dtype, and with return_lse its
+        LSE [batch, q_heads, S/N] in the accumulator dtype (f64 for f64, f32 otherwise). Both are
+        differentiable (on CUDA, O only); the backward is collective like the forward, under the
+        same mask. deterministic asks the CUDA backward for bitwise-reproducible gradients.
         """
         if scale is None:
             scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if q.dim() else 1.0
-        o, lse = ring_forward(q, k, v, self.ring_id, bool(causal), float(scale),
-                              bool(return_lse), bool(deterministic))
+        window_left, window_right = window_pair(window, "ringattn.RingAttention")
+        check_documents(document_starts, q, "ringattn.RingAttention")  # before the op's schema
+        o, lse = ring_forward(q, k, v, document_starts, self.ring_id, bool(causal), float(scale),
+                              window_left, window_right, bool(return_lse), bool(deterministic))
         return (o, lse) if return_lse else o
 
     def positions(self, seq_len, *, device=None):
@@ -160,7 +167,7 @@ def _ring(ring_id):
     return ring
 
 
-def _check_describable(q, k, v, where):
+def _check_describable(q, k, v, document_starts, where):
     """What the C API's descriptors need; every other check is the library's, agreed between
     the ranks."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -170,6 +177,7 @@ def _check_describable(q, k, v, where):
         if t.dtype not in _capi.DTYPE_CODES:
             raise TypeError(f"{where}: {name} has dtype {t.dtype}; expected torch.float32 or "
                             "torch.float64 (CPU), torch.bfloat16 or torch.float16 (CUDA)")
+    check_documents(document_starts, q, where)
 
 
 def _output_shapes(q, v):
@@ -182,27 +190,31 @@ def _output_shapes(q, v):
 
 
 @torch.library.custom_op("ringattn::ring_forward", mutates_args=())
-def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring_id: int, causal: bool, scale: float,
+def ring_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tensor],
+                 ring_id: int, causal: bool, scale: float, window_left: int, window_right: int,
                  lse_grad: bool, deterministic: bool) -> tuple[Tensor, Tensor]:
     """This rank's O [B, Sl, Hq, Dv] in q's dtype and LSE [B, Hq, Sl] in the accumulator dtype.
     lse_grad and deterministic are the backward's (kept with the forward's arguments for it)."""
     ring = _ring(ring_id)
-    _check_describable(q, k, v, "ringattn.RingAttention")
+    _check_describable(q, k, v, document_starts, "ringattn.RingAttention")
     q, k, v = _viewable(q), _viewable(k), _viewable(v)
+    documents = documents_for_c(document_starts)
     o_shape, lse_shape = _output_shapes(q, v)
     o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=_accumulator_dtype(q.dtype), device=q.device)
     params = _capi.RingForwardParams(q=_capi.describe(q), k=_capi.describe(k),
                                      v=_capi.describe(v), o=_capi.describe(o),
-                                     lse=_capi.describe(lse), scale=scale, causal=int(causal))
+                                     lse=_capi.describe(lse), scale=scale, causal=int(causal),
+                                     **_capi.mask_fields(window_left, window_right, documents))
     with _device(q):
         ring._lib.ring_forward(ring._handle, params, _stream(q))
     return o, lse
 
 
 @ring_forward.register_fake
-def _(q, k, v, ring_id, causal, scale, lse_grad, deterministic):
-    _check_describable(q, k, v, "ringattn.RingAttention")
+def _(q, k, v, document_starts, ring_id, causal, scale, window_left, window_right, lse_grad,
+      deterministic):
+    _check_describable(q, k, v, document_starts, "ringattn.RingAttention")
     if q.dim() != 4 or v.dim() != 4:
         raise ValueError(f"ringattn.RingAttention: q and v have shapes {list(q.shape)} and "
                          f"{list(v.shape)}; expected rank 4 [batch, seq, heads, head_dim]")
@@ -224,16 +236,18 @@ def _with_lse_gradient(v, o, dout, dlse):
 
 @torch.library.custom_op("ringattn::ring_backward", mutates_args=())
 def ring_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
-                  v: Tensor, o: Tensor, lse: Tensor, ring_id: int, causal: bool, scale: float,
+                  v: Tensor, o: Tensor, lse: Tensor, document_starts: Optional[Tensor],
+                  ring_id: int, causal: bool, scale: float, window_left: int, window_right: int,
                   lse_grad: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV of this rank's shards, in the inputs' dtype, from the forward's saved O and
     LSE. dout (of O) and dlse (of LSE) may be None: no gradient reached them. With lse_grad (the
     forward's return_lse) the CPU ring takes dlse through an extra column (_with_lse_gradient),
     decided by the argument rather than by dlse, so every rank calls the ring alike."""
     ring = _ring(ring_id)
-    _check_describable(q, k, v, "ringattn.RingAttention backward")
+    _check_describable(q, k, v, document_starts, "ringattn.RingAttention backward")
     acc = _accumulator_dtype(q.dtype)
     q, k, v, o = _viewable(q), _viewable(k), _viewable(v), _viewable(o)
+    documents = documents_for_c(document_starts)
     dout = torch.zeros_like(o) if dout is None else _viewable(dout)
     extra_column = lse_grad and not q.is_cuda
     if extra_column:
@@ -252,7 +266,8 @@ def ring_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: 
         q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), o=_capi.describe(o),
         lse=_capi.describe(_viewable(lse)), dout=_capi.describe(dout), dq=_capi.describe(dq),
         dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
-        deterministic=int(deterministic))
+        deterministic=int(deterministic),
+        **_capi.mask_fields(window_left, window_right, documents))
     with _device(q):
         ring._lib.ring_backward(ring._handle, params, _stream(q))
     if extra_column:
@@ -261,16 +276,17 @@ def ring_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: 
 
 
 @ring_backward.register_fake
-def _(dout, dlse, q, k, v, o, lse, ring_id, causal, scale, lse_grad, deterministic):
-    _check_describable(q, k, v, "ringattn.RingAttention backward")
+def _(dout, dlse, q, k, v, o, lse, document_starts, ring_id, causal, scale, window_left,
+      window_right, lse_grad, deterministic):
+    _check_describable(q, k, v, document_starts, "ringattn.RingAttention backward")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ring_id = inputs[:4]
+    q, k, v, document_starts, ring_id = inputs[:5]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.args = inputs[3:]
+    ctx.save_for_backward(q, k, v, o, lse, document_starts)
+    ctx.args = inputs[4:]
     # The graph holds its ring: a RingAttention dropped between forward and backward stays open
     # until the backward has run (close() still closes it).
     ref = _rings.get(ring_id) if isinstance(ring_id, int) else None
@@ -278,9 +294,9 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = ring_backward(dout, dlse, q, k, v, o, lse, *ctx.args)
-    return (dq, dk, dv) + (None,) * len(ctx.args)
+    q, k, v, o, lse, document_starts = ctx.saved_tensors
+    dq, dk, dv = ring_backward(dout, dlse, q, k, v, o, lse, document_starts, *ctx.args)
+    return (dq, dk, dv, None) + (None,) * len(ctx.args)
 
 
 ring_forward.register_autograd(_backward, setup_context=_setup_context)

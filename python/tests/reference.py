@@ -3,10 +3,38 @@ torch.autograd. Independent of ringattn: only torch's einsum, exp, log and sum."
 import torch
 
 
-def attention(q, k, v, causal=False, scale=None, q_start=0, k_start=0, dtype=torch.float64):
+def visibility(q_len, k_len, causal=False, q_start=0, k_start=0, window=None,
+               document_starts=None, device=None):
+    """The mask from its definition, as a boolean [B or 1, q_len, k_len]: the query at global
+    position p = q_start + i sees the key at r = k_start + j when (causal) r <= p, (window
+    (left, right), 0 or None: no limit) p - r < left and r - p < right, and (document_starts,
+    [count] or [B, count]) p and r lie in the same document, the document of a position being
+    the number of starts at or before it."""
+    p = (q_start + torch.arange(q_len, device=device))[:, None]
+    r = (k_start + torch.arange(k_len, device=device))[None, :]
+    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        visible &= r <= p
+    left, right = window if window is not None else (None, None)
+    if left:
+        visible &= p - r < left
+    if right:
+        visible &= r - p < right
+    visible = visible[None]
+    if document_starts is not None and document_starts.shape[-1] > 0:
+        starts = document_starts.to(device).reshape(-1, document_starts.shape[-1])  # [B or 1, n]
+        doc_p = (starts[:, None, :] <= p[None]).sum(-1)  # [B or 1, q_len]
+        doc_r = (starts[:, None, :] <= r[0][None, :, None]).sum(-1)  # [B or 1, k_len]
+        visible = visible & (doc_p[:, :, None] == doc_r[:, None, :])
+    return visible
+
+
+def attention(q, k, v, causal=False, scale=None, q_start=0, k_start=0, dtype=torch.float64,
+              window=None, document_starts=None):
     """(O, LSE) of softmax(q k^T * scale + mask) v computed in dtype (fp64: the oracle; the
     inputs' own dtype: the naive computation's rounding, for an error baseline); q, k, v
-    [B, S, H, D] of any dtype. Rows that see no key: O = 0, LSE = -inf, zero gradients."""
+    [B, S, H, D] of any dtype; the mask of visibility(). Rows that see no key: O = 0,
+    LSE = -inf, zero gradients."""
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     q_len, q_heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
     k_len, kv_heads = k.shape[1], k.shape[2]
@@ -16,12 +44,8 @@ def attention(q, k, v, causal=False, scale=None, q_start=0, k_start=0, dtype=tor
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
-    if causal:
-        q_pos = q_start + torch.arange(q_len, device=q.device)
-        k_pos = k_start + torch.arange(k_len, device=q.device)
-        visible = q_pos[:, None] >= k_pos[None, :]
-    else:
-        visible = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device)
+    visible = visibility(q_len, k_len, causal, q_start, k_start, window, document_starts,
+                         q.device)[:, None]  # [B or 1, 1, q_len, k_len]
     s = s.masked_fill(~visible, float("-inf"))
     # A row's maximum, 0 where the row sees nothing, so that exp() never meets -inf - -inf.
     m = s.detach().amax(dim=-1, keepdim=True)

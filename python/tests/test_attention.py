@@ -260,13 +260,14 @@ def test_opcheck():
     q = torch.randn(2, 9, 4, 8, dtype=torch.float64, generator=g, requires_grad=True)
     k = torch.randn(2, 7, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
     v = torch.randn(2, 7, 2, 5, dtype=torch.float64, generator=g, requires_grad=True)
-    args = (q, k, v, True, 0.4, 2, 0, False)
+    args = (q, k, v, None, True, 0.4, 2, 0, 0, 0, False)
     torch.library.opcheck(torch.ops.ringattn.attention_forward.default, args)
     o, lse = torch.ops.ringattn.attention_forward(*[a.detach() if torch.is_tensor(a) else a
                                                     for a in args])
     do = torch.randn(o.shape, dtype=o.dtype, generator=g)
     dlse = torch.randn(lse.shape, dtype=lse.dtype, generator=g)
-    backward_args = (do, dlse, q.detach(), k.detach(), v.detach(), o, lse, True, 0.4, 2, 0, False)
+    backward_args = (do, dlse, q.detach(), k.detach(), v.detach(), o, lse, None, True, 0.4, 2, 0,
+                     0, 0, False)
     torch.library.opcheck(torch.ops.ringattn.attention_backward.default, backward_args)
 
 

@@ -58,13 +58,18 @@ def test_the_library_found_matches_the_package():
         int(lib.version.split(".")[1]) * 100 + int(lib.version.split(".")[2])
 
 
-def test_version_mismatch_names_both(tmp_path):
-    library = fake_library(tmp_path, 400, "0.4.0")
+@pytest.mark.parametrize("minor_step", [-1, 1], ids=["older_minor", "newer_minor"])
+def test_version_mismatch_names_both(tmp_path, minor_step):
+    """A library of another minor version, older (whose structs lack fields the package sets)
+    or newer, is refused."""
+    major, minor, _ = (int(x) for x in ringattn.__version__.split("."))
+    other = f"{major}.{minor + minor_step}.0"
+    library = fake_library(tmp_path, major * 10000 + (minor + minor_step) * 100, other)
     with pytest.raises(ringattn.RingattnError) as info:
         _capi.Library(library)
     message = str(info.value)
     assert str(library) in message
-    assert "ringattn 0.4.0" in message and f"ringattn is {ringattn.__version__}" in message
+    assert f"ringattn {other}" in message and f"ringattn is {ringattn.__version__}" in message
     assert "major.minor" in message and _capi.LIBRARY_ENV in message
 
 
@@ -132,9 +137,11 @@ def test_status_and_message_of_a_failed_call():
     with pytest.raises(ringattn.RingattnError) as info:
         lib.forward(params, None)
     assert isinstance(info.value, RuntimeError) and info.value.status == 1
+    older = _capi.ForwardParams.window_left.offset  # the struct of 0.1 to 0.3 ended there
     assert str(info.value) == ("ringattn_attention_forward: params->struct_size is 8; expected "
                                f"sizeof = {ctypes.sizeof(_capi.ForwardParams)} (set it to "
-                               "sizeof(the struct)) (ringattn status 1: invalid argument)")
+                               "sizeof(the struct)), or the size of an older version: "
+                               f"{older} (0.1 to 0.3) (ringattn status 1: invalid argument)")
 
 
 def c_struct_fields(name):
@@ -146,8 +153,7 @@ def c_struct_fields(name):
         declaration = declaration.strip()
         if not declaration:
             continue
-        names = declaration.split(None, 1)[1] if not declaration.startswith("ringattn_tensor_t") \
-            else declaration[len("ringattn_tensor_t"):]
+        names = re.sub(r"^const\s+", "", declaration).split(None, 1)[1]  # after the type
         for field in names.split(","):
             fields.append(re.sub(r"[\s*]|\[.*\]", "", field))
     return fields
@@ -251,6 +257,17 @@ def test_bench_helper_is_the_package_underneath():
     o2, lse2 = ringattn.attention(*leaves, causal=True, q_start=2, return_lse=True)
     o2.backward(do)
     assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    for raw, leaf in zip((dq, dk, dv), leaves):
+        assert torch.equal(raw, leaf.grad)
+    o_plain = o
+    # The same with a window and per-batch documents.
+    mask = dict(window=(4, None), document_starts=torch.tensor([[0, 5], [3, 3]]))
+    o, lse = ra.forward(q, k, v, causal=True, q_start=2, **mask)
+    dq, dk, dv = ra.backward(q, k, v, o, lse, do, causal=True, q_start=2, **mask)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o2, lse2 = ringattn.attention(*leaves, causal=True, q_start=2, return_lse=True, **mask)
+    o2.backward(do)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2) and not torch.equal(o, o_plain)
     for raw, leaf in zip((dq, dk, dv), leaves):
         assert torch.equal(raw, leaf.grad)
     # Positional construction, as the bench scripts build their parameter structs.

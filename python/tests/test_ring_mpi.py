@@ -415,7 +415,7 @@ def test_opcheck(gen):
     k = torch.randn(2, 8, 2, 8, dtype=torch.float64, generator=gen, requires_grad=True)
     v = torch.randn(2, 8, 2, 6, dtype=torch.float64, generator=gen, requires_grad=True)
     with ringattn.RingAttention(COMM) as ring:
-        args = (q, k, v, ring.ring_id, True, 0.4, True, False)
+        args = (q, k, v, None, ring.ring_id, True, 0.4, 0, 0, True, False)
         torch.library.opcheck(torch.ops.ringattn.ring_forward.default, args)
         o, lse = torch.ops.ringattn.ring_forward(*[a.detach() if torch.is_tensor(a) else a
                                                    for a in args])
@@ -423,7 +423,7 @@ def test_opcheck(gen):
         dlse = torch.randn(lse.shape, dtype=lse.dtype, generator=gen)
         torch.library.opcheck(torch.ops.ringattn.ring_backward.default,
                               (do, dlse, q.detach(), k.detach(), v.detach(), o, lse,
-                               ring.ring_id, True, 0.4, True, False))
+                               None, ring.ring_id, True, 0.4, 0, 0, True, False))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

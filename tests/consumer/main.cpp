@@ -1,5 +1,6 @@
 // A program outside ringattn, built against its installed package and public headers only: the
-// CPU flash block must agree with the fp64 reference on a small problem.
+// CPU flash block, called from C++ and through the C API (ringattn.h, its structs filled as a C
+// caller fills them), must agree with the fp64 reference on a small problem.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -7,10 +8,12 @@
 #include <exception>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include <ringattn/attention.hpp>
 #include <ringattn/error.hpp>
+#include <ringattn/ringattn.h>
 
 namespace {
 
@@ -35,8 +38,46 @@ double max_abs_difference(const std::vector<double>& a, const std::vector<double
   return difference;
 }
 
-// Runs one mask through both implementations; returns the max |O_flash - O_reference|.
-double compare(const ringattn::Mask& mask, std::mt19937_64& rng) {
+// The C API's descriptor of a contiguous f64 host tensor.
+ringattn_tensor_t describe(const ringattn::TensorView& t) {
+  ringattn_tensor_t d{};
+  d.data = t.data;
+  d.dtype = RINGATTN_F64;
+  d.memory = RINGATTN_HOST;
+  d.rank = t.rank;
+  for (int i = 0; i < t.rank; ++i) {
+    d.shape[i] = t.shape[i];
+    d.strides[i] = t.strides[i];
+  }
+  return d;
+}
+
+// The forward of `args` through ringattn_attention_forward; throws with the library's message.
+void c_api_forward(const ringattn::ForwardArgs& args) {
+  ringattn_forward_params_t p{};
+  p.struct_size = sizeof(p);
+  p.q = describe(args.q);
+  p.k = describe(args.k);
+  p.v = describe(args.v);
+  p.o = describe(args.o);
+  p.lse = describe(args.lse);
+  p.scale = args.scale;
+  p.causal = args.mask.causal ? 1 : 0;
+  p.q_start = args.mask.q_start;
+  p.k_start = args.mask.k_start;
+  p.window_left = args.mask.window_left;
+  p.window_right = args.mask.window_right;
+  p.document_starts = args.mask.documents.data;
+  p.num_documents = args.mask.documents.count;
+  p.document_batch_stride = args.mask.documents.batch_stride;
+  if (ringattn_attention_forward(&p, nullptr) != RINGATTN_SUCCESS) {
+    throw std::runtime_error(ringattn_last_error());
+  }
+}
+
+// Runs one mask through the block (from C++ or through the C API) and the reference; returns the
+// max |O_flash - O_reference|.
+double compare(const ringattn::Mask& mask, bool through_c_api, std::mt19937_64& rng) {
   using ringattn::DType;
   using ringattn::TensorView;
   std::vector<double> q = random_values(kBatch * kQLen * kQHeads * kHeadDim, rng);
@@ -54,7 +95,11 @@ double compare(const ringattn::Mask& mask, std::mt19937_64& rng) {
   args.lse = TensorView::contiguous(lse_flash.data(), DType::f64, {kBatch, kQHeads, kQLen});
   args.scale = ringattn::default_scale(kHeadDim);
   args.mask = mask;
-  ringattn::cpu::flash_forward(args);
+  if (through_c_api) {
+    c_api_forward(args);
+  } else {
+    ringattn::cpu::flash_forward(args);
+  }
 
   const TensorView o_ref =
       TensorView::contiguous(o_reference.data(), DType::f64, {kBatch, kQLen, kQHeads, kHeadDim});
@@ -69,15 +114,26 @@ int main() {
   try {
     std::mt19937_64 rng(20260101);
     // Causal with the Q rows two positions after the K rows: every row sees a different number
-    // of keys, the last row all of them.
-    const ringattn::Mask masks[] = {{false, 0, 0}, {true, 2, 0}};
+    // of keys, the last row all of them. Then a window of 3 within two documents (keys at
+    // positions 0-3 and 4-6).
+    const std::int64_t starts[] = {0, 4};
+    ringattn::Mask windowed{true, 2, 0, 3, 0};
+    windowed.documents = {starts, 2, 0};
+    struct Case {
+      const char* name;
+      ringattn::Mask mask;
+      bool through_c_api;
+    };
+    const Case cases[] = {{"non-causal", {false, 0, 0}, false},
+                          {"causal", {true, 2, 0}, false},
+                          {"causal (C API)", {true, 2, 0}, true},
+                          {"window and documents (C API)", windowed, true}};
     int status = 0;
-    for (const ringattn::Mask& mask : masks) {
-      const double difference = compare(mask, rng);
+    for (const Case& c : cases) {
+      const double difference = compare(c.mask, c.through_c_api, rng);
       const bool ok = difference <= kTolerance;
-      std::printf("consumer: %-10s max |O_flash - O_reference| = %.3e (limit %.0e) %s\n",
-                  mask.causal ? "causal" : "non-causal", difference, kTolerance,
-                  ok ? "ok" : "FAILED");
+      std::printf("consumer: %-28s max |O_flash - O_reference| = %.3e (limit %.0e) %s\n", c.name,
+                  difference, kTolerance, ok ? "ok" : "FAILED");
       if (!ok) status = 1;
     }
     return status;

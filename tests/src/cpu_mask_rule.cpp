@@ -198,13 +198,13 @@ TEST(MaskRule, ChecksNameTheFieldAndValue) {
   EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"window_right is -1"}));
   mask = {};
   mask.documents.count = -2;
-  EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"count is -2"}));
+  EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"documents.count (C API: num_documents) is -2"}));
   mask = {};
   mask.documents.count = 3;
-  EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"null pointer with count 3"}));
+  EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"documents.data (C API: document_starts) is a null pointer with count 3"}));
   const std::vector<std::int64_t> starts = {0, 4, 9, 0, 3, 2};
   mask.documents = {starts.data(), 3, -1};
-  EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"batch_stride is -1"}));
+  EXPECT_TRUE(test::ThrowsNaming([&] { check(mask); }, {"documents.batch_stride (C API: document_batch_stride) is -1"}));
   mask.documents = {starts.data(), 3, 3};  // batch row 1: 0, 3, 2 decreases
   EXPECT_TRUE(test::ThrowsNaming(
       [&] { check(mask); }, {"document start 2 of batch row 1 is 2", "below start 1 (3)",
