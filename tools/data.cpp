@@ -1,12 +1,14 @@
 // ringattn-data: text files -> token datasets for the trainer, with the byte-level tokenizer
 // (one token per byte, vocab 256).
 //
-//   ringattn-data --out data/text.h5 [--val-fraction 0.05] FILE...
+//   ringattn-data --out data/text.h5 [--val-fraction 0.05] [--eod-token ID] FILE...
 //
 // writes two datasets in the format of train/token_dataset.hpp: data/text.train.h5 and
 // data/text.val.h5. Each input is split on its own, its last floor(size * fraction) bytes going to
 // validation, so validation draws from every file; the files are concatenated in argument order,
-// without separators. Both outputs appear only when complete (written as .tmp, then renamed).
+// without separators. Document boundaries are kept (`document_starts`, which the trainer packs
+// into sequences: train/documents.hpp): each file's part of a split begins a document, and with
+// --eod-token every byte of that value ends one (it stays the last token of its document). Both outputs appear only when complete (written as .tmp, then renamed).
 // Before any byte is converted, the inputs are checked readable and the outputs writable.
 #include <CLI/CLI.hpp>
 
@@ -108,17 +110,24 @@ int main(int argc, char** argv) {
       "Writes two files: OUT without its .h5, plus .train.h5 and .val.h5 (--out data/text.h5\n"
       "gives data/text.train.h5 and data/text.val.h5; with --val-fraction 0 only the first).\n"
       "Each input is split on its own: its last floor(size * FRACTION) bytes go to validation.\n"
-      "Inputs are concatenated in argument order, without separators. Use the result with\n"
+      "Inputs are concatenated in argument order, without separators; each file begins a\n"
+      "document, and with --eod-token ID every byte ID ends one (it stays the document's last\n"
+      "token), stored as document_starts beside the tokens. Use the result with\n"
       "  --set data.source=hdf5 --set data.train_path=... --set data.val_path=..."};
   std::string out;
   double val_fraction = 0.05;
   std::vector<std::string> files;
+  int eod_token = -1;
   app.add_option("--out", out, "output name: OUT.train.h5 and OUT.val.h5 (a trailing .h5 dropped)")
       ->required()
       ->check(output_name());
   app.add_option("--val-fraction", val_fraction,
                  "fraction of each file for validation, 0 <= FRACTION < 1 (default 0.05)")
       ->check(fraction_below_one());
+  app.add_option("--eod-token", eod_token,
+                 "end-of-document token: a byte value 0..255 (e.g. 0 for NUL, 10 for a newline) "
+                 "after which a new document starts; without it each file is one document")
+      ->check(CLI::Range(0, kByteVocab - 1));
   app.add_option("FILE", files, "text files")->required();
   const ringattn::tools::CommandLine line = ringattn::tools::parse_command_line(app, argc, argv);
   if (line.exit_code >= 0) return ringattn::tools::finish_command_line(line, "ringattn-data");
@@ -172,24 +181,32 @@ int main(int argc, char** argv) {
       }
     }
     TokenDatasetWriter train(train_path, train_total, kByteVocab, "byte");
-    for (const Input& input : inputs) copy_bytes(input, 0, input.bytes - input.val_bytes, train);
+    if (eod_token >= 0) train.end_documents_at(eod_token);
+    for (const Input& input : inputs) {
+      train.start_document();
+      copy_bytes(input, 0, input.bytes - input.val_bytes, train);
+    }
     train.finish();
+    std::size_t val_documents = 0;
     if (val_total > 0) {
       TokenDatasetWriter val(val_path, val_total, kByteVocab, "byte");
+      if (eod_token >= 0) val.end_documents_at(eod_token);
       for (const Input& input : inputs) {
+        val.start_document();
         copy_bytes(input, input.bytes - input.val_bytes, input.bytes, val);
       }
       val.finish();
+      val_documents = val.document_starts().size();
     }
 
     std::printf("ringattn-data: %zu file%s, %lld bytes -> byte tokens (vocab %d, uint16)\n",
                 inputs.size(), inputs.size() == 1 ? "" : "s", static_cast<long long>(total),
                 kByteVocab);
-    std::printf("  train  %-40s %12lld tokens\n", train_path.c_str(),
-                static_cast<long long>(train_total));
+    std::printf("  train  %-40s %12lld tokens %9zu documents\n", train_path.c_str(),
+                static_cast<long long>(train_total), train.document_starts().size());
     if (val_total > 0) {
-      std::printf("  val    %-40s %12lld tokens\n", val_path.c_str(),
-                  static_cast<long long>(val_total));
+      std::printf("  val    %-40s %12lld tokens %9zu documents\n", val_path.c_str(),
+                  static_cast<long long>(val_total), val_documents);
     }
     std::printf("use with: --set data.source=hdf5 --set data.train_path=%s%s%s\n",
                 train_path.c_str(), val_total > 0 ? " --set data.val_path=" : "",

@@ -51,6 +51,11 @@ class CpuBackend {
     weights_.assign(batch.loss_mask.begin(), batch.loss_mask.end());
     pending_sums_ = {};
   }
+  // The attention's document starts: a host copy, valid until the next call.
+  const std::int64_t* load_documents(std::span<const std::int64_t> starts) {
+    documents_.assign(starts.begin(), starts.end());
+    return documents_.data();
+  }
   void fill_zero(T* data, std::int64_t count) { std::fill_n(data, count, T(0)); }
   void copy(T* dst, const T* src, std::int64_t count) { std::copy_n(src, count, dst); }
   void upload(T* dst, const float* src, std::int64_t count) { std::copy_n(src, count, dst); }
@@ -102,10 +107,12 @@ class CpuBackend {
                                    span(dy, s.rows * s.out_features),
                                    span(x, s.rows * s.in_features), s, write);
   }
-  // The positions of one sequence's local tokens; a batch repeats them.
+  // The positions of one sequence's local tokens, which every row of a batch repeats, or of all
+  // the batch's tokens.
   void set_rope(const std::vector<std::int64_t>& positions, std::int64_t /*head_dim*/,
                 double theta) {
     positions_ = positions;
+    token_positions_.clear();
     theta_ = theta;
   }
   void rope_forward(T* x, const cpu::RopeShape& s) {
@@ -233,7 +240,7 @@ class CpuBackend {
   double clip_total_ = 0.0;  // queue_clip's
   float clip_factor_ = 1.0f;
   std::vector<std::int32_t> predictions_;
-  std::vector<std::int64_t> positions_, token_positions_;
+  std::vector<std::int64_t> positions_, token_positions_, documents_;
   double theta_ = 10000.0;
   std::vector<std::chrono::steady_clock::time_point> interval_begin_;
   std::vector<double> interval_ms_;

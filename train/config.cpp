@@ -96,6 +96,12 @@ bool parse_value(std::string_view text, bool& out) {
   }
   return false;
 }
+bool parse_value(std::string_view text, std::optional<bool>& out) {
+  bool value = false;
+  if (!parse_value(text, value)) return false;
+  out = value;
+  return true;
+}
 bool parse_value(std::string_view text, std::string& out) {
   out = std::string(text);
   return true;
@@ -210,7 +216,7 @@ std::string expected_text() {
     return "a non-negative integer";
   } else if constexpr (std::is_same_v<T, double>) {
     return "a number";
-  } else if constexpr (std::is_same_v<T, bool>) {
+  } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>) {
     return "true or false";
   } else if constexpr (std::is_same_v<T, std::string>) {
     return "a string";
@@ -253,7 +259,8 @@ KeyInfo make_key(std::string key, Access access) {
   };
   info.format = [access](const TrainConfig& config) -> std::optional<std::string> {
     const auto& value = access(config);
-    if constexpr (std::is_same_v<Value, std::optional<int>>) {
+    if constexpr (std::is_same_v<Value, std::optional<int>> ||
+                  std::is_same_v<Value, std::optional<bool>>) {
       if (!value) return std::nullopt;
       return format_value(*value);
     } else if constexpr (std::is_same_v<Value, std::vector<StageConfig>>) {
@@ -284,6 +291,8 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(model.rope_theta),
       RINGATTN_CONFIG_KEY(model.norm_eps),
       RINGATTN_CONFIG_KEY(model.init_std),
+      RINGATTN_CONFIG_KEY(model.attention_window),
+      RINGATTN_CONFIG_KEY(model.rope_document_positions),
       RINGATTN_CONFIG_KEY(train.seq_len),
       RINGATTN_CONFIG_KEY(train.batch_size),
       RINGATTN_CONFIG_KEY(train.grad_accum),
@@ -316,6 +325,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(data.source),
       RINGATTN_CONFIG_KEY(data.train_path),
       RINGATTN_CONFIG_KEY(data.val_path),
+      RINGATTN_CONFIG_KEY(data.documents),
       RINGATTN_CONFIG_KEY(data.retrieval.pairs),
       RINGATTN_CONFIG_KEY(data.retrieval.key_tokens),
       RINGATTN_CONFIG_KEY(data.retrieval.value_tokens),
@@ -859,6 +869,10 @@ void validate(const TrainConfig& config, int world_size) {
   p.positive("model.rope_theta", m.rope_theta);
   p.positive("model.norm_eps", m.norm_eps);
   p.positive("model.init_std", m.init_std);
+  if (m.attention_window < 0) {
+    p.add("model.attention_window is ", m.attention_window,
+          "; expected 0 (no window) or the number of tokens a query sees, itself included");
+  }
 
   const TrainingConfig& t = config.train;
   if (t.stages.empty()) p.at_least("train.seq_len", t.seq_len, 1);
@@ -923,6 +937,19 @@ void validate(const TrainConfig& config, int world_size) {
   }
 
   const DataConfig& d = config.data;
+  if (d.source == DataSource::retrieval && d.documents.value_or(false)) {
+    p.add("data.documents is true but data.source is retrieval, whose samples are one document "
+          "each; set data.source to hdf5 or leave data.documents out");
+  }
+  if (m.rope_document_positions.value_or(false)) {
+    if (d.source == DataSource::retrieval) {
+      p.add("model.rope_document_positions is true but data.source is retrieval, which has no "
+            "documents; leave it out or set it to false");
+    } else if (!d.documents.value_or(true)) {
+      p.add("model.rope_document_positions is true but data.documents is false; RoPE positions "
+            "restart at documents only where the sequences carry them");
+    }
+  }
   if (d.source == DataSource::hdf5) {
     if (d.train_path.empty()) p.add("data.train_path is empty; data.source hdf5 needs a dataset");
     if (t.eval_every > 0 && d.val_path.empty()) {

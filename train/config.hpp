@@ -6,13 +6,14 @@
 // changes:
 //
 //   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim ffn_hidden tied_embeddings
-//             rope_theta norm_eps init_std
+//             rope_theta norm_eps init_std attention_window rope_document_positions
 //   train:    seq_len batch_size grad_accum steps stages lr min_lr warmup_steps weight_decay beta1
 //             beta2 adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
 //             deterministic profile shard_optimizer log_every eval_every eval_batches
 //             checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
-//   data:     source train_path val_path retrieval: {pairs key_tokens value_tokens queries}
+//   data:     source train_path val_path documents
+//             retrieval: {pairs key_tokens value_tokens queries}
 //   run:      dir backend resume
 //
 // Keys are named by their dotted path (`train.lr`, `data.retrieval.pairs`), in files, in `--set`
@@ -45,6 +46,13 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;  // RMSNorm epsilon
   double init_std = 0.02;  // standard deviation of the initial weights
+  // A sliding window in every layer: a query sees the attention_window tokens up to and including
+  // itself (with the causal mask; ringattn::Mask::window_left). 0: no window.
+  int attention_window = 0;
+  // RoPE positions restart at every packed document (train/documents.hpp): a token rotates by its
+  // position minus its document's start. Absent: on exactly when the sequences carry documents
+  // (data.documents); true where they carry none is an error.
+  std::optional<bool> rope_document_positions;
 
   int resolved_head_dim() const { return head_dim ? *head_dim : d_model / n_heads; }
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
@@ -138,6 +146,11 @@ struct DataConfig {
   DataSource source = DataSource::retrieval;
   std::string train_path;  // HDF5 token dataset (train/token_dataset.hpp), source hdf5
   std::string val_path;    // the same for evaluation; needed when train.eval_every > 0
+  // Packed documents (train/documents.hpp): a sequence's tokens attend only within their own
+  // document, and a document's last token is not trained to predict the next one's first. Absent:
+  // on when the training dataset has `document_starts` (written by ringattn-data); true for a
+  // dataset without them is an error (the trainer's, when it opens the file, on every rank).
+  std::optional<bool> documents;
   RetrievalConfig retrieval;
 
   friend bool operator==(const DataConfig&, const DataConfig&) = default;

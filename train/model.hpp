@@ -6,6 +6,11 @@
 //   wo -> residual -> rmsnorm -> w_gate_up -> swiglu -> w_down -> residual] -> final rmsnorm ->
 //   lm_head (or the tied embedding) -> fused softmax cross-entropy with the loss mask.
 //
+// With packed documents (ShardBatch::documents) the attention of every layer masks by GLOBAL
+// position (the documents and attention_window as a ringattn::Mask), while RoPE may rotate by the
+// position within the document (ModelOptions::rope_document_positions): the two position systems
+// meet only in the host code that loads a batch (load_documents).
+//
 // Parameters live in one flat buffer of the backend's master type (fp32 on the GPU, the element
 // type on the CPU) with a view per parameter_list() entry, gradients and the AdamW moments
 // likewise; the GPU reads its weights through a bf16 copy refreshed after every change.
@@ -55,10 +60,17 @@ ModelShape model_shape(const ModelConfig& config);
 
 // This rank's tokens of one micro-batch: [batch, Sl] row-major each (Sl = seq_len / cp), on the
 // host whatever the backend.
+// Packed documents (train/documents.hpp): `documents` [batch, document_count] holds each row's
+// document starts as positions of the WHOLE sequence (0 < s < seq_len, increasing; the same on
+// every cp rank), shorter lists padded with seq_len; document_count 0: every row is one document.
+// The attention of every layer keeps within the documents (ringattn::Mask::documents), and with
+// ModelOptions::rope_document_positions the rotary positions restart at each of them.
 struct ShardBatch {
   std::span<const std::int32_t> inputs;
   std::span<const std::int32_t> targets;
   std::span<const float> loss_mask;
+  std::span<const std::int64_t> documents{};
+  std::int64_t document_count = 0;
 };
 
 // One phase of the profile: its intervals and their total over every profiled step.
@@ -76,6 +88,10 @@ struct ModelOptions {
   bool deterministic = false;  // bitwise-reproducible gradients (the CPU backend always is)
   // Attention within each rank's shard only (parallel.local_attention): a control.
   bool local_attention = false;
+  // RoPE at document-relative positions where a batch carries documents
+  // (model.rope_document_positions): position minus the start of the token's document. The mask
+  // keeps the global positions either way.
+  bool rope_document_positions = false;
   // The output head and the loss run over this many tokens at a time, so the logits held at once
   // are [loss_chunk_tokens, vocab] rather than [batch * Sl, vocab].
   std::int64_t loss_chunk_tokens = 8192;
@@ -231,6 +247,9 @@ class Model final : public TrainModel {
   // loss_sums() once they are needed); with_grad also adds the head's gradient and writes dh_
   // (the gradient of the final norm's output).
   void head_and_loss(bool with_grad, double grad_scale, std::span<std::int32_t> predictions);
+  // The batch's documents for the attention (in the backend's memory) and the rotary positions
+  // of its tokens (per row where they restart at documents, else positions_ for every row).
+  void load_documents(const ShardBatch& batch);
   // The width of a packed QKV row: q heads, then k heads, then v heads.
   std::int64_t qkv_width() const { return (shape_.q_heads + 2 * shape_.kv_heads) * shape_.head_dim; }
   const Master* master(std::size_t i) const { return params_.data() + offsets_[i]; }
@@ -269,6 +288,10 @@ class Model final : public TrainModel {
   std::pair<std::int64_t, std::int64_t> share_of(int rank) const;
   Buffer<Act> weights_;  // the GEMMs' copy of params_ where Act differs from Master
   std::vector<std::int64_t> positions_;
+  // The loaded batch's documents as the attention takes them (empty: none), and whether the
+  // backend's rotary positions are per row (document-relative) rather than positions_.
+  DocumentStarts documents_{};
+  bool row_positions_ = false;
   std::size_t emb_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerParams> lp_;
   // Activations: the input of every block (x_in_[L] is the final norm's input), the attention

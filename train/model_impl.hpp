@@ -4,9 +4,12 @@
 //
 //   types      Act, Acc, Master, Buffer<E> (with data(), size(), constructible from a count)
 //   constants  act_dtype, acc_dtype (DType), memory (Memory), name() (a string)
-//   data       load_batch(ShardBatch), upload / download between host floats and Master buffers,
+//   data       load_batch(ShardBatch), load_documents(host starts) -> the same in the backend's
+//              memory (valid until the next call), upload / download between host floats and
+//              Master buffers,
 //              fill_zero, copy, to_act (Acc or Master -> Act where they differ), stream()
-//   ops        embedding, rmsnorm, matmul, rope (set_rope once; where Acc and Act differ, also
+//   ops        embedding, rmsnorm, matmul, rope (set_rope with the positions of one row, shared by
+//              every row, or of all batch * Sl tokens; where Acc and Act differ, also
 //              rope_backward(Act*, const Acc*, shape): the rotation from Acc, rounded once, with
 //              the rest of each token row converted, and rope_backward_heads(Act*, const Acc*,
 //              shape): the same over the heads alone, the rest of the rows left as they are; and
@@ -33,6 +36,7 @@
 
 #include "parallel/sequence_layout.hpp"
 #include "ringattn/error.hpp"
+#include "train/documents.hpp"
 #include "train/model.hpp"
 
 namespace ringattn::train {
@@ -252,6 +256,8 @@ RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
                                     B::memory);
   args.scale = 1.0 / std::sqrt(static_cast<double>(hd));
   args.causal = true;
+  args.window_left = config_.attention_window;
+  args.documents = documents_;
   args.stream = backend_->stream();
   // Dead whenever attention runs: the MLP's activations of L (written after the attention forward
   // and read before the attention backward), dh_ and the MLP's gradients (each written and read
@@ -364,7 +370,10 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
   check(batch.targets.size(), "targets");
   check(batch.loss_mask.size(), "loss_mask");
   B& be = *backend_;
-  timed("batch.load", [&] { be.load_batch(batch, shape_.vocab); });
+  timed("batch.load", [&] {
+    be.load_batch(batch, shape_.vocab);
+    load_documents(batch);
+  });
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
   timed("embedding", [&] { be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d}); });
   for (std::size_t l = 0; l < lp_.size(); ++l) {
@@ -375,6 +384,59 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
     be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
                        config_.norm_eps);
   });
+}
+
+template <class B>
+void Model<B>::load_documents(const ShardBatch& batch) {
+  B& be = *backend_;
+  const std::int64_t count = batch.document_count;
+  if (count < 0 || static_cast<std::int64_t>(batch.documents.size()) != batch_ * count) {
+    ringattn::detail::fail("Model::forward", "documents has ", batch.documents.size(),
+                           " starts; expected batch * document_count = ", batch_, " * ", count);
+  }
+  documents_ = {};
+  if (count == 0) {
+    if (row_positions_) be.set_rope(positions_, shape_.head_dim, config_.rope_theta);
+    row_positions_ = false;
+    return;
+  }
+  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(batch_));
+  for (std::int64_t b = 0; b < batch_; ++b) {
+    const auto row = batch.documents.subspan(b * count, count);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t start = row[i];
+      if (start < 0 || (i > 0 && start < row[i - 1])) {
+        ringattn::detail::fail("Model::forward", "documents[", b, ", ", i, "] is ", start,
+                               "; expected non-decreasing positions >= 0");
+      }
+      if (start < seq_len_) rows[b].push_back(start);
+    }
+  }
+  // The local-attention control sees its shard as a sequence of its own, indexed locally.
+  DocumentBatch ring_list;
+  if (options_.local_attention) {
+    std::vector<std::vector<std::int64_t>> local;
+    for (const auto& row : rows) local.push_back(local_document_starts(positions_, row));
+    ring_list = pad_document_lists(local, local_len_);
+  } else {
+    ring_list = pad_document_lists(rows, seq_len_);
+  }
+  if (ring_list.count > 0) {
+    documents_ = {be.load_documents(ring_list.starts), ring_list.count, ring_list.count};
+  }
+  if (options_.rope_document_positions) {
+    std::vector<std::int64_t> all;
+    all.reserve(static_cast<std::size_t>(local_tokens()));
+    for (const auto& row : rows) {
+      const std::vector<std::int64_t> p = document_positions(positions_, row);
+      all.insert(all.end(), p.begin(), p.end());
+    }
+    be.set_rope(all, shape_.head_dim, config_.rope_theta);
+    row_positions_ = true;
+  } else if (row_positions_) {
+    be.set_rope(positions_, shape_.head_dim, config_.rope_theta);
+    row_positions_ = false;
+  }
 }
 
 template <class B>
@@ -475,7 +537,9 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     // One cp rank where Act is narrower: the ring's one block call writes dK and dV rounded
     // straight into dqkv_, with k's rotation already undone, which spares the RoPE backward a
     // pass over dK and its fp32 copies.
-    const bool rounded_keys = !std::is_same_v<Act, Acc> && cp_->size() == 1;
+    // The key rotation's table is one row's: not where each row rotates by its own positions.
+    const bool rounded_keys =
+        !std::is_same_v<Act, Acc> && cp_->size() == 1 && (!row_positions_ || batch_ == 1);
     if (rounded_keys) {
       args.dk = view(dqkv_.data() + hq * hd, B::act_dtype, hkv, row);
       args.dv = view(dqkv_.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
@@ -486,6 +550,8 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     }
     args.scale = fwd.scale;
     args.causal = true;
+    args.window_left = fwd.window_left;
+    args.documents = fwd.documents;
     args.deterministic = options_.deterministic || B::memory == Memory::host;
     args.stream = fwd.stream;
     args.scratch = fwd.scratch;

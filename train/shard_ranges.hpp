@@ -42,10 +42,13 @@ int chunk_count(int cp_size, ShardLayout layout);
 // The tokens, targets and loss weights one rank feeds the model for one sequence. `inputs[i]`
 // sits at the global position of local index i; `targets[i]` is the token that follows it;
 // `loss_mask[i]` is 1 where the target counts in the loss, 0 where it does not.
+// `document_starts`: the positions of the sequence (0 < s < seq_len, increasing) where a packed
+// document begins (train/documents.hpp), the whole sequence's on every rank; empty: one document.
 struct TokenShard {
   std::vector<std::int32_t> inputs;
   std::vector<std::int32_t> targets;
   std::vector<float> loss_mask;
+  std::vector<std::int64_t> document_starts;
 };
 
 // The shard of a whole sample: `tokens` holds seq_len + 1 tokens (inputs tokens[0, seq_len),

@@ -7,6 +7,7 @@
 #include "ringattn/error.hpp"
 #include "src/hdf5_check.hpp"
 #include "train/digest.hpp"
+#include "train/documents.hpp"
 
 namespace ringattn::train {
 namespace {
@@ -126,10 +127,48 @@ TokenDataset::TokenDataset(const std::filesystem::path& path, int model_vocab_si
     detail::fail(kWhere, "token dataset '", name_, "' has vocab_size ", vocab_size_,
                  " (tokenizer '", tokenizer_, "'), more than model.vocab_size ", model_vocab_size);
   }
+  read_document_starts();
   if (num_tokens_ < seq_len + 1) {
     detail::fail(kWhere, "token dataset '", name_, "' holds ", num_tokens_,
                  " tokens; one sequence of train.seq_len = ", seq_len, " needs ", seq_len + 1);
   }
+}
+
+void TokenDataset::read_document_starts() {
+  if (H5Lexists(file_.get(), "document_starts", H5P_DEFAULT) <= 0) return;
+  const Hdf5Id starts(H5Dopen2(file_.get(), "document_starts", H5P_DEFAULT), H5Dclose);
+  if (!starts) {
+    H5Eclear2(H5E_DEFAULT);
+    fail_file(name_, "'document_starts' is not a dataset (expected a 1-D integer array)");
+  }
+  const Hdf5Id type(RINGATTN_HDF5_CHECK(H5Dget_type(starts.get()), name_), H5Tclose);
+  if (H5Tget_class(type.get()) != H5T_INTEGER) {
+    fail_file(name_, "'document_starts' has type ", describe_hdf5_type(type.get()),
+              "; expected integers (token offsets)");
+  }
+  const Hdf5Id space(RINGATTN_HDF5_CHECK(H5Dget_space(starts.get()), name_), H5Sclose);
+  const int rank = RINGATTN_HDF5_CHECK(H5Sget_simple_extent_ndims(space.get()), name_);
+  if (rank != 1) fail_file(name_, "'document_starts' has ", rank, " dimensions; expected 1");
+  hsize_t size = 0;
+  H5Sget_simple_extent_dims(space.get(), &size, nullptr);
+  document_starts_.resize(static_cast<std::size_t>(size));
+  if (size > 0) {
+    RINGATTN_HDF5_CHECK(H5Dread(starts.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                document_starts_.data()),
+                        name_);
+  }
+  for (std::size_t i = 0; i < document_starts_.size(); ++i) {
+    const std::int64_t start = document_starts_[i];
+    if (start < 0 || start >= num_tokens_) {
+      fail_file(name_, "document_starts[", i, "] is ", start, "; expected a token offset in [0, ",
+                num_tokens_, ")");
+    }
+    if (i > 0 && start <= document_starts_[i - 1]) {
+      fail_file(name_, "document_starts[", i, "] is ", start, " after ", document_starts_[i - 1],
+                "; expected increasing offsets");
+    }
+  }
+  has_documents_ = true;
 }
 
 std::string TokenDataset::identity() const {
@@ -141,12 +180,17 @@ std::string TokenDataset::identity() const {
     digest_all_tokens<std::uint32_t>(tokens_.get(), name_, num_tokens_, vocab_size_,
                                      H5T_NATIVE_UINT32, digest);
   }
+  std::string documents;
+  if (has_documents_) {
+    digest.add(document_starts_.data(), document_starts_.size() * sizeof(std::int64_t));
+    documents = ", " + std::to_string(document_starts_.size()) + " document starts";
+  }
   std::error_code error;
   const std::uintmax_t bytes = std::filesystem::file_size(path_, error);
   return std::to_string(num_tokens_) + " tokens, vocab " + std::to_string(vocab_size_) +
          ", tokenizer " + tokenizer_ + ", " + token_type_ + ", " +
-         (error ? std::string("size unknown") : std::to_string(bytes) + " bytes") + ", digest " +
-         digest.hex();
+         (error ? std::string("size unknown") : std::to_string(bytes) + " bytes") + documents +
+         ", digest " + digest.hex();
 }
 
 void TokenDataset::read_tokens(std::int64_t begin, std::span<std::int32_t> out) const {
@@ -163,8 +207,8 @@ void TokenDataset::read_tokens(std::int64_t begin, std::span<std::int32_t> out) 
   std::copy(raw.begin(), raw.end(), out.begin());
 }
 
-TokenShard TokenDataset::read_shard(std::int64_t sequence,
-                                    std::span<const TokenRange> ranges) const {
+TokenShard TokenDataset::read_shard(std::int64_t sequence, std::span<const TokenRange> ranges,
+                                    bool documents) const {
   if (sequence < 0 || sequence >= num_sequences()) {
     detail::fail(kWhere, "sequence ", sequence, " of '", name_, "' does not exist; it has ",
                  num_sequences(), " of train.seq_len = ", seq_len_);
@@ -183,6 +227,15 @@ TokenShard TokenDataset::read_shard(std::int64_t sequence,
     shard.targets.insert(shard.targets.end(), window.begin() + 1, window.end());
   }
   shard.loss_mask.assign(shard.inputs.size(), 1.0f);
+  if (documents) {
+    shard.document_starts = window_document_starts(document_starts_, start, seq_len_);
+    std::vector<std::int64_t> positions;
+    for (const TokenRange& range : ranges) {
+      for (std::int64_t p = range.begin; p < range.end; ++p) positions.push_back(p);
+    }
+    mask_document_ends(positions, shard.document_starts, seq_len_,
+                       document_starts_at(document_starts_, start + seq_len_), shard.loss_mask);
+  }
   return shard;
 }
 

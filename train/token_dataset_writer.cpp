@@ -1,5 +1,6 @@
 #include "train/token_dataset_writer.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "ringattn/error.hpp"
@@ -62,7 +63,30 @@ void TokenDatasetWriter::append(std::span<const std::int32_t> tokens) {
   RINGATTN_HDF5_CHECK(H5Dwrite(tokens_.get(), H5T_NATIVE_UINT32, range.memory_space.get(),
                                range.file_space.get(), H5P_DEFAULT, values.data()),
                       name_);
+  if (end_token_ >= 0) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] == end_token_) add_start(written_ + static_cast<std::int64_t>(i) + 1);
+    }
+  }
   written_ += count;
+}
+
+void TokenDatasetWriter::add_start(std::int64_t token) {
+  documents_ = true;
+  if (starts_.empty() || starts_.back() < token) starts_.push_back(token);
+}
+
+void TokenDatasetWriter::start_document() {
+  add_start(written_);
+}
+
+void TokenDatasetWriter::end_documents_at(std::int32_t token) {
+  if (token < 0 || token >= vocab_size_) {
+    detail::fail(kWhere, "'", name_, "': end-of-document token ", token,
+                 " is outside the vocabulary [0, ", vocab_size_, ")");
+  }
+  documents_ = true;
+  end_token_ = token;
 }
 
 void TokenDatasetWriter::finish() {
@@ -71,15 +95,44 @@ void TokenDatasetWriter::finish() {
                  " tokens");
   }
   tokens_.reset();
+  if (documents_) {
+    // A start at the end of the stream (after a final end-of-document token) begins nothing.
+    while (!starts_.empty() && starts_.back() >= num_tokens_) starts_.pop_back();
+    const hsize_t size = starts_.size();
+    const Hdf5Id space(RINGATTN_HDF5_CHECK(H5Screate_simple(1, &size, nullptr), name_), H5Sclose);
+    const Hdf5Id starts(RINGATTN_HDF5_CHECK(H5Dcreate2(file_.get(), "document_starts",
+                                                       H5T_STD_I64LE, space.get(), H5P_DEFAULT,
+                                                       H5P_DEFAULT, H5P_DEFAULT),
+                                            name_),
+                        H5Dclose);
+    if (size > 0) {
+      RINGATTN_HDF5_CHECK(H5Dwrite(starts.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                   starts_.data()),
+                          name_);
+    }
+  }
   RINGATTN_HDF5_CHECK(H5Fclose(file_.release()), name_);
   publish_file(temporary_, path_);
   finished_ = true;
 }
 
 void write_token_dataset(const std::filesystem::path& path, std::span<const std::int32_t> tokens,
-                         int vocab_size, const std::string& tokenizer) {
+                         int vocab_size, const std::string& tokenizer,
+                         std::span<const std::int64_t> document_starts) {
   TokenDatasetWriter writer(path, static_cast<std::int64_t>(tokens.size()), vocab_size, tokenizer);
-  writer.append(tokens);
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < document_starts.size(); ++i) {
+    const auto start = static_cast<std::size_t>(
+        std::clamp<std::int64_t>(document_starts[i], 0, static_cast<std::int64_t>(tokens.size())));
+    if (start < next) {
+      detail::fail(kWhere, "'", path.string(), "': document_starts[", i, "] is ",
+                   document_starts[i], "; expected sorted offsets");
+    }
+    writer.append(tokens.subspan(next, start - next));
+    writer.start_document();
+    next = start;
+  }
+  writer.append(tokens.subspan(next));
   writer.finish();
 }
 

@@ -23,6 +23,7 @@
 #include "ringattn/ring.hpp"
 #include "train/checkpoint.hpp"
 #include "train/digest.hpp"
+#include "train/documents.hpp"
 #include "parallel/device_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "ringattn/runtime.hpp"
@@ -58,8 +59,10 @@ struct StepInterrupted {};
 struct MicroBatch {
   std::vector<std::int32_t> inputs, targets;
   std::vector<float> mask;
+  std::vector<std::int64_t> documents;  // [batch, document_count]: train/documents.hpp
+  std::int64_t document_count = 0;
   double weight = 0.0;
-  ShardBatch view() const { return {inputs, targets, mask}; }
+  ShardBatch view() const { return {inputs, targets, mask, documents, document_count}; }
 };
 
 // A JSON number: 9 significant digits, or `decimals` after the point where one is given (a Unix
@@ -122,6 +125,9 @@ struct Trainer::Impl {
   std::optional<RetrievalTask> task;
   std::optional<TokenDataset> train_data, val_data;
   std::optional<SequenceSampler> sampler;
+  // Whether the sequences carry their packed documents (data.documents, resolved against the
+  // training dataset by open_data).
+  bool documents = false;
   int steps_done = 0;
   // train.profile: the steps profiled so far and their wall time (the phases are the model's).
   // The process's first step pays one-time costs (allocations, GEMM algorithm choices): it is
@@ -339,6 +345,29 @@ struct Trainer::Impl {
         val_data.emplace(config.data.val_path, config.model.vocab_size, config.train.seq_len);
       }
     }
+    resolve_documents();
+  }
+
+  // data.documents and model.rope_document_positions against the data: absent, documents are on
+  // where the training dataset has them; asked for where it has none, an error naming the key.
+  // (A validation dataset without them is one document.)
+  void resolve_documents() {
+    const bool available = train_data && train_data->has_documents();
+    const std::optional<bool> asked = config.data.documents;
+    const std::string file = train_data ? "token dataset '" + config.data.train_path + "'" : "";
+    if (asked.value_or(false) && !available) {
+      ringattn::detail::fail("Trainer", "data.documents is true but ", file,
+                             " has no document_starts; write it with ringattn-data (each file, "
+                             "or each --eod-token, begins a document), or set data.documents to "
+                             "false");
+    }
+    documents = asked.value_or(available);
+    if (config.model.rope_document_positions.value_or(false) && !documents) {
+      ringattn::detail::fail("Trainer", "model.rope_document_positions is true but the sequences "
+                             "carry no documents (", file.empty() ? "data.source retrieval" : file,
+                             available ? ", data.documents false" : " has no document_starts",
+                             "); set it to false or leave it out");
+    }
   }
 
   // On a GPU, a later stage with more tokens a rank than the first would find out only when it
@@ -420,6 +449,7 @@ struct Trainer::Impl {
   MicroBatch load(std::uint64_t first, bool held_out, std::vector<RetrievalSample>* samples) const {
     MicroBatch mb;
     const int batch = config.train.batch_size;
+    std::vector<std::vector<std::int64_t>> document_rows;
     for (int b = 0; b < batch; ++b) {
       const std::uint64_t n = first + static_cast<std::uint64_t>(b);
       TokenShard shard;
@@ -434,12 +464,16 @@ struct Trainer::Impl {
             held_out
                 ? static_cast<std::int64_t>(n % static_cast<std::uint64_t>(data.num_sequences()))
                 : sampler->sequence(n);
-        shard = data.read_shard(sequence, ranges);
+        shard = data.read_shard(sequence, ranges, documents);
       }
       mb.inputs.insert(mb.inputs.end(), shard.inputs.begin(), shard.inputs.end());
       mb.targets.insert(mb.targets.end(), shard.targets.begin(), shard.targets.end());
       mb.mask.insert(mb.mask.end(), shard.loss_mask.begin(), shard.loss_mask.end());
+      document_rows.push_back(std::move(shard.document_starts));
     }
+    DocumentBatch padded = pad_document_lists(document_rows, config.train.seq_len);
+    mb.documents = std::move(padded.starts);
+    mb.document_count = padded.count;
     for (float w : mb.mask) mb.weight += w;
     return mb;
   }
@@ -610,6 +644,9 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.model_options.shard_optimizer = config.train.shard_optimizer;
   s.model_options.deterministic = config.train.deterministic;
   s.model_options.local_attention = config.parallel.local_attention;
+  // Whether batches carry documents is the data's (open_data); where they do, RoPE restarts at
+  // them unless the config says otherwise.
+  s.model_options.rope_document_positions = config.model.rope_document_positions.value_or(true);
   if (s.options.stop_requested != nullptr) {
     // Every rank asks at the same boundaries, so all stop at the same one.
     s.model_options.layer_boundary = [&s] {
@@ -648,6 +685,13 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
                                                    : " (recompute)")
                : "") +
           (config.parallel.local_attention ? ", attention within each shard only (control)" : "") +
+          (s.documents ? (s.model_options.rope_document_positions
+                              ? ", packed documents (RoPE per document)"
+                              : ", packed documents (RoPE at sequence positions)")
+                       : "") +
+          (config.model.attention_window > 0
+               ? ", attention window " + std::to_string(config.model.attention_window)
+               : "") +
           ", " +
           std::to_string(parameter_count()) + " parameters, data " +
           std::string(source_name(config.data.source)));

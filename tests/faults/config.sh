@@ -57,8 +57,8 @@ define_case() {
       command=("$train" "${tiny1[@]}" --set bogus.key=1)
       expect=("unknown key 'bogus.key'; the sections are model, train, parallel, data, run") ;;
     set_unknown_in_section)  # far from every key: the section's keys are listed
-      command=("$train" "${tiny1[@]}" --set model.attention_window=5)
-      expect=("unknown key 'model.attention_window'; section 'model' has vocab_size, d_model") ;;
+      command=("$train" "${tiny1[@]}" --set model.expert_count=5)
+      expect=("unknown key 'model.expert_count'; section 'model' has vocab_size, d_model") ;;
     set_suggestion_initials)  # initials suggest only keys of the named section, not parallel.dp
       command=("$train" "${tiny1[@]}" --set model.dropout_probability=0.1)
       expect=("unknown key 'model.dropout_probability'; section 'model' has vocab_size, d_model")
@@ -106,6 +106,16 @@ define_case() {
     range_init_std)
       command=("$train" "${tiny1[@]}" --set model.init_std=0)
       expect=("model.init_std is 0; expected a number > 0") ;;
+    range_attention_window)
+      command=("$train" "${tiny1[@]}" --set model.attention_window=-1)
+      expect=("model.attention_window is -1; expected 0 (no window) or the number of tokens a query sees") ;;
+    range_documents_retrieval)
+      command=("$train" "${tiny1[@]}" --set data.documents=true)
+      expect=("data.documents is true but data.source is retrieval") ;;
+    range_rope_documents_off)
+      command=("$train" "${tiny1[@]}" --set data.source=hdf5 --set data.train_path=t.h5
+               --set data.documents=false --set model.rope_document_positions=true)
+      expect=("model.rope_document_positions is true but data.documents is false") ;;
     range_seq_len_layout)  # zigzag on one rank needs an even length
       command=("$train" "${tiny1[@]}" --set train.seq_len=255)
       expect=("train.seq_len (255) is not a multiple of 2 * parallel.cp = 2, which the zigzag layout needs") ;;

@@ -139,6 +139,21 @@ define_case() {
       local args=("$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=tokens.h5 --set train.seq_len=16)
       command=("$mpiexec" -n 1 -wdir rank0 "${args[@]}" : -n 1 -wdir rank1 "${args[@]}")
       expect=("the ranks disagree: rank 0 has data.train_path") ;;
+    documents_missing)  # data.documents asked of a dataset without document_starts
+      make_tokens plain.h5 100
+      command=("$train" "${quick[@]}" "${hdf5[@]}" --set data.train_path=plain.h5
+               --set data.documents=true)
+      expect=("data.documents is true but token dataset 'plain.h5' has no document_starts") ;;
+    documents_differ_np2)  # the same tokens, other documents on rank 1: the identity digest tells
+      mkdir rank0 rank1
+      head -c 4000 "$source/README.md" >text.txt
+      "$build/ringattn-data" --val-fraction 0 --out rank0/text text.txt >/dev/null ||
+        setup_failed "ringattn-data --out rank0/text"
+      "$build/ringattn-data" --val-fraction 0 --eod-token 10 --out rank1/text text.txt >/dev/null ||
+        setup_failed "ringattn-data --out rank1/text"
+      local args=("$train" "${tiny[@]}" "${hdf5[@]}" --set data.train_path=text.train.h5 --set train.seq_len=16)
+      command=("$mpiexec" -n 1 -wdir rank0 "${args[@]}" : -n 1 -wdir rank1 "${args[@]}")
+      expect=("the ranks disagree: rank 0 has data.train_path" "document starts") ;;
     *) return 1 ;;
   esac
 }

@@ -31,10 +31,11 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 50u);
+  EXPECT_EQ(keys.size(), 53u);
   for (const char* key :
        {"model.head_dim", "train.lr", "train.shard_optimizer", "train.loss_chunk_tokens",
-        "parallel.layout", "data.retrieval.pairs", "run.resume", "train.stages"}) {
+        "parallel.layout", "data.retrieval.pairs", "run.resume", "train.stages",
+        "model.attention_window", "model.rope_document_positions", "data.documents"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -49,6 +50,8 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.model = {integer(300, 5000), integer(65, 999), integer(3, 9),     integer(5, 9),
              integer(3, 4),      integer(17, 99),  integer(177, 999), false,
              real(1e5),          real(1e-6),       real(1e-2)};
+  c.model.attention_window = integer(1, 9999);
+  c.model.rope_document_positions = false;
   c.train.seq_len = integer(257, 9999);
   c.train.batch_size = integer(9, 99);
   c.train.grad_accum = integer(2, 9);
@@ -79,6 +82,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.data.source = DataSource::hdf5;
   c.data.train_path = "dir with space/train: \"quoted\" #not-a-comment.h5";
   c.data.val_path = "null";  // a YAML null when unquoted: must stay the string
+  c.data.documents = true;
   c.data.retrieval = {integer(9, 99), integer(2, 4), integer(2, 4), integer(9, 99)};
   c.run.dir = "~";
   c.run.backend = Backend::cpu;

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -147,6 +148,67 @@ TEST(CudaModel, MatchesTheCpuModel) {
     EXPECT_LT(relative, 0.06) << info.name;
     offset += static_cast<std::size_t>(info.elements);
   }
+}
+
+// Packed documents (per batch row, one row with a boundary at a tile edge, the other padded),
+// RoPE restarting at each document and a sliding window: the CUDA model against the CPU model
+// with the same documents, within the bounds above; and the documents must matter (the CPU
+// model without them differs by more than three times the CUDA model's largest error).
+TEST(CudaModel, MatchesTheCpuModelWithDocumentsAndWindow) {
+  RINGATTN_REQUIRE_GPUS(1);
+  if (world_rank() != 0) GTEST_SKIP() << "one rank suffices";
+  TrainConfig c = small_config();
+  c.train.seq_len = 512;
+  c.model.attention_window = 100;
+  const std::int64_t count = 3;
+  const std::vector<std::int64_t> documents = {64, 200, 333, 150, 512, 512};
+  Batch batch = random_batch(c.train.batch_size * c.train.seq_len, c.model.vocab_size, 12);
+  ShardBatch view = batch.view();
+  view.documents = documents;
+  view.document_count = count;
+  ModelOptions options;
+  options.rope_document_positions = true;
+  const auto run = [&](TrainModel& model, const ShardBatch& b) {
+    model.init(7);
+    model.zero_grad();
+    double weight = 0.0;
+    for (float w : batch.mask) weight += w;
+    const cpu::CrossEntropySums sums = model.forward_backward(b, 1.0 / weight);
+    Gradients r;
+    r.loss = sums.loss_sum / weight;
+    model.export_gradients(r.grads);
+    return r;
+  };
+  CpuModel<float> cpu_model(c.model, c.train.batch_size, c.train.seq_len, self_mpi(),
+                            SequenceLayoutKind::zigzag, options);
+  const Gradients expected = run(cpu_model, view);
+  const Gradients without = run(cpu_model, batch.view());
+  std::unique_ptr<TrainModel> gpu_model = cuda_model(c, options);
+  const Gradients actual = run(*gpu_model, view);
+  std::printf("loss cpu %.6f cuda %.6f (cpu without documents %.6f)\n", expected.loss,
+              actual.loss, without.loss);
+  EXPECT_NEAR(actual.loss, expected.loss, 1e-2 * expected.loss);
+  std::size_t offset = 0;
+  double farthest_without = 0.0, farthest_cuda = 0.0;
+  for (const ParameterInfo& info : cpu_model.parameter_infos()) {
+    double err = 0.0, ref = 0.0, other = 0.0;
+    for (std::int64_t i = 0; i < info.elements; ++i) {
+      const double e = expected.grads[offset + i], a = actual.grads[offset + i];
+      err += (a - e) * (a - e);
+      ref += e * e;
+      other += (without.grads[offset + i] - e) * (without.grads[offset + i] - e);
+    }
+    const double relative = std::sqrt(err / ref);
+    farthest_without = std::max(farthest_without, std::sqrt(other / ref));
+    farthest_cuda = std::max(farthest_cuda, relative);
+    std::printf("  %-22s relative gradient error %.3e\n", info.name.c_str(), relative);
+    EXPECT_LT(relative, 0.06) << info.name;
+    offset += static_cast<std::size_t>(info.elements);
+  }
+  // A CUDA model that ignored the documents would be this far off: the check above can tell.
+  std::printf("largest gradient change without the documents %.3e, CUDA error %.3e\n",
+              farthest_without, farthest_cuda);
+  EXPECT_GT(farthest_without, 3.0 * farthest_cuda);
 }
 
 TEST(CudaModel, DeterministicModeAndRecomputationAreBitwiseReproducible) {

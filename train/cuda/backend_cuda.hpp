@@ -62,6 +62,9 @@ class CudaBackend {
   // the device, through page-locked staging buffers: queued behind the stream's work without
   // waiting for it, so that a step's first kernels follow the last step's AdamW without a pause.
   void load_batch(const ShardBatch& batch, std::int64_t vocab);
+  // The attention's document starts in device memory, queued like the batch (valid until the next
+  // call).
+  const std::int64_t* load_documents(std::span<const std::int64_t> starts);
   void fill_zero(float* data, std::int64_t count);
   void copy(Act* dst, const Act* src, std::int64_t count);
   void to_act(Act* dst, const float* src, std::int64_t count);
@@ -86,6 +89,7 @@ class CudaBackend {
                              Write write);
   void matmul_backward_weight(float* dw, const Act* dy, const Act* x, const cpu::MatmulShape& s,
                               Write write);
+  // The positions of one row's tokens (every row repeats them) or of all the batch's tokens.
   void set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim, double theta);
   void rope_forward(Act* x, const cpu::RopeShape& s);
   void rope_backward(Act* dx, const cpu::RopeShape& s);
@@ -139,6 +143,9 @@ class CudaBackend {
   PinnedArray<std::int32_t> host_ids_;
   PinnedArray<float> host_weights_;
   CudaEvent batch_copied_;
+  DeviceArray<std::int64_t> documents_;
+  PinnedArray<std::int64_t> host_documents_;
+  CudaEvent documents_copied_;
   PinnedArray<float> host_losses_;
   // sum_of_squares's partials, kept: the gradient norm is summed every step.
   DeviceArray<double> norm_partials_;

@@ -81,6 +81,22 @@ void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
   pending_losses_.clear();
 }
 
+const std::int64_t* CudaBackend::load_documents(std::span<const std::int64_t> starts) {
+  const auto count = static_cast<std::int64_t>(starts.size());
+  ensure(documents_, count);
+  // The last list's copy out of the staging buffer is done before it is overwritten.
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(documents_copied_.get()));
+  if (static_cast<std::int64_t>(host_documents_.size()) < count) {
+    host_documents_ = PinnedArray<std::int64_t>(static_cast<std::size_t>(count));
+  }
+  std::copy(starts.begin(), starts.end(), host_documents_.data());
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(documents_.data(), host_documents_.data(),
+                                      count * sizeof(std::int64_t), cudaMemcpyHostToDevice,
+                                      stream_.get()));
+  documents_copied_.record(stream_.get());
+  return documents_.data();
+}
+
 void CudaBackend::fill_zero(float* data, std::int64_t count) {
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(data, 0, count * sizeof(float), stream_.get()));
 }
@@ -158,8 +174,10 @@ void CudaBackend::set_rope(const std::vector<std::int64_t>& positions, std::int6
   const cuda::RopeTable table = cuda::rope_table(positions, head_dim, theta);
   rope_rows_ = static_cast<std::int64_t>(positions.size());
   rope_head_dim_ = head_dim;
-  rope_cos_ = DeviceArray<float>(static_cast<std::int64_t>(table.cos.size()));
-  rope_sin_ = DeviceArray<float>(static_cast<std::int64_t>(table.sin.size()));
+  // Document-relative positions change the table every step: the arrays are kept where they fit.
+  // upload() waits for the stream, so no kernel still reads the table it overwrites.
+  ensure(rope_cos_, static_cast<std::int64_t>(table.cos.size()));
+  ensure(rope_sin_, static_cast<std::int64_t>(table.sin.size()));
   upload(rope_cos_.data(), table.cos.data(), static_cast<std::int64_t>(table.cos.size()));
   upload(rope_sin_.data(), table.sin.data(), static_cast<std::int64_t>(table.sin.size()));
 }
