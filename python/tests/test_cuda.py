@@ -75,10 +75,10 @@ def test_cuda_uses_the_current_stream():
 
 
 def test_cuda_compile_fullgraph():
-    from test_attention import TinyAttentionModel
+    from reference import TinyAttentionModel
     torch._dynamo.reset()
     torch.manual_seed(SEED)
-    model = TinyAttentionModel(embed=256, heads=4, kv_heads=2, head_dim=64,
+    model = TinyAttentionModel(ringattn.attention, embed=256, heads=4, kv_heads=2, head_dim=64,
                                dtype=torch.bfloat16).cuda()
     x = torch.randn(2, 128, 256, device="cuda", dtype=torch.bfloat16)
     eager = model(x)

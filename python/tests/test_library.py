@@ -176,7 +176,11 @@ def test_structs_match_the_header(struct, name):
                     reason="needs a C compiler and the source tree")
 def test_struct_layouts_match_the_compiler(tmp_path):
     """sizeof and offsetof of every field, from the C compiler on ringattn.h, against ctypes."""
-    build_include = REPO / "build" / "include"
+    # ringattn/config.h is generated into the build's include/: the one beside the library in
+    # use (any build folder), else build/.
+    candidates = [Path(_capi.find_library()).parent / "include", REPO / "build" / "include"]
+    found = [c for c in candidates if (c / "ringattn" / "config.h").is_file()]
+    build_include = found[0] if found else candidates[-1]
     lines = ["#include <stdio.h>", "#include <stddef.h>", '#include "ringattn/ringattn.h"',
              "int main(void) {"]
     for struct, name in STRUCTS:
