@@ -57,6 +57,19 @@ def lognormal_starts(seq, mean, seed):
         starts.append(position)
 
 
+def flex_mask_mod(window, doc_id):
+    """FlexAttention's mask_mod of a causal mask with a window (0: none) and documents (doc_id:
+    each position's document, None: one document), written from the definition."""
+    def mask_mod(b, h, qi, ki):
+        keep = ki <= qi
+        if window:
+            keep = keep & (qi - ki < window)
+        if doc_id is not None:
+            keep = keep & (doc_id[qi] == doc_id[ki])
+        return keep
+    return mask_mod
+
+
 def visible_pairs(seq, causal, window, starts):
     """The (query, key) pairs the mask lets through, counted row by row."""
     bounds = starts + [seq]
@@ -112,13 +125,7 @@ def main():
     for name, window, documents in masks:
         pairs = visible_pairs(seq, True, window, starts if documents else [])
 
-        def mask_mod(b, h, qi, ki, window=window, documents=documents):
-            keep = ki <= qi
-            if window:
-                keep = keep & (qi - ki < window)
-            if documents:
-                keep = keep & (doc_id[qi] == doc_id[ki])
-            return keep
+        mask_mod = flex_mask_mod(window, doc_id if documents else None)
         # A fresh compile for each mask: its mask_mod is traced into the kernel.
         torch._dynamo.reset()
         flex = torch.compile(flex_attention, dynamic=False)

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import ringattn  # noqa: E402
-from masks import lognormal_starts  # noqa: E402
+from masks import flex_mask_mod, lognormal_starts  # noqa: E402
 
 
 def main():
@@ -88,15 +88,9 @@ def main():
                 results[f"ringattn {family}"] = errors(o.detach(), qr.grad)
                 os.environ.pop("RINGATTN_FLASH_FAMILY", None)
 
-            def mask_mod(b, h, qi, ki):
-                keep = ki <= qi
-                if win:
-                    keep = keep & (qi - ki < win)
-                if docs:
-                    keep = keep & (doc_id[qi] == doc_id[ki])
-                return keep
             torch._dynamo.reset()
-            block_mask = create_block_mask(mask_mod, None, None, seq, seq, device="cuda")
+            block_mask = create_block_mask(flex_mask_mod(win, doc_id if docs else None), None,
+                                           None, seq, seq, device="cuda")
             qt, kt, vt = (x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
             o = torch.compile(flex_attention)(qt, kt, vt, block_mask=block_mask)
             o.backward(do.transpose(1, 2))
