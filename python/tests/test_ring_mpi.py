@@ -368,7 +368,9 @@ def test_cuda_ring_by_the_flashattention_criterion(gen, layout, causal):
                    for h in (hq, hkv, hkv, hq))
 
     def naive(dtype):
-        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        # detach: q, k, v are bf16 already, and .to() of their own dtype would return them,
+        # making them (not copies) require grad and the ring's shards of them non-leaves.
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
         o, lse = reference(*leaves, causal=causal, dtype=dtype)
         (o * do.to(dtype)).sum().backward()
         return [o, lse] + [t.grad for t in leaves]
