@@ -13,7 +13,10 @@ See docs/python.md.
 """
 import math
 
+import sys
+
 from ringattn._capi import RingattnError, find_library, library
+from ringattn._modules import Attention, register_transformers
 from ringattn._layout import positions, shard, unshard
 from ringattn._ops import attention_backward, attention_forward
 from ringattn._ops import check_documents as _check_documents
@@ -21,8 +24,14 @@ from ringattn._ops import window_pair as _window_pair
 from ringattn._ring import RingAttention
 from ringattn._version import __version__
 
-__all__ = ["RingAttention", "RingattnError", "__version__", "attention", "find_library",
-           "library", "library_version", "positions", "shard", "unshard"]
+__all__ = ["Attention", "RingAttention", "RingattnError", "__version__", "attention",
+           "find_library", "library", "library_version", "positions", "register_transformers",
+           "shard", "unshard"]
+
+# attn_implementation="ringattn" where transformers is already loaded; otherwise
+# ringattn.register_transformers() registers it (importing transformers takes seconds).
+if "transformers" in sys.modules:
+    register_transformers()
 
 
 def library_version():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package's tests on a machine without a GPU, as CI runs them (.ci/run): installs what
-# is missing through pip (torch, pytest, numpy, mpi4py; PyPI's torch wheel runs on the CPU), then
-# runs python/tests in one process (the CUDA tests report themselves skipped) and the ring tests
+# is missing through pip (torch, pytest, numpy, mpi4py, transformers; PyPI's torch wheel runs on
+# the CPU), then runs python/tests in one process (the CUDA tests report themselves skipped) and the ring tests
 # under mpiexec at 2 and 4 ranks (run_mpi_tests.sh). Needs the library built (build/, by
 # tools/test.sh). Exits nonzero when a test fails; when pip cannot install the packages it says
 # so loudly and exits 0 without running them (CI's network, not the code).
@@ -10,7 +10,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
 python="${PYTHON:-python3}"
 missing=()
-for module in torch pytest numpy mpi4py; do
+for module in torch pytest numpy mpi4py transformers; do
   "$python" -c "import $module" 2>/dev/null || missing+=("$module")
 done
 if [ ${#missing[@]} -gt 0 ]; then
