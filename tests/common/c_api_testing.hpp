@@ -32,4 +32,36 @@ inline ringattn_tensor_t describe(std::vector<double>& data, std::initializer_li
   return describe_at(data.data(), shape);
 }
 
+// The backward's parameters for a forward's: its q, k, v, lse, scale and whole mask (causal,
+// q_start, k_start, window, documents), with dout, delta and the gradients given; a struct of
+// this version (struct_size = sizeof).
+inline ringattn_backward_params_t backward_params_of(const ringattn_forward_params_t& p,
+                                                     const ringattn_tensor_t& dout,
+                                                     const ringattn_tensor_t& delta,
+                                                     const ringattn_tensor_t& dq,
+                                                     const ringattn_tensor_t& dk,
+                                                     const ringattn_tensor_t& dv) {
+  ringattn_backward_params_t bp{};
+  bp.struct_size = sizeof(bp);
+  bp.q = p.q;
+  bp.k = p.k;
+  bp.v = p.v;
+  bp.dout = dout;
+  bp.lse = p.lse;
+  bp.delta = delta;
+  bp.dq = dq;
+  bp.dk = dk;
+  bp.dv = dv;
+  bp.scale = p.scale;
+  bp.causal = p.causal;
+  bp.q_start = p.q_start;
+  bp.k_start = p.k_start;
+  bp.window_left = p.window_left;
+  bp.window_right = p.window_right;
+  bp.document_starts = p.document_starts;
+  bp.num_documents = p.num_documents;
+  bp.document_batch_stride = p.document_batch_stride;
+  return bp;
+}
+
 }  // namespace ringattn::test

@@ -45,20 +45,9 @@ struct Problem {
                                              const ringattn_tensor_t& dout,
                                              const ringattn_tensor_t& delta, std::vector<double>& dq,
                                              std::vector<double>& dk, std::vector<double>& dv) {
-    ringattn_backward_params_t bp{};
-    bp.struct_size = sizeof(bp);
-    bp.q = p.q;
-    bp.k = p.k;
-    bp.v = p.v;
-    bp.dout = dout;
-    bp.lse = p.lse;
-    bp.delta = delta;
-    bp.dq = describe(dq, {B, S, Hq, D});
-    bp.dk = describe(dk, {B, S, Hkv, D});
-    bp.dv = describe(dv, {B, S, Hkv, D});
-    bp.scale = p.scale;
-    bp.causal = p.causal;
-    return bp;
+    return ringattn::test::backward_params_of(p, dout, delta, describe(dq, {B, S, Hq, D}),
+                                              describe(dk, {B, S, Hkv, D}),
+                                              describe(dv, {B, S, Hkv, D}));
   }
 
   // The forward through the C API, then the backward's prepare for a random dO drawn from rng.
@@ -160,20 +149,9 @@ TEST(CApi, HostCallsTakeAValueHeadDimOfTheirOwn) {
   ringattn_tensor_t dout_t = describe(dout, {B, S, Hq, Dv}), delta_t = describe(delta, {B, Hq, S});
   ASSERT_EQ(ringattn_attention_backward_prepare(&p.o, &dout_t, &delta_t, nullptr), RINGATTN_SUCCESS)
       << ringattn_last_error();
-  ringattn_backward_params_t bp{};
-  bp.struct_size = sizeof(bp);
-  bp.q = p.q;
-  bp.k = p.k;
-  bp.v = p.v;
-  bp.dout = dout_t;
-  bp.lse = p.lse;
-  bp.delta = delta_t;
-  bp.dq = describe(dq, {B, S, Hq, D});
-  bp.dk = describe(dk, {B, S, Hkv, D});
-  bp.dv = describe(dv, {B, S, Hkv, Dv});
-  bp.scale = scale;
-  bp.causal = 1;
-  bp.q_start = 5;
+  ringattn_backward_params_t bp =
+      ringattn::test::backward_params_of(p, dout_t, delta_t, describe(dq, {B, S, Hq, D}),
+                                         describe(dk, {B, S, Hkv, D}), describe(dv, {B, S, Hkv, Dv}));
   ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
 
   using ringattn::TensorView;

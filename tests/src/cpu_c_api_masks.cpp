@@ -19,6 +19,7 @@
 #include "ringattn/attention.hpp"
 #include "ringattn/ringattn.h"
 #include "tests/common/attention_testing.hpp"
+#include "tests/common/c_api_testing.hpp"
 #include "tests/common/random.hpp"
 
 namespace {
@@ -29,18 +30,8 @@ using ringattn::TensorView;
 // A row-major host descriptor of `shape` over `data` (f32 or f64).
 template <typename T>
 ringattn_tensor_t describe(std::vector<T>& data, std::initializer_list<std::int64_t> shape) {
-  ringattn_tensor_t t{};
-  t.data = data.data();
+  ringattn_tensor_t t = ringattn::test::describe_at(data.data(), shape);
   t.dtype = sizeof(T) == sizeof(double) ? RINGATTN_F64 : RINGATTN_F32;
-  t.memory = RINGATTN_HOST;
-  t.rank = static_cast<int32_t>(shape.size());
-  int axis = 0;
-  for (std::int64_t extent : shape) t.shape[axis++] = extent;
-  std::int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    t.strides[i] = stride;
-    stride *= t.shape[i];
-  }
   return t;
 }
 
@@ -143,26 +134,9 @@ void check_against_the_oracle(const MaskCase& c, std::mt19937_64& rng) {
   ringattn_tensor_t dout_t = describe(dout, {B, Sq, Hq, D}), delta_t = describe(delta, {B, Hq, Sq});
   ASSERT_EQ(ringattn_attention_backward_prepare(&p.o, &dout_t, &delta_t, nullptr), RINGATTN_SUCCESS)
       << ringattn_last_error();
-  ringattn_backward_params_t bp{};
-  bp.struct_size = sizeof(bp);
-  bp.q = p.q;
-  bp.k = p.k;
-  bp.v = p.v;
-  bp.dout = dout_t;
-  bp.lse = p.lse;
-  bp.delta = delta_t;
-  bp.dq = describe(dq, {B, Sq, Hq, D});
-  bp.dk = describe(dk, {B, Sk, Hkv, D});
-  bp.dv = describe(dv, {B, Sk, Hkv, D});
-  bp.scale = scale;
-  bp.causal = p.causal;
-  bp.q_start = c.q_start;
-  bp.k_start = c.k_start;
-  bp.window_left = c.window_left;
-  bp.window_right = c.window_right;
-  bp.document_starts = p.document_starts;
-  bp.num_documents = c.count;
-  bp.document_batch_stride = c.batch_stride;
+  const ringattn_backward_params_t bp =
+      ringattn::test::backward_params_of(p, dout_t, delta_t, describe(dq, {B, Sq, Hq, D}),
+                                         describe(dk, {B, Sk, Hkv, D}), describe(dv, {B, Sk, Hkv, D}));
   ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
 
   // The oracle on the same values in f64.
@@ -278,22 +252,11 @@ struct SmallProblem {
     EXPECT_EQ(ringattn_attention_backward_prepare(&p.o, &dout_t, &delta_t, nullptr),
               RINGATTN_SUCCESS)
         << ringattn_last_error();
-    ringattn_backward_params_t bp{};
-    bp.struct_size = backward_size == 0 ? sizeof(bp) : backward_size;
-    bp.q = p.q;
-    bp.k = p.k;
-    bp.v = p.v;
-    bp.dout = dout_t;
-    bp.lse = p.lse;
-    bp.delta = delta_t;
-    bp.dq = describe(r.dq, {B, S, Hq, D});
-    bp.dk = describe(r.dk, {B, S, Hkv, D});
-    bp.dv = describe(r.dv, {B, S, Hkv, D});
-    bp.scale = 0.3;
-    bp.causal = 1;
-    bp.window_left = p.window_left;
-    bp.document_starts = p.document_starts;
-    bp.num_documents = p.num_documents;
+    ringattn_backward_params_t bp =
+        ringattn::test::backward_params_of(p, dout_t, delta_t, describe(r.dq, {B, S, Hq, D}),
+                                           describe(r.dk, {B, S, Hkv, D}),
+                                           describe(r.dv, {B, S, Hkv, D}));
+    if (backward_size != 0) bp.struct_size = backward_size;
     r.backward_status = ringattn_attention_backward(&bp, nullptr);
     return r;
   }
