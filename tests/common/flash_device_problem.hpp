@@ -256,4 +256,20 @@ inline void expect_within_criterion(const AttentionResult& out, const AttentionR
   EXPECT_TRUE(WithinFlashCriterion("dV", out.dv, low.dv, ref.dv));
 }
 
+// A case against the oracle with the FlashAttention criterion, through the backward with atomic
+// dQ and through the deterministic one, each output poisoned (DeviceProblem::run).
+inline void expect_case_within_criterion(const Case& c, std::uint64_t stream) {
+  DeviceProblem problem(c, stream);
+  const AttentionResult ref = problem.oracle();
+  const AttentionResult low = problem.low();
+  {
+    SCOPED_TRACE("atomic dQ");
+    expect_within_criterion(problem.run(false), low, ref);
+  }
+  {
+    SCOPED_TRACE("deterministic");
+    expect_within_criterion(problem.run(true), low, ref);
+  }
+}
+
 }  // namespace ringattn::test

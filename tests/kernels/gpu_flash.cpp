@@ -36,17 +36,7 @@ class FlashCuda : public ::testing::TestWithParam<Case> {
 
 TEST_P(FlashCuda, MatchesOracleWithinFlashCriterion) {
   SCOPED_TRACE(seed_trace());
-  DeviceProblem problem(GetParam(), 1);
-  const AttentionResult ref = problem.oracle();
-  const AttentionResult low = problem.low();
-  {
-    SCOPED_TRACE("atomic dQ");
-    expect_within_criterion(problem.run(false), low, ref);
-  }
-  {
-    SCOPED_TRACE("deterministic");
-    expect_within_criterion(problem.run(true), low, ref);
-  }
+  expect_case_within_criterion(GetParam(), 1);
 }
 
 std::vector<Case> shape_list() {

@@ -37,17 +37,7 @@ class FlashCudaMasks : public ::testing::TestWithParam<Case> {
 
 TEST_P(FlashCudaMasks, MatchesOracleWithinFlashCriterion) {
   SCOPED_TRACE(seed_trace());
-  DeviceProblem problem(GetParam(), 11);
-  const AttentionResult ref = problem.oracle();
-  const AttentionResult low = problem.low();
-  {
-    SCOPED_TRACE("atomic dQ");
-    expect_within_criterion(problem.run(false), low, ref);
-  }
-  {
-    SCOPED_TRACE("deterministic");
-    expect_within_criterion(problem.run(true), low, ref);
-  }
+  expect_case_within_criterion(GetParam(), 11);
 }
 
 std::vector<Case> mask_cases() {
