@@ -48,23 +48,21 @@
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/c_api_testing.hpp"
 #include "tests/common/random.hpp"
+#include "tests/common/ring_testing.hpp"
 
 namespace ringattn {
 namespace {
+
+using test::broadcast_from_rank0;
+using test::gather_whole;
+using test::kFields;
+using test::kNames;
+using test::Outputs;
 
 using test::HostTensor;
 
 // fp32's unit roundoff 2^-24: the largest relative error of one rounding to nearest.
 constexpr double kUnitRoundoff = 0x1p-24;
-
-// Outputs of the whole problem as logical [B, S, H, D] / [B, H, S] values.
-struct Outputs {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-
-constexpr const char* kNames[] = {"O", "LSE", "dQ", "dK", "dV"};
-std::vector<double> Outputs::*const kFields[] = {&Outputs::o, &Outputs::lse, &Outputs::dq,
-                                                 &Outputs::dk, &Outputs::dv};
 
 // The five outputs of a problem of shape `s` as tensors (O and dV of d_v, dQ and dK of d_qk), in
 // the order of kFields; O and LSE poisoned, the gradients filled with `gradient_fill`.
@@ -127,40 +125,6 @@ struct Problem {
     return out.values();
   }
 };
-
-// The whole outputs of rank 0 on every rank: the oracle and the one-process run are computed once,
-// not by each of 8 ranks oversubscribing 2 cores.
-Outputs broadcast_from_rank0(const Outputs& mine, const AttentionShape& s) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const std::int64_t q_rows = s.batch * s.q_len * s.q_heads,
-                     k_rows = s.batch * s.k_len * s.kv_heads;
-  const std::int64_t counts[] = {q_rows * s.value_dim(), q_rows, q_rows * s.head_dim,
-                                 k_rows * s.head_dim, k_rows * s.value_dim()};
-  Outputs out = rank == 0 ? mine : Outputs{};
-  for (int i = 0; i < 5; ++i) {
-    std::vector<double>& values = out.*kFields[i];
-    values.resize(static_cast<std::size_t>(counts[i]));
-    EXPECT_EQ(MPI_Bcast(values.data(), static_cast<int>(counts[i]), MPI_DOUBLE, 0, MPI_COMM_WORLD),
-              MPI_SUCCESS);
-  }
-  return out;
-}
-
-// Every rank's shard of a contiguous local tensor, gathered and unsharded into `whole`.
-template <typename T>
-void gather_whole(const HostTensor<T>& local, SequenceLayoutKind kind, const Communicator& comm,
-                  const TensorView& whole) {
-  const std::size_t count = local.storage.size();
-  std::vector<T> all(count * static_cast<std::size_t>(comm.size()));
-  comm.host_all_gather(local.storage.data(), count * sizeof(T), all.data());
-  const std::int64_t total = local.view.rank == 4 ? whole.shape[1] : whole.shape[2];
-  for (int p = 0; p < comm.size(); ++p) {
-    TensorView shard = local.view;
-    shard.data = all.data() + p * count;
-    SequenceLayout(kind, comm.size(), p, total).unshard(shard, whole);
-  }
-}
 
 // Runs the ring forward and backward on this rank's shards of `problem`; returns the whole
 // outputs, gathered from all ranks. Zigzag shards of Q, K and V are strided views of one packed

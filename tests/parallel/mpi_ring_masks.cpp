@@ -42,9 +42,16 @@
 #include "ringattn/ring.hpp"
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/random.hpp"
+#include "tests/common/ring_testing.hpp"
 
 namespace ringattn {
 namespace {
+
+using test::broadcast_from_rank0;
+using test::gather_whole;
+using test::kFields;
+using test::kNames;
+using test::Outputs;
 
 using test::HostTensor;
 
@@ -110,13 +117,6 @@ struct Documents {
   Documents& operator=(const Documents&) = delete;
 };
 
-struct Outputs {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-constexpr const char* kNames[] = {"O", "LSE", "dQ", "dK", "dV"};
-std::vector<double> Outputs::*const kFields[] = {&Outputs::o, &Outputs::lse, &Outputs::dq,
-                                                 &Outputs::dk, &Outputs::dv};
-
 template <typename T>
 struct OutputTensors {
   HostTensor<T> o, lse, dq, dk, dv;
@@ -167,39 +167,6 @@ struct Problem {
     return out.values();
   }
 };
-
-// Rank 0's outputs of the whole problem on every rank.
-Outputs broadcast_from_rank0(const Outputs& mine, const AttentionShape& s) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const std::int64_t rows = s.batch * s.q_len * s.q_heads;
-  const std::int64_t counts[] = {rows * s.head_dim, rows, rows * s.head_dim,
-                                 s.batch * s.k_len * s.kv_heads * s.head_dim,
-                                 s.batch * s.k_len * s.kv_heads * s.head_dim};
-  Outputs out = rank == 0 ? mine : Outputs{};
-  for (int i = 0; i < 5; ++i) {
-    std::vector<double>& values = out.*kFields[i];
-    values.resize(static_cast<std::size_t>(counts[i]));
-    EXPECT_EQ(MPI_Bcast(values.data(), static_cast<int>(counts[i]), MPI_DOUBLE, 0, MPI_COMM_WORLD),
-              MPI_SUCCESS);
-  }
-  return out;
-}
-
-// Every rank's shard of `local` (contiguous), gathered and unsharded into `whole`.
-template <typename T>
-void gather_whole(const HostTensor<T>& local, SequenceLayoutKind kind, const Communicator& comm,
-                  const TensorView& whole) {
-  const std::size_t count = local.storage.size();
-  std::vector<T> all(count * static_cast<std::size_t>(comm.size()));
-  comm.host_all_gather(local.storage.data(), count * sizeof(T), all.data());
-  const std::int64_t total = local.view.rank == 4 ? whole.shape[1] : whole.shape[2];
-  for (int p = 0; p < comm.size(); ++p) {
-    TensorView shard = local.view;
-    shard.data = all.data() + p * count;
-    SequenceLayout(kind, comm.size(), p, total).unshard(shard, whole);
-  }
-}
 
 // The ring forward and backward on this rank's shards; the whole outputs, gathered.
 template <typename T>
