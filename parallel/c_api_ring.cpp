@@ -1,5 +1,6 @@
 // The ring part of the C API: a handle owning a RingAttention over an MPI communicator (MPI for
-// host tensors, NCCL for device tensors), and its forward and backward.
+// host tensors, NCCL for device tensors) or over NCCL from a unique id the caller distributes,
+// and its forward and backward.
 #include <mpi.h>
 
 #include <cstddef>
@@ -31,6 +32,20 @@ constexpr StructVersion kRingBackwardVersions[] = {
     {offsetof(ringattn_ring_backward_params_t, window_left), "0.1 to 0.3"},
     {sizeof(ringattn_ring_backward_params_t), "0.4"}};
 
+void check_layout(int32_t layout, const char* where) {
+  if (layout != RINGATTN_CONTIGUOUS && layout != RINGATTN_ZIGZAG) {
+    detail::fail(where, "layout is ", layout, "; expected 0 (contiguous) or 1 (zigzag)");
+  }
+}
+
+void check_id_bytes(const void* id, std::size_t bytes, const char* where) {
+  if (id == nullptr) detail::fail(where, "id is a null pointer");
+  if (bytes != kNcclUniqueIdBytes) {
+    detail::fail(where, "bytes is ", bytes, "; an NCCL unique id is RINGATTN_NCCL_UNIQUE_ID_BYTES (",
+                 kNcclUniqueIdBytes, ") bytes");
+  }
+}
+
 RingAttention& ring_of(ringattn_ring_t handle, const char* where) {
   if (handle == nullptr) detail::fail(where, "ring is a null handle (create it with ringattn_ring_create)");
   return handle->ring;
@@ -49,14 +64,36 @@ ringattn_status_t ringattn_ring_create(const void* mpi_comm, int32_t memory, int
     if (memory != RINGATTN_HOST && memory != RINGATTN_DEVICE) {
       detail::fail(kWhere, "memory is ", memory, "; expected 0 (host, MPI) or 1 (device, NCCL)");
     }
-    if (layout != RINGATTN_CONTIGUOUS && layout != RINGATTN_ZIGZAG) {
-      detail::fail(kWhere, "layout is ", layout, "; expected 0 (contiguous) or 1 (zigzag)");
-    }
+    check_layout(layout, kWhere);
     const MPI_Comm comm = *static_cast<const MPI_Comm*>(mpi_comm);
     std::shared_ptr<Communicator> communicator =
         memory == RINGATTN_HOST ? std::shared_ptr<Communicator>(std::make_shared<MpiCommunicator>(comm))
                                 : nccl_communicator_over(comm);
     *ring = new ringattn_ring{RingAttention(std::move(communicator), static_cast<SequenceLayoutKind>(layout))};
+  });
+}
+
+ringattn_status_t ringattn_nccl_unique_id(void* id, size_t bytes) {
+  return guarded([&] {
+    check_id_bytes(id, bytes, "ringattn_nccl_unique_id");
+    nccl_unique_id_bytes(static_cast<unsigned char*>(id));
+  });
+}
+
+ringattn_status_t ringattn_ring_create_nccl(const void* id, size_t bytes, int32_t rank, int32_t size,
+                                            int32_t layout, ringattn_ring_t* ring) {
+  constexpr const char* kWhere = "ringattn_ring_create_nccl";
+  return guarded([&] {
+    if (ring == nullptr) detail::fail(kWhere, "ring (the output) is a null pointer");
+    *ring = nullptr;
+    check_id_bytes(id, bytes, kWhere);
+    if (size < 1) detail::fail(kWhere, "size is ", size, "; expected the number of ranks, >= 1");
+    if (rank < 0 || rank >= size) {
+      detail::fail(kWhere, "rank is ", rank, "; expected 0 <= rank < size (", size, ")");
+    }
+    check_layout(layout, kWhere);
+    *ring = new ringattn_ring{RingAttention(nccl_communicator_from_id(static_cast<const unsigned char*>(id), rank, size),
+                                            static_cast<SequenceLayoutKind>(layout))};
   });
 }
 

@@ -38,5 +38,9 @@ std::shared_ptr<Communicator> nccl_world_communicator() {
 std::shared_ptr<Communicator> nccl_communicator_over(MPI_Comm) {
   unavailable("nccl_communicator_over", "NCCL and device tensors");
 }
+void nccl_unique_id_bytes(unsigned char*) { unavailable("nccl_unique_id_bytes", "NCCL unique ids"); }
+std::shared_ptr<Communicator> nccl_communicator_from_id(const unsigned char*, int, int) {
+  unavailable("nccl_communicator_from_id", "NCCL and device tensors");
+}
 }  // namespace ringattn
 #endif

@@ -149,7 +149,8 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
                                               void* stream);
 
 /* ---- Ring attention (ringattn/ring.hpp): exact attention over a sequence split across the ranks
- * of an MPI communicator. Every call is collective over the ring's ranks. */
+ * of an MPI communicator, or of NCCL alone (ringattn_ring_create_nccl). Every call is collective
+ * over the ring's ranks. */
 
 typedef struct ringattn_ring* ringattn_ring_t;
 
@@ -196,6 +197,17 @@ typedef struct ringattn_ring_backward_params {
  * device tensors (bf16, f16) over NCCL, each rank using the GPU of its node-local rank. */
 ringattn_status_t ringattn_ring_create(const void* mpi_comm, int32_t memory, int32_t layout,
                                        ringattn_ring_t* ring);
+/* Since 0.5: a ring without MPI, for callers that bring their own process group (a
+ * torch.distributed group, say). One rank makes an NCCL unique id with ringattn_nccl_unique_id
+ * (RINGATTN_NCCL_UNIQUE_ID_BYTES bytes); the caller hands those bytes to every rank; each rank
+ * then calls ringattn_ring_create_nccl with them, its rank and the number of ranks (collective
+ * over those ranks). Device tensors (bf16, f16) only, each rank on the CUDA device current when it
+ * creates the ring; the exchanges and the ring's checks between ranks go through NCCL, and no MPI
+ * call is made. A library built without CUDA returns RINGATTN_ERROR_UNSUPPORTED. */
+#define RINGATTN_NCCL_UNIQUE_ID_BYTES 128
+ringattn_status_t ringattn_nccl_unique_id(void* id, size_t bytes);
+ringattn_status_t ringattn_ring_create_nccl(const void* id, size_t bytes, int32_t rank, int32_t size,
+                                            int32_t layout, ringattn_ring_t* ring);
 ringattn_status_t ringattn_ring_destroy(ringattn_ring_t ring);
 ringattn_status_t ringattn_ring_forward(ringattn_ring_t ring,
                                         const ringattn_ring_forward_params_t* params,

@@ -15,7 +15,6 @@ namespace ringattn {
 namespace {
 
 constexpr const char* kTimeoutVariable = "RINGATTN_NCCL_TIMEOUT_S";
-constexpr double kDefaultTimeoutS = 600.0;
 
 std::string seconds_text(double seconds) {
   char text[32];

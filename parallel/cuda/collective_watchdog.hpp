@@ -66,7 +66,8 @@ class CollectiveWatchdog {
     CollectiveWatchdog& dog_;
   };
 
-  // RINGATTN_NCCL_TIMEOUT_S: the default 600 when unset; a number >= 0 otherwise, else Error
+  static constexpr double kDefaultTimeoutS = 600.0;
+  // RINGATTN_NCCL_TIMEOUT_S: kDefaultTimeoutS when unset; a number >= 0 otherwise, else Error
   // naming the value.
   static double timeout_from_environment();
 

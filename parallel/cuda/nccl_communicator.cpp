@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ringattn/error.hpp"
 #include "ringattn/ring.hpp"
@@ -66,31 +68,48 @@ int select_node_local_device(const MpiCommunicator& comm) {
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(std::move(mpi)) {
   if (!mpi_) detail::fail("NcclCommunicator", "the MPI communicator is null");
+  rank_ = mpi_->rank();
+  size_ = mpi_->size();
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device_));
   ncclUniqueId id{};
-  if (mpi_->rank() == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+  if (rank_ == 0) RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
   RINGATTN_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_->handle()));
-  RINGATTN_NCCL_CHECK(ncclCommInitRank(&comm_, mpi_->size(), id, mpi_->rank()));
+  RINGATTN_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  start();
+}
 
+NcclCommunicator::NcclCommunicator(const ncclUniqueId& id, int rank, int size) : rank_(rank), size_(size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    detail::fail("NcclCommunicator", "rank ", rank, " of ", size, " ranks; expected 0 <= rank < size");
+  }
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device_));
+  RINGATTN_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  start();
+}
+
+void NcclCommunicator::start() {
   // The exchange path and the watchdog's timeout, the same on every rank: a bad or differing
-  // RINGATTN_EXCHANGE or RINGATTN_NCCL_TIMEOUT_S fails on all.
+  // RINGATTN_EXCHANGE or RINGATTN_NCCL_TIMEOUT_S fails on all. The watchdog starts first (with the
+  // default timeout where this rank's setting is bad): without MPI, the agreement itself is an
+  // NCCL collective, which it watches.
   std::optional<Error> local_error;
   int choice = 0;
-  double timeout_s = 0;
+  double timeout_s = CollectiveWatchdog::kDefaultTimeoutS;
   try {
     choice = exchange_choice();
     timeout_s = CollectiveWatchdog::timeout_from_environment();
-    stall_before_ = stall_exchange(mpi_->rank());
+    stall_before_ = stall_exchange(rank_);
+    if (choice == 1 && !mpi_ && size_ > 1) {
+      detail::fail_as(ErrorKind::unsupported, "NcclCommunicator",
+                      "RINGATTN_EXCHANGE=copy, but a ring made from an NCCL unique id has no MPI "
+                      "to set the copy engines up; use auto or nccl, or make the ring over MPI");
+    }
   } catch (const Error& error) {
     local_error = error;
   }
-  check_no_rank_failed(*mpi_, "NcclCommunicator", local_error ? &*local_error : nullptr);
-  check_same_on_all_ranks(*mpi_, "NcclCommunicator",
-                          "RINGATTN_EXCHANGE " + std::to_string(choice) +
-                              ", RINGATTN_NCCL_TIMEOUT_S " + std::to_string(timeout_s));
   ncclComm_t comm = comm_;
   watchdog_ = std::make_unique<CollectiveWatchdog>(
-      mpi_->rank(), device_, timeout_s,
+      rank_, device_, timeout_s,
       [comm]() -> std::string {
         ncclResult_t state = ncclSuccess;
         if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return "";
@@ -104,7 +123,11 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi) : mpi_(
         ncclCommAbort(comm);
         std::_Exit(1);
       });
-  if (choice == 2 || size() == 1) return;
+  check_no_rank_failed(*this, "NcclCommunicator", local_error ? &*local_error : nullptr);
+  check_same_on_all_ranks(*this, "NcclCommunicator",
+                          "RINGATTN_EXCHANGE " + std::to_string(choice) +
+                              ", RINGATTN_NCCL_TIMEOUT_S " + std::to_string(timeout_s));
+  if (choice == 2 || size_ == 1 || !mpi_) return;
   std::string why;
   // auto: the copy engines from 256 MiB an exchange (the 128k-token ring with 16 K/V heads moves
   // 256 and 512 MiB); below that, copies were no faster than NCCL on two H200 (RINGATTN_EXCHANGE
@@ -215,9 +238,22 @@ void NcclCommunicator::all_reduce_sum(void* data, std::size_t count, DType dtype
                        std::string(dtype_name(dtype)) + " over NCCL");
 }
 
-void NcclCommunicator::barrier() { mpi_->barrier(); }
+void NcclCommunicator::barrier() {
+  if (mpi_) {
+    mpi_->barrier();
+    return;
+  }
+  const unsigned char mine = 0;
+  std::vector<unsigned char> all(static_cast<std::size_t>(size_));
+  host_all_gather(&mine, 1, all.data());
+}
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const {
+  if (!mpi_) {
+    detail::fail_as(ErrorKind::unsupported, "NcclCommunicator::split",
+                    "a communicator made from an NCCL unique id cannot split; make one per group, "
+                    "each from its own unique id");
+  }
   std::unique_ptr<Communicator> group = mpi_->split(color, key);
   auto* mpi_group = dynamic_cast<MpiCommunicator*>(group.get());
   if (mpi_group == nullptr) detail::fail("NcclCommunicator::split", "the MPI split gave no MPI communicator");
@@ -226,7 +262,49 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const 
 }
 
 void NcclCommunicator::host_all_gather(const void* send, std::size_t bytes, void* recv) const {
-  mpi_->host_all_gather(send, bytes, recv);
+  if (mpi_) {
+    mpi_->host_all_gather(send, bytes, recv);
+    return;
+  }
+  if (bytes == 0) return;
+  // Through device memory on the communication stream, behind any exchange still queued there
+  // (every rank queues its collectives in the same order), waited for by the host.
+  const std::size_t total = bytes * static_cast<std::size_t>(size_);
+  if (gather_staging_.bytes() < total) gather_staging_ = DeviceBuffer(total);
+  auto* staging = gather_staging_.as<unsigned char>();
+  unsigned char* slot = staging + bytes * static_cast<std::size_t>(rank_);
+  const cudaStream_t stream = comm_stream_.get();
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(slot, send, bytes, cudaMemcpyHostToDevice, stream));
+  RINGATTN_NCCL_CHECK(ncclAllGather(slot, staging, bytes, ncclUint8, comm_, stream));
+  watchdog_->watch(stream, "an all-gather of " + std::to_string(bytes) + " bytes of metadata over NCCL");
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(recv, staging, total, cudaMemcpyDeviceToHost, stream));
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+ncclUniqueId nccl_unique_id() {
+  ncclUniqueId id{};
+  RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+  return id;
+}
+
+static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes, "NCCL's unique id is not 128 bytes");
+
+void nccl_unique_id_bytes(unsigned char* id) {
+  const ncclUniqueId made = nccl_unique_id();
+  std::memcpy(id, &made, sizeof(made));
+}
+
+std::shared_ptr<Communicator> nccl_communicator_from_id(const unsigned char* id, int rank, int size) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    detail::fail_as(ErrorKind::unsupported, "NcclCommunicator",
+                    "no CUDA GPU is visible to this process; a ring made from an NCCL unique id "
+                    "moves device tensors (bf16, f16) between GPUs");
+  }
+  ncclUniqueId copy{};
+  std::memcpy(&copy, id, sizeof(copy));
+  return std::make_shared<NcclCommunicator>(copy, rank, size);
 }
 
 std::shared_ptr<Communicator> nccl_communicator_over(MPI_Comm comm) {

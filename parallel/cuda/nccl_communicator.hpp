@@ -1,7 +1,13 @@
 // NcclCommunicator: the Communicator of device memory. Ring exchanges run on a dedicated
 // communication stream, ordered after the caller's compute stream by an event and waited for by
-// another event, so the ring loop never synchronises the host. Bootstrapped from MPI: rank 0
-// creates the NCCL unique id and broadcasts it; metadata and splits go through MPI.
+// another event, so the ring loop never synchronises the host. Two ways to make one:
+//   - from an MPI communicator: rank 0 creates the NCCL unique id and broadcasts it; metadata and
+//     splits go through MPI;
+//   - from an NCCL unique id that the caller handed to every rank itself (nccl_unique_id() on one
+//     rank, broadcast over a torch.distributed group, say), with this rank and the number of
+//     ranks: no MPI call is made. Metadata goes through NCCL (a small all-gather through device
+//     memory), the exchanges go through NCCL only (the copy engines' handshakes need MPI), and
+//     split is refused.
 //
 // Where every rank's next neighbour shares its node and its GPU can write into the neighbour's
 // memory, the ring exchanges go by the copy engines instead (PeerExchange, peer_exchange.hpp):
@@ -40,10 +46,12 @@ class NcclCommunicator final : public Communicator {
   // Collective over `mpi`'s ranks. The CUDA device of this rank must be current (see
   // select_node_local_device); the communicator stays on it.
   explicit NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi);
+  // Collective over the `size` ranks that pass the same `id`, on the CUDA device current now.
+  NcclCommunicator(const ncclUniqueId& id, int rank, int size);
   ~NcclCommunicator() override;
 
-  int rank() const override { return mpi_->rank(); }
-  int size() const override { return mpi_->size(); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   Memory memory() const override { return Memory::device; }
   std::string transport() const override {
     if (!peer_) return "NCCL";
@@ -66,7 +74,13 @@ class NcclCommunicator final : public Communicator {
   int device() const { return device_; }
 
  private:
-  std::unique_ptr<MpiCommunicator> mpi_;
+  // What both constructors do once comm_ exists: the settings agreed between the ranks, the
+  // watchdog, the copy engines where MPI can set them up.
+  void start();
+
+  std::unique_ptr<MpiCommunicator> mpi_;  // null for a communicator made from an NCCL unique id
+  int rank_ = 0;
+  int size_ = 1;
   ncclComm_t comm_ = nullptr;
   int device_ = 0;
   // The device's highest priority: the transfer kernels take multiprocessors as the block's CTAs
@@ -79,8 +93,13 @@ class NcclCommunicator final : public Communicator {
   std::vector<std::pair<CudaEvent, CudaEvent>> waits_;  // timing events around measured waits
   long long exchanges_ = 0;     // ring exchanges started
   long long stall_before_ = 0;  // RINGATTN_TEST_STALL_EXCHANGE's N for this rank, else 0
+  // Without MPI: host_all_gather's device staging, grown to the largest gather so far.
+  mutable DeviceBuffer gather_staging_;
   std::unique_ptr<CollectiveWatchdog> watchdog_;  // declared last: it goes first
 };
+
+// A new NCCL unique id (ncclGetUniqueId), for nccl_communicator_from_id on every rank.
+ncclUniqueId nccl_unique_id();
 
 // Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;
 // throws Error when the node has no GPU.

@@ -23,6 +23,8 @@ STATUS_NAMES = {0: "success", 1: "invalid argument", 2: "unsupported", 3: "libra
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 HOST, DEVICE = 0, 1
 LAYOUT_CODES = {"contiguous": 0, "zigzag": 1}
+# RINGATTN_NCCL_UNIQUE_ID_BYTES: the id ringattn_nccl_unique_id makes and ringattn_ring_create_nccl takes.
+NCCL_UNIQUE_ID_BYTES = 128
 
 LIBRARY_ENV = "RINGATTN_LIBRARY"
 LIBRARY_NAME = "libringattn.so"
@@ -204,6 +206,12 @@ class Library:
         lib.ringattn_ring_create.restype = ctypes.c_int
         lib.ringattn_ring_create.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
                                              ctypes.POINTER(ctypes.c_void_p)]
+        lib.ringattn_nccl_unique_id.restype = ctypes.c_int
+        lib.ringattn_nccl_unique_id.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.ringattn_ring_create_nccl.restype = ctypes.c_int
+        lib.ringattn_ring_create_nccl.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
+                                                  ctypes.c_int32, ctypes.c_int32,
+                                                  ctypes.POINTER(ctypes.c_void_p)]
         lib.ringattn_ring_destroy.restype = ctypes.c_int
         lib.ringattn_ring_destroy.argtypes = [ctypes.c_void_p]
         for name in ("ringattn_ring_forward", "ringattn_ring_backward"):
@@ -244,6 +252,19 @@ class Library:
         handle = ctypes.c_void_p()
         self.check(self.lib.ringattn_ring_create(mpi_comm_address, memory, layout,
                                                  ctypes.byref(handle)))
+        return handle
+
+    def nccl_unique_id(self):
+        """A new NCCL unique id, NCCL_UNIQUE_ID_BYTES bytes, for ring_create_nccl on every rank."""
+        buffer = ctypes.create_string_buffer(NCCL_UNIQUE_ID_BYTES)
+        self.check(self.lib.ringattn_nccl_unique_id(buffer, NCCL_UNIQUE_ID_BYTES))
+        return buffer.raw
+
+    def ring_create_nccl(self, unique_id, rank, size, layout):
+        """A new ring handle over NCCL alone, from the id every rank was given (collective)."""
+        handle = ctypes.c_void_p()
+        self.check(self.lib.ringattn_ring_create_nccl(unique_id, len(unique_id), rank, size, layout,
+                                                      ctypes.byref(handle)))
         return handle
 
     def ring_destroy(self, handle):

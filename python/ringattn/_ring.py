@@ -1,5 +1,6 @@
-"""Ring attention over the ranks of an mpi4py communicator, through the C API's ring
-(ringattn_ring_create, _forward, _backward, _destroy).
+"""Ring attention over the ranks of an mpi4py communicator or a torch.distributed group,
+through the C API's ring (ringattn_ring_create or ringattn_ring_create_nccl, _forward, _backward,
+_destroy).
 
 The forward and backward are the custom ops ringattn::ring_forward and ringattn::ring_backward:
 a ring handle is no tensor, so the ops take the ring's id, an int, and look the ring up in a
@@ -47,47 +48,107 @@ def _close_all():
 atexit.register(_close_all)
 
 
+def _process_group(comm):
+    """comm as a torch.distributed ProcessGroup, or None when it is none (an mpi4py
+    communicator, or anything else, which the MPI branch refuses by name)."""
+    import torch.distributed as dist
+    if not dist.is_available() or not isinstance(comm, dist.ProcessGroup):
+        return None
+    if not dist.is_initialized():
+        raise ValueError("ringattn.RingAttention: torch.distributed is not initialised; call "
+                         "torch.distributed.init_process_group first")
+    return comm
+
+
+def _nccl_ring_place(group):
+    """This process's rank in the group and the group's size."""
+    import torch.distributed as dist
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("ringattn.RingAttention: this process is not a member of the group")
+    return rank, dist.get_world_size(group)
+
+
+def _shared_nccl_id(lib, group):
+    """The NCCL unique id of the group's first rank, on every rank of the group (collective)."""
+    import torch.distributed as dist
+    made = [lib.nccl_unique_id() if dist.get_rank(group) == 0 else None]
+    # broadcast_object_list pickles through a tensor on the current CUDA device for NCCL groups
+    # and on the CPU for gloo; its src is a global rank.
+    dist.broadcast_object_list(made, src=dist.get_global_rank(group, 0), group=group)
+    unique_id = made[0]
+    if not isinstance(unique_id, bytes) or len(unique_id) != _capi.NCCL_UNIQUE_ID_BYTES:
+        raise RingattnError(f"ringattn.RingAttention: the group's first rank sent no NCCL unique "
+                            f"id ({type(unique_id).__name__})")
+    return unique_id
+
+
 class RingAttention:
-    """Ring attention over the ranks of an mpi4py communicator.
+    """Ring attention over the ranks of an mpi4py communicator or a torch.distributed group.
 
         from mpi4py import MPI
         ring = ringattn.RingAttention(MPI.COMM_WORLD, layout="zigzag")
         o = ring(q, k, v, causal=True)      # this rank's shards [batch, S/N, heads, head_dim]
 
+        torch.distributed.init_process_group("nccl")      # under torchrun
+        torch.cuda.set_device(local_rank)
+        ring = ringattn.RingAttention(torch.distributed.group.WORLD)
+
     layout: how the S tokens are split over the N ranks ("zigzag": rank r holds chunks r and
     2N-1-r of 2N; "contiguous": tokens [r S/N, (r+1) S/N)); shard(), unshard() and positions()
-    follow it. device "cpu": f32 or f64 CPU tensors over MPI; "cuda": bf16 or f16 CUDA tensors
-    over NCCL, each rank on the GPU of its node-local rank. Creating the ring is collective over
-    comm (the library duplicates it, so comm may be freed afterwards); so are its calls and
-    close(). The ring is destroyed by close(), by leaving a `with` block, when the object is
-    collected, or at exit.
+    follow it. The ranks and their order are the communicator's or the group's.
+
+    From an mpi4py communicator, device "cpu" (the default): f32 or f64 CPU tensors over MPI;
+    "cuda": bf16 or f16 CUDA tensors over NCCL, each rank on the GPU of its node-local rank. The
+    library duplicates comm, so comm may be freed afterwards.
+
+    From a torch.distributed ProcessGroup (any backend: it only carries the NCCL unique id that the
+    group's first rank makes, once): bf16 or f16 CUDA tensors over NCCL, each rank on its current
+    CUDA device (torch.cuda.set_device); the ring makes no MPI call.
+
+    Creating the ring is collective over the ranks; so are its calls and close(). The ring is
+    destroyed by close(), by leaving a `with` block, when the object is collected, or at exit.
     """
 
-    def __init__(self, comm, layout="zigzag", device="cpu"):
+    def __init__(self, comm, layout="zigzag", device=None):
         self._handle, self.ring_id = None, None  # what close() and repr() read, set first
-        from mpi4py import MPI
-        if not isinstance(comm, MPI.Comm):
-            raise TypeError(f"ringattn.RingAttention: comm is a {type(comm).__name__}; expected "
-                            "an mpi4py communicator (e.g. MPI.COMM_WORLD)")
-        if comm == MPI.COMM_NULL:
-            raise ValueError("ringattn.RingAttention: comm is MPI.COMM_NULL")
-        if comm.Is_inter():
-            raise ValueError("ringattn.RingAttention: comm is an intercommunicator; expected an "
-                             "intracommunicator")
         check_layout(layout, "ringattn.RingAttention")
+        group = _process_group(comm)
+        if device is None:
+            device = "cuda" if group is not None else "cpu"
         device = torch.device(device).type
         if device not in DEVICES:
             raise ValueError(f"ringattn.RingAttention: device is {device!r}; expected 'cpu' "
                              "(f32, f64 over MPI) or 'cuda' (bf16, f16 over NCCL)")
         self.layout = layout
         self.device = device
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
         self._lib = _capi.library()
-        # ringattn_ring_create reads an MPI_Comm through the pointer: the address of the
-        # handle inside the mpi4py object.
-        self._handle = self._lib.ring_create(MPI._addressof(comm), DEVICES[device],
-                                             _capi.LAYOUT_CODES[layout])
+        if group is not None:
+            if device != "cuda":
+                raise ValueError("ringattn.RingAttention: a ring from a torch.distributed group "
+                                 "moves CUDA tensors over NCCL (device 'cuda'); for CPU tensors, "
+                                 "make the ring from an mpi4py communicator")
+            self.rank, self.size = _nccl_ring_place(group)
+            self._handle = self._lib.ring_create_nccl(_shared_nccl_id(self._lib, group),
+                                                      self.rank, self.size,
+                                                      _capi.LAYOUT_CODES[layout])
+        else:
+            from mpi4py import MPI
+            if not isinstance(comm, MPI.Comm):
+                raise TypeError(f"ringattn.RingAttention: comm is a {type(comm).__name__}; "
+                                "expected an mpi4py communicator (e.g. MPI.COMM_WORLD) or a "
+                                "torch.distributed ProcessGroup (e.g. torch.distributed.group.WORLD)")
+            if comm == MPI.COMM_NULL:
+                raise ValueError("ringattn.RingAttention: comm is MPI.COMM_NULL")
+            if comm.Is_inter():
+                raise ValueError("ringattn.RingAttention: comm is an intercommunicator; expected "
+                                 "an intracommunicator")
+            self.rank = comm.Get_rank()
+            self.size = comm.Get_size()
+            # ringattn_ring_create reads an MPI_Comm through the pointer: the address of the
+            # handle inside the mpi4py object.
+            self._handle = self._lib.ring_create(MPI._addressof(comm), DEVICES[device],
+                                                 _capi.LAYOUT_CODES[layout])
         self.ring_id = next(_ids)
         _rings[self.ring_id] = weakref.ref(self)
 

@@ -41,6 +41,8 @@ int ringattn_attention_forward(const void* p, void* s) {{ return 5; }}
 int ringattn_attention_backward_prepare(const void* a, const void* b, const void* c, void* s) {{ return 5; }}
 int ringattn_attention_backward(const void* p, void* s) {{ return 5; }}
 int ringattn_ring_create(const void* c, int m, int l, void** r) {{ return 5; }}
+int ringattn_nccl_unique_id(void* id, unsigned long n) {{ return 5; }}
+int ringattn_ring_create_nccl(const void* id, unsigned long n, int r, int s, int l, void** o) {{ return 5; }}
 int ringattn_ring_destroy(void* r) {{ return 5; }}
 int ringattn_ring_forward(void* r, const void* p, void* s) {{ return 5; }}
 int ringattn_ring_backward(void* r, const void* p, void* s) {{ return 5; }}

@@ -1,4 +1,4 @@
-// Helpers of the C API tests: a C tensor descriptor over a host vector.
+// Helpers of the C API tests: C tensor descriptors over a host vector or device memory.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,14 @@ inline ringattn_tensor_t describe_at(void* data, std::initializer_list<std::int6
     t.strides[i] = stride;
     if (i > 0 && __builtin_mul_overflow(stride, t.shape[i], &stride)) stride = 1;
   }
+  return t;
+}
+
+// The same in device memory, of C API dtype code `dtype`.
+inline ringattn_tensor_t describe_device_at(void* data, int32_t dtype, std::initializer_list<std::int64_t> shape) {
+  ringattn_tensor_t t = describe_at(data, shape);
+  t.dtype = dtype;
+  t.memory = RINGATTN_DEVICE;
   return t;
 }
 

@@ -22,6 +22,7 @@ define_case() {
   local b="ringattn_attention_backward: status 1 (invalid argument): ringattn_attention_backward:"
   local p="ringattn_attention_backward_prepare: status 1 (invalid argument): ringattn_attention_backward_prepare:"
   local r="ringattn_ring_create: status 1 (invalid argument): ringattn_ring_create:"
+  local n="ringattn_ring_create_nccl: status 1 (invalid argument): ringattn_ring_create_nccl:"
   case $1 in
     # ---- ringattn_attention_forward ----
     forward_null_params) capi_case "$1" 1 "$f params is a null pointer" ;;
@@ -94,6 +95,15 @@ define_case() {
     ring_create_memory_code)
       capi_case "$1" 1 "$r memory is 7; expected 0 (host, MPI) or 1 (device, NCCL)" ;;
     ring_create_layout_code) capi_case "$1" 1 "$r layout is 2; expected 0 (contiguous) or 1 (zigzag)" ;;
+    ring_create_nccl_null_id) capi_case "$1" 1 "$n id is a null pointer" ;;
+    ring_create_nccl_id_bytes)
+      capi_case "$1" 1 "$n bytes is 64; an NCCL unique id is RINGATTN_NCCL_UNIQUE_ID_BYTES (128) bytes" ;;
+    ring_create_nccl_rank) capi_case "$1" 1 "$n rank is 2; expected 0 <= rank < size (2)" ;;
+    ring_create_nccl_size) capi_case "$1" 1 "$n size is 0; expected the number of ranks, >= 1" ;;
+    ring_create_nccl_layout) capi_case "$1" 1 "$n layout is 3; expected 0 (contiguous) or 1 (zigzag)" ;;
+    ring_create_nccl_null_out) capi_case "$1" 1 "$n ring (the output) is a null pointer" ;;
+    ring_nccl_unique_id_bytes)
+      capi_case "$1" 1 "ringattn_nccl_unique_id: status 1 (invalid argument): ringattn_nccl_unique_id: bytes is 127; an NCCL unique id is RINGATTN_NCCL_UNIQUE_ID_BYTES (128) bytes" ;;
     ring_forward_null_handle)
       capi_case "$1" 1 "ringattn_ring_forward: status 1 (invalid argument): ringattn_ring_forward: ring is a null handle (create it with ringattn_ring_create)" ;;
     ring_forward_null_params)

@@ -228,6 +228,30 @@ static int ring_case(const char* name) {
     return report("ringattn_ring_create", ringattn_ring_create(&comm, 7, RINGATTN_ZIGZAG, &ring));
   } else if (strcmp(name, "ring_create_layout_code") == 0) {
     return report("ringattn_ring_create", ringattn_ring_create(&comm, RINGATTN_HOST, 2, &ring));
+  } else if (strcmp(name, "ring_create_nccl_null_id") == 0) {
+    return report("ringattn_ring_create_nccl",
+                  ringattn_ring_create_nccl(NULL, RINGATTN_NCCL_UNIQUE_ID_BYTES, 0, 1, RINGATTN_ZIGZAG, &ring));
+  } else if (strcmp(name, "ring_create_nccl_id_bytes") == 0) {
+    unsigned char id[RINGATTN_NCCL_UNIQUE_ID_BYTES] = {0};
+    return report("ringattn_ring_create_nccl", ringattn_ring_create_nccl(id, 64, 0, 1, RINGATTN_ZIGZAG, &ring));
+  } else if (strcmp(name, "ring_create_nccl_rank") == 0) {
+    unsigned char id[RINGATTN_NCCL_UNIQUE_ID_BYTES] = {0};
+    return report("ringattn_ring_create_nccl",
+                  ringattn_ring_create_nccl(id, sizeof id, 2, 2, RINGATTN_ZIGZAG, &ring));
+  } else if (strcmp(name, "ring_create_nccl_size") == 0) {
+    unsigned char id[RINGATTN_NCCL_UNIQUE_ID_BYTES] = {0};
+    return report("ringattn_ring_create_nccl",
+                  ringattn_ring_create_nccl(id, sizeof id, 0, 0, RINGATTN_ZIGZAG, &ring));
+  } else if (strcmp(name, "ring_create_nccl_layout") == 0) {
+    unsigned char id[RINGATTN_NCCL_UNIQUE_ID_BYTES] = {0};
+    return report("ringattn_ring_create_nccl", ringattn_ring_create_nccl(id, sizeof id, 0, 1, 3, &ring));
+  } else if (strcmp(name, "ring_create_nccl_null_out") == 0) {
+    unsigned char id[RINGATTN_NCCL_UNIQUE_ID_BYTES] = {0};
+    return report("ringattn_ring_create_nccl",
+                  ringattn_ring_create_nccl(id, sizeof id, 0, 1, RINGATTN_ZIGZAG, NULL));
+  } else if (strcmp(name, "ring_nccl_unique_id_bytes") == 0) {
+    unsigned char id[RINGATTN_NCCL_UNIQUE_ID_BYTES] = {0};
+    return report("ringattn_nccl_unique_id", ringattn_nccl_unique_id(id, 127));
   } else if (strcmp(name, "ring_forward_null_handle") == 0) {
     ringattn_ring_forward_params_t p = ring_forward_params();
     return report("ringattn_ring_forward", ringattn_ring_forward(NULL, &p, NULL));

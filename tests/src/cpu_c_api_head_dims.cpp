@@ -14,6 +14,7 @@
 
 #include "ringattn/config.h"
 #include "ringattn/ringattn.h"
+#include "tests/common/c_api_testing.hpp"
 #include "tests/common/head_dims.hpp"
 
 namespace {
@@ -26,20 +27,9 @@ using ringattn::test::kNoCudaHeadDims;
 // `index` of the call gets its own gigabyte, so no two overlap).
 ringattn_tensor_t device_tensor(int32_t dtype, std::initializer_list<std::int64_t> shape,
                                 int index) {
-  ringattn_tensor_t t{};
-  t.data = reinterpret_cast<void*>(std::uintptr_t{0x7f0000000000} +
-                                   (static_cast<std::uintptr_t>(index) << 30));
-  t.dtype = dtype;
-  t.memory = RINGATTN_DEVICE;
-  t.rank = static_cast<int32_t>(shape.size());
-  int axis = 0;
-  for (const std::int64_t extent : shape) t.shape[axis++] = extent;
-  std::int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
-    t.strides[i] = stride;
-    stride *= t.shape[i];
-  }
-  return t;
+  return ringattn::test::describe_device_at(reinterpret_cast<void*>(std::uintptr_t{0x7f0000000000} +
+                                                          (static_cast<std::uintptr_t>(index) << 30)),
+                                  dtype, shape);
 }
 
 // Every descriptor of one call of each kind for [B, S, H, D] inputs of `dtype` (fp32 statistics
