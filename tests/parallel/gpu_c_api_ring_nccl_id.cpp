@@ -34,14 +34,19 @@ using test::world_size;
 
 constexpr std::int64_t kBatch = 1, kTokens = 384, kHeads = 4, kKvHeads = 2, kHeadDim = 64;
 
-// Every rank's id: rank 0 makes it, MPI carries it (the caller's own channel).
-std::vector<unsigned char> shared_id() {
+// A ring of every rank made from one id: rank 0 makes it, MPI carries it (the caller's own
+// channel). Null, with a failure recorded, when the id or the ring cannot be made.
+ringattn_ring_t ring_from_shared_id(int32_t layout) {
   std::vector<unsigned char> id(RINGATTN_NCCL_UNIQUE_ID_BYTES);
   if (world_rank() == 0) {
     EXPECT_EQ(ringattn_nccl_unique_id(id.data(), id.size()), RINGATTN_SUCCESS) << ringattn_last_error();
   }
   MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD);
-  return id;
+  ringattn_ring_t ring = nullptr;
+  EXPECT_EQ(ringattn_ring_create_nccl(id.data(), id.size(), world_rank(), world_size(), layout, &ring),
+            RINGATTN_SUCCESS)
+      << ringattn_last_error();
+  return ring;
 }
 
 // This rank's shards and outputs on its GPU.
@@ -137,12 +142,8 @@ class RingFromNcclId : public ::testing::Test {
 TEST_F(RingFromNcclId, EqualsTheRingOverMpi) {
   SCOPED_TRACE(test::seed_trace());
   Shards shards;
-  const std::vector<unsigned char> id = shared_id();
-  ringattn_ring_t from_id = nullptr;
-  ASSERT_EQ(ringattn_ring_create_nccl(id.data(), id.size(), world_rank(), world_size(), RINGATTN_ZIGZAG,
-                                      &from_id),
-            RINGATTN_SUCCESS)
-      << ringattn_last_error();
+  ringattn_ring_t from_id = ring_from_shared_id(RINGATTN_ZIGZAG);
+  ASSERT_NE(from_id, nullptr);
   const Shards::Results got = shards.run(from_id);
   EXPECT_EQ(ringattn_ring_destroy(from_id), RINGATTN_SUCCESS);
 
@@ -166,12 +167,8 @@ TEST_F(RingFromNcclId, EqualsTheRingOverMpi) {
 
 TEST_F(RingFromNcclId, ShapeThatDiffersFailsOnEveryRank) {
   Shards shards;
-  const std::vector<unsigned char> id = shared_id();
-  ringattn_ring_t ring = nullptr;
-  ASSERT_EQ(ringattn_ring_create_nccl(id.data(), id.size(), world_rank(), world_size(), RINGATTN_CONTIGUOUS,
-                                      &ring),
-            RINGATTN_SUCCESS)
-      << ringattn_last_error();
+  ringattn_ring_t ring = ring_from_shared_id(RINGATTN_CONTIGUOUS);
+  ASSERT_NE(ring, nullptr);
   ringattn_ring_forward_params_t p = shards.forward();
   p.document_starts = nullptr;
   p.num_documents = 0;
