@@ -286,8 +286,10 @@ TEST(TrainDocuments, SameLossesAtEveryCp) {
     expect_close(reference, test::losses_of(ring, world), what + ", cp = " + std::to_string(size));
     references.push_back(reference);
   }
-  // The window changes what the model sees (documents here are up to 40 tokens long).
-  EXPECT_NE(references[0][0], references[1][0]);
+  // The window changes what the model sees (documents here are up to 40 tokens long): the loss
+  // curves differ. (A step's batch may hold no document longer than the window: the first
+  // losses alone were equal for some seeds.)
+  EXPECT_NE(references[0], references[1]);
   // Documents off (data.documents false) train on other targets and attention: other losses.
   TrainConfig off = documents_config(dir / "docs.h5");
   off.parallel.cp = 1;
