@@ -281,16 +281,11 @@ void NcclCommunicator::host_all_gather(const void* send, std::size_t bytes, void
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-ncclUniqueId nccl_unique_id() {
-  ncclUniqueId id{};
-  RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
-  return id;
-}
-
 static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes, "NCCL's unique id is not 128 bytes");
 
 void nccl_unique_id_bytes(unsigned char* id) {
-  const ncclUniqueId made = nccl_unique_id();
+  ncclUniqueId made{};
+  RINGATTN_NCCL_CHECK(ncclGetUniqueId(&made));
   std::memcpy(id, &made, sizeof(made));
 }
 

@@ -3,7 +3,7 @@
 // another event, so the ring loop never synchronises the host. Two ways to make one:
 //   - from an MPI communicator: rank 0 creates the NCCL unique id and broadcasts it; metadata and
 //     splits go through MPI;
-//   - from an NCCL unique id that the caller handed to every rank itself (nccl_unique_id() on one
+//   - from an NCCL unique id that the caller handed to every rank itself (nccl_unique_id_bytes() on one
 //     rank, broadcast over a torch.distributed group, say), with this rank and the number of
 //     ranks: no MPI call is made. Metadata goes through NCCL (a small all-gather through device
 //     memory), the exchanges go through NCCL only (the copy engines' handshakes need MPI), and
@@ -97,9 +97,6 @@ class NcclCommunicator final : public Communicator {
   mutable DeviceBuffer gather_staging_;
   std::unique_ptr<CollectiveWatchdog> watchdog_;  // declared last: it goes first
 };
-
-// A new NCCL unique id (ncclGetUniqueId), for nccl_communicator_from_id on every rank.
-ncclUniqueId nccl_unique_id();
 
 // Makes GPU (node-local rank % GPUs on this node) current for this process and returns it;
 // throws Error when the node has no GPU.
