@@ -28,6 +28,19 @@ inline double round_to(DType dtype, double value) {
   return value;
 }
 
+// The error of one rounding to `dtype` is u |x| (u = 2^-8 bf16, 2^-11 f16) above the smallest
+// normal, and at most half the subnormals' spacing below it: this is that half, which a bound of
+// one rounding adds (2^-25 for f16's subnormals near 6e-5; 2^-134 for bf16; 0 for fp32 and fp64).
+inline double half_subnormal_spacing(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return 0x1p-134;
+    case DType::f16: return 0x1p-25;
+    case DType::f32:
+    case DType::f64: return 0.0;
+  }
+  return 0.0;
+}
+
 struct AttentionResult {
   std::vector<double> o, lse, dq, dk, dv;  // logical [B,S,H,D] / [B,H,S] order
 };

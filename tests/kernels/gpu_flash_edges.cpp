@@ -224,7 +224,8 @@ struct PathEnvironment {
 // on rows of one key or of equal scores its error can be far below one rounding. Every kernel of
 // this algorithm (u = 2^-8 for bf16, 2^-11 for f16, the unit roundoff):
 // - rounds its unnormalised probabilities to the dtype for P V and divides by the fp32 sum of the
-//   unrounded ones: u (P|V|) in O, and another u |O| where O is written in the dtype;
+//   unrounded ones: u (P|V|) in O, and another u |O| where O is written in the dtype (plus half
+//   the subnormals' spacing);
 // - forms the LSE in fp32 from a maximum (shifted by logarithms where a row's maximum moved by
 //   scaling) plus a logarithm: a few roundings of |LSE|, 2^-21 max|LSE| (8 of them at 2^-24);
 // - recomputes P from that LSE in the backward, a relative error eps = 2^-20 (|LSE| + max|s|) that
@@ -232,7 +233,8 @@ struct PathEnvironment {
 // - takes D = rowsum(dO O) from the O it wrote, off by dD = sum |dO| (O's allowance) plus its fp32
 //   sum, so dS = P (dP - D) is off by P (dD + eps |dP - D|), which dQ and dK carry through
 //   scale |K| and scale |Q|;
-// - rounds dK and dV once more when they are written in the dtype: u |dK|, u |dV|.
+// - rounds dK and dV once more when they are written in the dtype: u |dK|, u |dV| (plus half the
+//   subnormals' spacing, for values below the smallest normal).
 struct Allowances {
   std::vector<double> o, combined_o, dq, dk, dv;
   double lse = 0.0;
@@ -282,7 +284,7 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
         double pv = 0.0;
         for (std::int64_t j = 0; j < Sk; ++j) pv += p[j] * std::abs(problem.v[(j * Hkv + g) * D + x]);
         a.combined_o[row + x] = u * pv;
-        a.o[row + x] = u * pv + u * std::abs(o[x]);
+        a.o[row + x] = u * pv + u * std::abs(o[x]) + half_subnormal_spacing(c.dtype);
         d_error += std::abs(dout[x]) * a.o[row + x];
         d_value += dout[x] * o[x];
         d_magnitude += std::abs(dout[x] * o[x]);
@@ -304,8 +306,8 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
   }
   if (rounded_keys) {
     for (std::size_t e = 0; e < a.dk.size(); ++e) {
-      a.dk[e] += u * std::abs(ref.dk[e]);
-      a.dv[e] += u * std::abs(ref.dv[e]);
+      a.dk[e] += u * std::abs(ref.dk[e]) + half_subnormal_spacing(c.dtype);
+      a.dv[e] += u * std::abs(ref.dv[e]) + half_subnormal_spacing(c.dtype);
     }
   }
   return a;
