@@ -35,6 +35,7 @@
 #include "parallel/ring_attention.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <initializer_list>
 #include <limits>
@@ -384,6 +385,26 @@ class Placement {
   std::vector<ScratchRegion> free_;
   Memory memory_;
 };
+
+double ring_workspace_bytes(const RingWorkspaceShape& w) {
+  constexpr double a = Placement::kAlignment;
+  // A buffer's bytes rounded up to the alignment, and the worst start of it (a - 1 bytes more).
+  const auto aligned = [&](double elements, DType dtype) {
+    return std::ceil(elements * static_cast<double>(dtype_size(dtype)) / a) * a + a;
+  };
+  const DType acc = accumulator_dtype(w.dtype);
+  const double rows = static_cast<double>(w.batch) * static_cast<double>(w.local_len);
+  const double paired = rows * static_cast<double>(w.kv_heads) *
+                        (static_cast<double>(w.head_dim) + static_cast<double>(w.v_head_dim));
+  const double delta = aligned(rows * static_cast<double>(w.q_heads), acc);
+  if (w.ranks <= 1) return delta;
+  const double forward =
+      aligned(rows * static_cast<double>(w.q_heads) * static_cast<double>(w.v_head_dim), acc) +
+      2.0 * aligned(paired, w.dtype);
+  const double backward =
+      (w.ranks >= 3 ? 3.0 : 2.0) * aligned(paired, acc) + 2.0 * aligned(paired, w.dtype) + delta;
+  return std::max(forward, backward);
+}
 
 // Names the call's persistent scratch to the communicator, which may keep what it sets up for that
 // memory (receive-buffer mappings) until release_scratch.

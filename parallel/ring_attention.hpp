@@ -55,6 +55,21 @@ bool shard_needed(const SequenceLayout& queries, const SequenceLayout& keys, con
 // steps - 1 hops.
 int ring_steps(const SequenceLayout& layout, const RingMask& mask);
 
+// The workspace bytes a ring call of `ranks` ranks takes from its scratch when the scratch is one
+// region that holds all of it: the larger of the forward's (the running output and two K|V
+// buffers) and the backward's (two travelling dK|dV accumulators, from three ranks on a step
+// buffer, two K|V buffers, and delta = rowsum(dO * O)), each buffer 256-byte aligned, for local
+// shards [batch, local_len, heads, dim] of `dtype` (the accumulators in its accumulator dtype).
+// One rank takes only delta. It counts the buffers of the longest plan (a mask may need fewer
+// steps, and then fewer buffers): a region of this size holds any call of that shape, so the ring
+// owns nothing. In double: an account of a shape too large to allocate stays finite.
+struct RingWorkspaceShape {
+  int ranks = 1;
+  std::int64_t batch = 1, local_len = 0, q_heads = 1, kv_heads = 1, head_dim = 0, v_head_dim = 0;
+  DType dtype = DType::bf16;
+};
+double ring_workspace_bytes(const RingWorkspaceShape& shape);
+
 // Which work of a ring call runs. `all` is the ring (RingAttention::forward and backward). The
 // other two are its halves, for benchmarks (ringattn-bench ring): `transfers` makes exactly the
 // ring's exchanges (same order, same sizes, same buffers, the same waits between them) and

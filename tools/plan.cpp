@@ -3,11 +3,15 @@
 // sequence whose attention (forward + backward) fits in the GPUs' memory. Then, for the mask
 // (causal or full, a sliding window, packed documents), the ring's steps (how far K/V travel) and
 // each rank's share of the visible (query, key) pairs, with the most loaded rank over the mean.
+// With --config, a training run's memory instead (train/model_memory.hpp): the account of the
+// config (bytes a local token and fixed bytes by component, the predicted peak), then the longest
+// train.seq_len that fits 1, 2, 4 and 8 GPUs of --memory-gib with the config's other keys.
 //
 //   ringattn-plan --ranks 2 --seq 131072 --heads 16 --head-dim 128 --causal \
 //       --tflops 400 --link-gbps 205 --memory-gib 139
 //   ringattn-plan --ranks 8 --seq 1048576 --layout contiguous --window-left 4096
 //   ringattn-plan --ranks 8 --seq 1048576 --documents lognormal:8192:1
+//   ringattn-plan --config configs/long-2gpu.yaml --set train.recompute_attention=false
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -20,6 +24,50 @@
 #include "ringattn/ring.hpp"
 #include "ringattn/error.hpp"
 #include "tools/cli_checks.hpp"
+#include "train/config.hpp"
+#include "train/model_memory.hpp"
+
+namespace {
+
+// The account of the config at FILE (with the --set assignments) on `backend` ("" : run.backend,
+// auto counting as cuda), then the longest seq_len for 1, 2, 4 and 8 GPUs of `memory_gib`.
+int print_memory_account(const std::string& file, const std::vector<std::string>& assignments,
+                         const std::string& backend_text, double memory_gib) {
+  namespace train = ringattn::train;
+  train::TrainConfig config = train::load_config_file(file);
+  train::apply_overrides(config, assignments);
+  train::validate(config, config.parallel.dp * config.parallel.cp);
+  train::Backend backend =
+      config.run.backend == train::Backend::cpu ? train::Backend::cpu : train::Backend::cuda;
+  if (!backend_text.empty()) {
+    backend = backend_text == "cpu" ? train::Backend::cpu : train::Backend::cuda;
+  }
+  if (backend == train::Backend::cuda) train::validate_for_cuda(config);
+  std::printf("%s\n", file.c_str());
+  std::printf("%s\n", train::memory_account_text(config, backend, true).c_str());
+  std::printf("\nlongest train.seq_len that fits, %g GiB a GPU (parallel.cp = GPUs, dp 1):\n",
+              memory_gib);
+  std::printf("  %4s %14s %16s %14s\n", "GPUs", "seq_len", "tokens a rank", "peak GiB");
+  const double bytes = memory_gib * 0x1p30;
+  for (const int gpus : {1, 2, 4, 8}) {
+    const std::int64_t seq_len = train::longest_fitting_seq_len(config, backend, gpus, bytes);
+    if (seq_len == 0) {
+      std::printf("  %4d %14s\n", gpus, "none fits");
+      continue;
+    }
+    train::TrainConfig fitted = config;
+    fitted.parallel.cp = gpus;
+    fitted.parallel.dp = 1;
+    fitted.train.stages.clear();
+    fitted.train.seq_len = static_cast<int>(seq_len);
+    const train::MemoryAccount account = train::memory_account(fitted, backend);
+    std::printf("  %4d %14lld %16.0f %14.2f\n", gpus, static_cast<long long>(seq_len),
+                account.local_tokens, account.peak_bytes() / 0x1p30);
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   namespace tools = ringattn::tools;
@@ -58,8 +106,27 @@ int main(int argc, char** argv) {
   app.add_option("--documents", documents,
                  "packed documents: lognormal:MEAN:SEED[:LONG] (log-normal lengths of mean MEAN "
                  "tokens, sigma 1, and one of LONG tokens) or file:PATH (the starts)");
+  std::string config_file, backend;
+  std::vector<std::string> assignments;
+  CLI::Option* config = app.add_option(
+      "--config", config_file,
+      "a ringattn-train config: print its memory account and the longest seq_len that fits 1, "
+      "2, 4 and 8 GPUs of --memory-gib, instead of the attention plan");
+  app.add_option("--set", assignments, "with --config: override a config key (key=value)")
+      ->needs(config);
+  app.add_option("--backend", backend, "with --config: cuda or cpu (default: run.backend)")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->needs(config);
   const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
   if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-plan");
+  if (!config_file.empty() || app.count("--config") > 0) {
+    try {
+      return print_memory_account(config_file, assignments, backend, in.memory_gib);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ringattn-plan: %s\n", e.what());
+      return 2;
+    }
+  }
   if (app.count("--kv-heads") == 0) in.kv_heads = in.heads;
   if (full) in.causal = false;
   in.zigzag = layout == "zigzag";

@@ -310,6 +310,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.recompute),
       RINGATTN_CONFIG_KEY(train.recompute_attention),
       RINGATTN_CONFIG_KEY(train.loss_chunk_tokens),
+      RINGATTN_CONFIG_KEY(train.mlp_chunk_tokens),
       RINGATTN_CONFIG_KEY(train.deterministic),
       RINGATTN_CONFIG_KEY(train.profile),
       RINGATTN_CONFIG_KEY(train.shard_optimizer),
@@ -818,6 +819,11 @@ void add_sequence_problems(const TrainConfig& config, const std::string& prefix,
 
 }  // namespace
 
+std::int64_t mlp_chunk_tokens(std::int64_t key, bool recompute, std::int64_t local_tokens) {
+  const std::int64_t chunk = key > 0 ? key : recompute ? kMlpAutoChunkTokens : local_tokens;
+  return std::max<std::int64_t>(1, std::min(chunk, local_tokens));
+}
+
 std::vector<StageConfig> run_stages(const TrainingConfig& train) {
   if (!train.stages.empty()) return train.stages;
   return {StageConfig{train.steps, train.seq_len, train.batch_size}};
@@ -900,6 +906,7 @@ void validate(const TrainConfig& config, int world_size) {
         "train.recompute_attention to false");
   }
   p.at_least("train.loss_chunk_tokens", t.loss_chunk_tokens, 1);
+  p.at_least("train.mlp_chunk_tokens", t.mlp_chunk_tokens, 0);
   p.at_least("train.log_every", t.log_every, 1);
   p.at_least("train.eval_every", t.eval_every, 0);
   p.at_least("train.eval_batches", t.eval_batches, 1);

@@ -9,8 +9,8 @@
 //             rope_theta norm_eps init_std attention_window rope_document_positions
 //   train:    seq_len batch_size grad_accum steps stages lr min_lr warmup_steps weight_decay beta1
 //             beta2 adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
-//             deterministic profile shard_optimizer log_every eval_every eval_batches
-//             checkpoint_every keep_checkpoints
+//             mlp_chunk_tokens deterministic profile shard_optimizer log_every eval_every
+//             eval_batches checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
 //   data:     source train_path val_path documents
 //             retrieval: {pairs key_tokens value_tokens queries}
@@ -99,6 +99,10 @@ struct TrainingConfig {
   // held at once are [loss_chunk_tokens, vocab_size] in the activation dtype (512 MiB of bf16 at
   // 8192 x 32768). Fewer, larger chunks keep the head's GEMMs larger.
   int loss_chunk_tokens = 8192;
+  // The feed-forward block (RMSNorm, w_gate_up, SwiGLU, w_down) over this many of a rank's tokens
+  // at a time, in the forward, the recompute and the backward: only one chunk of its hidden
+  // activations exists at once. 0: automatic (mlp_chunk_tokens() below).
+  int mlp_chunk_tokens = 0;
   bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
   // Time every step's ops by phase (train/model.hpp); at the end of the run rank 0 prints the
   // table and writes <run.dir>/profile.json. The results are the same either way.
@@ -193,6 +197,14 @@ void apply_overrides(TrainConfig& config, std::span<const std::string> assignmen
 
 // YAML that load_config_string reads back into an equal config (numbers keep every bit).
 std::string dump_config(const TrainConfig& config);
+
+// The feed-forward chunk of a rank's `local_tokens` (batch * seq_len / cp) tokens for the value
+// `key` of train.mlp_chunk_tokens: the key where set (at most local_tokens), else automatic: with
+// train.recompute, kMlpAutoChunkTokens (the hidden activations of one chunk instead of every
+// token's, for no extra compute, since the backward recomputes them anyway); without it, every
+// token at once (a tiled block recomputes its hidden activations in the backward).
+inline constexpr std::int64_t kMlpAutoChunkTokens = 16384;
+std::int64_t mlp_chunk_tokens(std::int64_t key, bool recompute, std::int64_t local_tokens);
 
 // The stages of a run: train.stages, or the one stage {train.steps, train.seq_len} without them.
 std::vector<StageConfig> run_stages(const TrainingConfig& train);

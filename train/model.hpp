@@ -27,6 +27,14 @@
 // and keeps nothing but each block's input: the least memory. The result is bitwise the same in
 // every mode.
 //
+// The feed-forward block in chunks (ModelOptions::mlp_chunk_tokens): RMSNorm, w_gate_up, SwiGLU
+// and w_down run over that many tokens at a time in the forward, and the backward makes each
+// chunk's hidden activations again from the kept residual just before that chunk's backward, so
+// only one chunk of them (and of their gradients) exists at once, in one arena that the ring
+// borrows for its workspace while attention runs. The weights' gradients then add up chunk by
+// chunk (another summation order than one GEMM); at one chunk size the recompute modes stay
+// bitwise alike.
+//
 // The phase profile (train.profile): between start_profiled_step() and finish_profiled_step()
 // every op the model runs is timed under a stable phase name ("matmul.qkv", "attention.backward",
 // "adamw", ...; the list is at the call sites in train/model_impl.hpp) by the backend's clock:
@@ -57,6 +65,15 @@
 namespace ringattn::train {
 
 ModelShape model_shape(const ModelConfig& config);
+
+// The elements (of `act_bytes` each) of Model's feed-forward arena for micro-batches of
+// [batch, local_len] tokens in chunks of `chunk` (fewer than batch * local_len) on a ring of
+// `ranks`: a chunk's h2, gu, act, dact and dgu ([chunk, d_model], [chunk, 2 ffn_hidden],
+// [chunk, ffn_hidden] twice, [chunk, 2 ffn_hidden]), each from a 256-byte boundary, or the ring's
+// workspace for the model's attention (ring_workspace_bytes) where that is more. In double, like
+// model_memory().
+double mlp_arena_elements(const ModelShape& shape, double batch, double local_len, double chunk,
+                          int ranks, DType act_dtype);
 
 // This rank's tokens of one micro-batch: [batch, Sl] row-major each (Sl = seq_len / cp), on the
 // host whatever the backend.
@@ -95,6 +112,11 @@ struct ModelOptions {
   // The output head and the loss run over this many tokens at a time, so the logits held at once
   // are [loss_chunk_tokens, vocab] rather than [batch * Sl, vocab].
   std::int64_t loss_chunk_tokens = 8192;
+  // The feed-forward block over this many tokens at a time (train.mlp_chunk_tokens; 0: automatic,
+  // resolved by mlp_chunk_tokens() in train/config.hpp). Where the chunk is fewer than the rank's
+  // tokens, the block's hidden activations (h2, gate|up, swiglu and their gradients) exist for
+  // one chunk only, and the backward makes them again chunk by chunk from the kept residual.
+  std::int64_t mlp_chunk_tokens = 0;
   // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
   bool shard_optimizer = false;
   // Called before each block's forward and backward in forward_backward (not in forward alone).
@@ -232,6 +254,22 @@ class Model final : public TrainModel {
     std::size_t attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down;
   };
   void allocate_layer(Layer& layer);
+  // Whether the feed-forward block runs in chunks of mlp_chunk_ < local_tokens() tokens.
+  bool mlp_tiled() const { return mlp_chunk_ < local_tokens(); }
+  // Where block L's feed-forward keeps its hidden activations and their gradients: L's own
+  // buffers and dact_, dgu_ untiled, else a chunk's stretches of mlp_arena_.
+  struct MlpBuffers {
+    Act *h2, *gu, *act, *dact, *dgu;
+  };
+  MlpBuffers mlp_buffers(Layer& L);
+  // The feed-forward block of layer l over the tokens [first, first + rows): RMSNorm of L.x_mid
+  // into h2 (inv2 at those rows), gate|up, SwiGLU, and with `down` out = x_mid + act W_down^T at
+  // those rows of x_in_[l + 1]. The hidden buffers hold the chunk from their start.
+  void mlp_forward(std::size_t l, Layer& L, std::int64_t first, std::int64_t rows, bool down);
+  // Its backward over the same rows: adds the weights' gradients and dx_ (+)= the gradient of
+  // x_mid, from dx_ (the gradient of the block's output) at those rows; the hidden activations
+  // are read from mlp_buffers(L) as mlp_forward left them.
+  void mlp_backward(std::size_t l, Layer& L, std::int64_t first, std::int64_t rows);
   // Buffer<E>(count), counted under `part`; a failure names the part and the keys that size it.
   template <typename E>
   Buffer<E> allocate(std::int64_t count, ModelPart part) {
@@ -301,9 +339,16 @@ class Model final : public TrainModel {
   std::vector<Buffer<Act>> attn_o_;
   std::vector<Buffer<Acc>> attn_lse_;
   std::vector<Layer> layers_;
+  // The feed-forward chunk (ModelOptions::mlp_chunk_tokens resolved). Where it is fewer than the
+  // rank's tokens, one buffer holds a chunk's h2, gu, act, dact and dgu (each from a 256-byte
+  // boundary) outside attention, and is lent whole to the ring while attention runs: it is as
+  // large as the ring's workspace (ring_workspace_bytes) where that is more, so that the ring
+  // owns nothing and places every call alike. mlp_arena_elements() is its size.
+  std::int64_t mlp_chunk_ = 0;
+  Buffer<Act> mlp_arena_;
   Buffer<Acc> inv_f_;
   Buffer<Act> hf_, logits_;  // logits_: [loss chunk, vocab]
-  // The backward's temporaries.
+  // The backward's temporaries (dact_ and dgu_ of one feed-forward chunk).
   Buffer<Act> dh_, dx_, dact_, dgu_, dqkv_, dout_;
   Buffer<Acc> dqkv_acc_;  // the ring's gradients in the accumulator dtype where Acc != Act
   // The profile: whether a step is being profiled, the phase of each of its intervals so far (the
@@ -332,5 +377,9 @@ double cuda_peak_bf16_flops();
 // without creating a context), for the trainer's check before anything is allocated; 0 when
 // unknown (also without CUDA).
 double cuda_device_memory_bytes();
+
+// The memory of this process's GPU in use now, by every process on it (cudaMemGetInfo's total
+// less its free), in bytes; 0 when unknown (also without CUDA).
+double cuda_device_memory_in_use_bytes();
 
 }  // namespace ringattn::train

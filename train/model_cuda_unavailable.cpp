@@ -24,5 +24,9 @@ double cuda_device_memory_bytes() {
   return 0.0;
 }
 
+double cuda_device_memory_in_use_bytes() {
+  return 0.0;
+}
+
 }  // namespace ringattn::train
 #endif

@@ -120,6 +120,11 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
   const std::int64_t row = qkv_width();
   constexpr ModelPart kActivations = ModelPart::activations;
+  if (options_.mlp_chunk_tokens < 0) {
+    ringattn::detail::fail("Model", "mlp_chunk_tokens is ", options_.mlp_chunk_tokens,
+                           "; expected >= 0 (0: automatic)");
+  }
+  mlp_chunk_ = mlp_chunk_tokens(options_.mlp_chunk_tokens, options_.recompute, n);
   for (std::int64_t l = 0; l <= shape_.layers; ++l) {
     x_in_.push_back(allocate<Act>(n * d, kActivations));
   }
@@ -130,6 +135,13 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   }
   layers_.resize(options_.recompute ? one_or_none : shape_.layers);
   for (Layer& L : layers_) allocate_layer(L);
+  if (mlp_tiled() && shape_.layers > 0) {
+    const double elements = mlp_arena_elements(shape_, static_cast<double>(batch_),
+                                               static_cast<double>(local_len_),
+                                               static_cast<double>(mlp_chunk_),
+                                               ring_.size(), B::act_dtype);
+    mlp_arena_ = allocate<Act>(static_cast<std::int64_t>(elements), kActivations);
+  }
   inv_f_ = allocate<Acc>(n, kActivations);
   hf_ = allocate<Act>(n * d, kActivations);
   if (options_.loss_chunk_tokens < 1) {
@@ -140,8 +152,10 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
       allocate<Act>(std::min(n, options_.loss_chunk_tokens) * shape_.vocab, ModelPart::logits);
   dh_ = allocate<Act>(n * d, kActivations);
   dx_ = allocate<Act>(n * d, kActivations);
-  dact_ = allocate<Act>(n * f, kActivations);
-  dgu_ = allocate<Act>(n * 2 * f, kActivations);
+  if (!mlp_tiled()) {
+    dact_ = allocate<Act>(n * f, kActivations);
+    dgu_ = allocate<Act>(n * 2 * f, kActivations);
+  }
   dqkv_ = allocate<Act>(n * row, kActivations);
   dout_ = allocate<Act>(n * shape_.q_heads * hd, kActivations);
   if constexpr (!std::is_same_v<Act, Acc>) dqkv_acc_ = allocate<Acc>(n * row, kActivations);
@@ -175,9 +189,30 @@ void Model<B>::allocate_layer(Layer& L) {
   L.h1 = allocate<Act>(n * d, kActivations);
   L.qkv = allocate<Act>(n * row, kActivations);
   L.x_mid = allocate<Act>(n * d, kActivations);
+  if (mlp_tiled()) return;  // the hidden activations live in the arena
   L.h2 = allocate<Act>(n * d, kActivations);
   L.gu = allocate<Act>(n * 2 * f, kActivations);
   L.act = allocate<Act>(n * f, kActivations);
+}
+
+template <class B>
+typename Model<B>::MlpBuffers Model<B>::mlp_buffers(Layer& L) {
+  if (!mlp_tiled()) return {L.h2.data(), L.gu.data(), L.act.data(), dact_.data(), dgu_.data()};
+  const std::int64_t c = mlp_chunk_, d = shape_.d_model, f = shape_.ffn_hidden;
+  constexpr std::int64_t boundary = 256 / sizeof(Act);
+  Act* next = mlp_arena_.data();
+  const auto take = [&](std::int64_t elements) {
+    Act* stretch = next;
+    next += (elements + boundary - 1) / boundary * boundary;
+    return stretch;
+  };
+  MlpBuffers m;
+  m.h2 = take(c * d);
+  m.gu = take(c * 2 * f);
+  m.act = take(c * f);
+  m.dact = take(c * f);
+  m.dgu = take(c * 2 * f);
+  return m;
 }
 
 template <class B>
@@ -261,12 +296,17 @@ RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
   args.stream = backend_->stream();
   // Dead whenever attention runs: the MLP's activations of L (written after the attention forward
   // and read before the attention backward), dh_ and the MLP's gradients (each written and read
-  // within one layer's backward, before its attention backward). So the ring's workspace costs no
-  // memory of its own on the cp ranks. The buffers live as long as the model, which releases them
-  // from the ring first (~Model): persistent.
+  // within one layer's backward, before its attention backward); in chunks, the arena that holds
+  // them, as large as the ring's workspace. So the ring's workspace costs no memory of its own on
+  // the cp ranks. The buffers live as long as the model, which releases them from the ring first
+  // (~Model): persistent.
   const auto lend = [&](auto& buffer) {
     args.scratch.push_back({buffer.data(), buffer.size() * sizeof(*buffer.data()), true});
   };
+  if (mlp_tiled()) {
+    lend(mlp_arena_);
+    return args;
+  }
   lend(dgu_);
   lend(L.gu);
   lend(dact_);
@@ -318,7 +358,7 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   B& be = *backend_;
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
-                     hkv = shape_.kv_heads, f = shape_.ffn_hidden;
+                     hkv = shape_.kv_heads;
   const std::int64_t row = qkv_width();
   const LayerParams& P = lp_[l];
   const Act* x_in = x_in_[l].data();
@@ -339,22 +379,59 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
     be.matmul_forward(L.x_mid.data(), attn_o_[attention_slot(l)].data(), weight(P.wo),
                       {n, hq * hd, d}, Write::add, x_in);
   });
+  // Recomputing a tiled block leaves its feed-forward to the backward, chunk by chunk.
+  if (recomputing && mlp_tiled()) return;
+  for (std::int64_t first = 0; first < n; first += mlp_chunk_) {
+    mlp_forward(l, L, first, std::min(mlp_chunk_, n - first), !recomputing);
+  }
+}
+
+template <class B>
+void Model<B>::mlp_forward(std::size_t l, Layer& L, std::int64_t first, std::int64_t rows,
+                           bool down) {
+  B& be = *backend_;
+  const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
+  const LayerParams& P = lp_[l];
+  const MlpBuffers M = mlp_buffers(L);
+  const Act* x_mid = L.x_mid.data() + first * d;
   timed("rmsnorm", [&] {
-    be.rmsnorm_forward(L.h2.data(), L.inv2.data(), L.x_mid.data(), master(P.mlp_norm), {n, d},
+    be.rmsnorm_forward(M.h2, L.inv2.data() + first, x_mid, master(P.mlp_norm), {rows, d},
                        config_.norm_eps);
   });
   timed("matmul.gate_up", [&] {
-    be.matmul_forward(L.gu.data(), L.h2.data(), weight(P.w_gate_up), {n, d, 2 * f},
-                      Write::overwrite);
+    be.matmul_forward(M.gu, M.h2, weight(P.w_gate_up), {rows, d, 2 * f}, Write::overwrite);
   });
-  timed("swiglu", [&] { be.swiglu_forward(L.act.data(), L.gu.data(), {n, f}); });
-  if (!recomputing) {
-    Act* out = x_in_[l + 1].data();
+  timed("swiglu", [&] { be.swiglu_forward(M.act, M.gu, {rows, f}); });
+  if (down) {
     timed("matmul.down", [&] {
-      be.matmul_forward(out, L.act.data(), weight(P.w_down), {n, f, d}, Write::add,
-                        L.x_mid.data());
+      be.matmul_forward(x_in_[l + 1].data() + first * d, M.act, weight(P.w_down), {rows, f, d},
+                        Write::add, x_mid);
     });
   }
+}
+
+template <class B>
+void Model<B>::mlp_backward(std::size_t l, Layer& L, std::int64_t first, std::int64_t rows) {
+  B& be = *backend_;
+  const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
+  const LayerParams& P = lp_[l];
+  const MlpBuffers M = mlp_buffers(L);
+  Act* dx = dx_.data() + first * d;
+  Act* dh = dh_.data() + first * d;
+  // out = x_mid + act W_down^T
+  timed("matmul.down.backward", [&] {
+    be.matmul_backward_weight(grad(P.w_down), dx, M.act, {rows, f, d}, Write::add);
+    be.matmul_backward_input(M.dact, dx, weight(P.w_down), {rows, f, d}, Write::overwrite);
+  });
+  timed("swiglu.backward", [&] { be.swiglu_backward(M.dgu, M.dact, M.gu, {rows, f}); });
+  timed("matmul.gate_up.backward", [&] {
+    be.matmul_backward_weight(grad(P.w_gate_up), M.dgu, M.h2, {rows, d, 2 * f}, Write::add);
+    be.matmul_backward_input(dh, M.dgu, weight(P.w_gate_up), {rows, d, 2 * f}, Write::overwrite);
+  });
+  timed("rmsnorm.backward", [&] {
+    be.rmsnorm_backward(dx, grad(P.mlp_norm), dh, L.x_mid.data() + first * d, master(P.mlp_norm),
+                        L.inv2.data() + first, {rows, d}, Write::add);
+  });
 }
 
 template <class B>
@@ -481,7 +558,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   B& be = *backend_;
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
-                     hkv = shape_.kv_heads, f = shape_.ffn_hidden, v = shape_.vocab;
+                     hkv = shape_.kv_heads, v = shape_.vocab;
   const std::int64_t row = qkv_width();
   head_and_loss(true, grad_scale, predictions);
   timed("rmsnorm.backward", [&] {
@@ -493,25 +570,12 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     Layer& L = layers_[options_.recompute ? 0 : l];
     if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];
-    // out = x_mid + act W_down^T
-    timed("matmul.down.backward", [&] {
-      be.matmul_backward_weight(grad(P.w_down), dx_.data(), L.act.data(), {n, f, d}, Write::add);
-      be.matmul_backward_input(dact_.data(), dx_.data(), weight(P.w_down), {n, f, d},
-                               Write::overwrite);
-    });
-    timed("swiglu.backward", [&] {
-      be.swiglu_backward(dgu_.data(), dact_.data(), L.gu.data(), {n, f});
-    });
-    timed("matmul.gate_up.backward", [&] {
-      be.matmul_backward_weight(grad(P.w_gate_up), dgu_.data(), L.h2.data(), {n, d, 2 * f},
-                                Write::add);
-      be.matmul_backward_input(dh_.data(), dgu_.data(), weight(P.w_gate_up), {n, d, 2 * f},
-                               Write::overwrite);
-    });
-    timed("rmsnorm.backward", [&] {
-      be.rmsnorm_backward(dx_.data(), grad(P.mlp_norm), dh_.data(), L.x_mid.data(),
-                          master(P.mlp_norm), L.inv2.data(), {n, d}, Write::add);
-    });
+    // A tiled block makes each chunk's hidden activations again just before its backward.
+    for (std::int64_t first = 0; first < n; first += mlp_chunk_) {
+      const std::int64_t rows = std::min(mlp_chunk_, n - first);
+      if (mlp_tiled()) mlp_forward(l, L, first, rows, false);
+      mlp_backward(l, L, first, rows);
+    }
     // x_mid = x_in + o W_o^T
     timed("matmul.wo.backward", [&] {
       be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
@@ -635,7 +699,7 @@ std::string Model<B>::first_non_finite_tensor() {
   if (!finite(x_in_[0].data(), n * d)) return "tok_embedding output";
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    if (!options_.recompute) {
+    if (!options_.recompute && !mlp_tiled()) {
       const Layer& L = layers_[l];
       const std::pair<const Act*, std::int64_t> kept[] = {
           {L.h1.data(), n * d},    {L.qkv.data(), n * row}, {attn_o_[l].data(), n * hq * hd},

@@ -4,10 +4,18 @@
 #include <sys/sysinfo.h>
 
 #include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
+#include "parallel/ring_attention.hpp"
+#include "parallel/sequence_layout.hpp"
 #include "ringattn/error.hpp"
 #include "train/model.hpp"
 
@@ -24,6 +32,105 @@ double parameter_count_of(const ModelShape& s) {
                            3.0 * static_cast<double>(s.ffn_hidden) * d;
   return static_cast<double>(s.vocab) * d * (s.tied_embeddings ? 1.0 : 2.0) + d +
          static_cast<double>(s.layers) * per_layer;
+}
+
+// The feed-forward chunk of `local_tokens` (a whole count held in a double), as Model resolves
+// options.mlp_chunk_tokens (mlp_chunk_tokens() in train/config.hpp).
+double resolved_mlp_chunk(const ModelOptions& options, double local_tokens) {
+  const auto tokens = static_cast<std::int64_t>(std::clamp(local_tokens, 0.0, 0x1p62));
+  return static_cast<double>(mlp_chunk_tokens(options.mlp_chunk_tokens, options.recompute, tokens));
+}
+
+// The AdamW moments a rank holds: every parameter's, or under train.shard_optimizer the widest
+// share of Model::share_of (equal parts, their starts on 64-element boundaries) over dp x cp ranks.
+double moment_parameters_of(const TrainConfig& config, double parameters) {
+  const std::int64_t ranks = std::int64_t{config.parallel.dp} * config.parallel.cp;
+  if (!config.train.shard_optimizer || ranks <= 1) return parameters;
+  if (parameters * static_cast<double>(ranks) >= 0x1p62) return parameters / ranks + 64.0;
+  const auto count = static_cast<std::int64_t>(parameters);
+  const auto start = [&](std::int64_t r) {
+    return r == ranks ? count : count * r / ranks / 64 * 64;
+  };
+  std::int64_t widest = 0;
+  for (std::int64_t r = 0; r < ranks; ++r) widest = std::max(widest, start(r + 1) - start(r));
+  return static_cast<double>(widest);
+}
+
+// The ring of a config's attention: its ranks (one under parallel.local_attention) and the steps
+// its calls run at most, from the layout and the causal mask with model.attention_window (packed
+// documents only ever shorten a call's ring).
+std::pair<int, int> ring_of(const TrainConfig& config) {
+  const int ranks = config.parallel.local_attention ? 1 : config.parallel.cp;
+  const TrainingConfig& t = config.train;
+  if (ranks < 2) return {1, 1};
+  if (t.seq_len < 1 || t.seq_len % chunk_count(ranks, config.parallel.layout) != 0) {
+    return {ranks, ranks};  // no layout to plan on: every step
+  }
+  Mask mask;
+  mask.causal = true;
+  mask.window_left = config.model.attention_window;
+  const SequenceLayout layout(config.parallel.layout == ShardLayout::zigzag
+                                  ? SequenceLayoutKind::zigzag
+                                  : SequenceLayoutKind::contiguous,
+                              ranks, 0, t.seq_len);
+  return {ranks, ring_steps(layout, RingMask{mask, std::max(1, t.batch_size)})};
+}
+
+// The cuBLASLt workspace of the cuda backend's one Gemm: RINGATTN_GEMM_WORKSPACE_MIB as
+// train/cuda/gemm.cpp reads it (which refuses a value outside [0, 1024]), else 32 MiB.
+double gemm_workspace_bytes_of_environment() {
+  constexpr double kDefaultBytes = 32.0 * 0x1p20;
+  const char* mib = std::getenv("RINGATTN_GEMM_WORKSPACE_MIB");
+  if (mib == nullptr || *mib == '\0') return kDefaultBytes;
+  char* end = nullptr;
+  const long value = std::strtol(mib, &end, 10);
+  return *end == '\0' && value >= 0 && value <= 1024 ? static_cast<double>(value) * 0x1p20
+                                                     : kDefaultBytes;
+}
+
+// The cuda backend's buffers beside the model's: the batch's token ids, targets, loss mask,
+// losses and predictions (4 bytes a token each), and the RoPE tables (cos and sin, fp32, head_dim
+// / 2 each a row: a row a token where RoPE restarts at packed documents, else a row a position).
+struct BackendBuffers {
+  double bytes_per_token = 0.0, fixed_bytes = 0.0, bytes = 0.0;
+};
+BackendBuffers cuda_backend_buffers(const TrainConfig& config, double local_tokens) {
+  const double head_dim = config.model.resolved_head_dim();
+  const bool documents =
+      config.data.documents.value_or(config.data.source != DataSource::retrieval) &&
+      config.model.rope_document_positions.value_or(true);
+  const double rows_per_token = documents ? 1.0 : 1.0 / std::max(1, config.train.batch_size);
+  BackendBuffers b;
+  b.bytes_per_token = 20.0 + rows_per_token * head_dim * 4.0;
+  b.fixed_bytes = gemm_workspace_bytes_of_environment();
+  const double rows =
+      documents ? local_tokens : local_tokens / std::max(1, config.train.batch_size);
+  b.bytes = 20.0 * local_tokens + rows * head_dim * 4.0 + b.fixed_bytes;
+  return b;
+}
+
+ModelOptions model_options_of(const TrainingConfig& t) {
+  ModelOptions options;
+  options.recompute = t.recompute;
+  options.recompute_attention = t.recompute_attention;
+  options.loss_chunk_tokens = t.loss_chunk_tokens;
+  options.mlp_chunk_tokens = t.mlp_chunk_tokens;
+  return options;
+}
+
+double local_tokens_of(const TrainConfig& config) {
+  return static_cast<double>(config.train.batch_size) * config.train.seq_len /
+         std::max(1, config.parallel.cp);
+}
+
+// Model's feed-forward arena of chunks of `chunk` tokens over `local_tokens` on a ring of
+// `ring_ranks` (mlp_arena_elements in train/model.hpp), in elements of the activation dtype.
+double arena_elements(const ModelShape& s, double local_tokens, double chunk, int ring_ranks,
+                      ModelElementBytes element_bytes) {
+  const DType act_dtype = element_bytes.act == 2   ? DType::bf16
+                          : element_bytes.act == 8 ? DType::f64
+                                                   : DType::f32;
+  return mlp_arena_elements(s, 1.0, local_tokens, chunk, std::max(1, ring_ranks), act_dtype);
 }
 
 // A count as an integer where it is one a person reads, else in scientific notation.
@@ -86,7 +193,8 @@ const char* model_part_keys(ModelPart part) {
 }
 
 ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOptions& options,
-                         ModelElementBytes element_bytes, double moment_parameters) {
+                         ModelElementBytes element_bytes, double moment_parameters,
+                         int ring_ranks) {
   const double n = local_tokens, d = static_cast<double>(s.d_model);
   const double layers = static_cast<double>(s.layers), f = static_cast<double>(s.ffn_hidden);
   const double heads_width = static_cast<double>(s.q_heads) * s.head_dim;  // attention output
@@ -99,15 +207,20 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
                              (act != master ? parameters * act : 0.0);
   // As Model's constructor allocates them: every block's input (and the final norm's), each
   // block's attention output and LSE (one pair when recomputation runs the attention again), each
-  // block's other activations (one block's when recomputing: h1, qkv, x_mid, h2, gate|up, swiglu,
-  // two norms' inverses), the final norm's, and the backward's temporaries.
+  // block's other activations (one block's when recomputing: h1, qkv, x_mid, two norms'
+  // inverses), the final norm's, the backward's temporaries, and the feed-forward block's hidden
+  // activations and their gradients: each kept block's h2, gate|up and swiglu with one dact and
+  // dgu, or where the block runs in chunks the one arena of a chunk's (mlp_arena_elements).
   const double one_or_none = std::min(1.0, layers);
   const double attention_blocks =
       !options.recompute || !options.recompute_attention ? layers : one_or_none;
   const double kept_blocks = options.recompute ? one_or_none : layers;
-  const double act_elements = n * ((layers + 1.0) * d + attention_blocks * heads_width +
-                                   kept_blocks * (3.0 * d + qkv_width + 3.0 * f) + 3.0 * d +
-                                   3.0 * f + qkv_width + heads_width);
+  const double chunk = resolved_mlp_chunk(options, n);
+  const double act_elements =
+      n * ((layers + 1.0) * d + attention_blocks * heads_width +
+           kept_blocks * (2.0 * d + qkv_width) + 3.0 * d + qkv_width + heads_width) +
+      (chunk < n ? (layers >= 1.0 ? arena_elements(s, n, chunk, ring_ranks, element_bytes) : 0.0)
+                 : n * (kept_blocks * (d + 3.0 * f) + 3.0 * f));
   const double acc_elements = n * (attention_blocks * static_cast<double>(s.q_heads) +
                                    2.0 * kept_blocks + 1.0 + (act != acc ? qkv_width : 0.0));
   m[ModelPart::activations] = act_elements * act + acc_elements * acc;
@@ -163,10 +276,7 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
   const ModelShape shape = model_shape(config.model);
   const ModelConfig& mc = config.model;
   const double parameters = parameter_count_of(shape);
-  const int ranks = config.parallel.dp * config.parallel.cp;
-  // share_of's widest share: an equal part, its ends on 64-element boundaries.
-  const double moments =
-      config.train.shard_optimizer && ranks > 1 ? parameters / ranks + 64.0 : parameters;
+  const double moments = moment_parameters_of(config, parameters);
   const std::string model_values =
       "model.vocab_size " + std::to_string(mc.vocab_size) + ", model.d_model " +
       std::to_string(mc.d_model) + ", model.n_layers " + std::to_string(mc.n_layers) +
@@ -179,18 +289,16 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
   for (int i = 0; i < static_cast<int>(stages.size()); ++i) {
     const TrainConfig c = stage_config(config, i);
     const TrainingConfig& t = c.train;
-    ModelOptions options;
-    options.recompute = t.recompute;
-    options.recompute_attention = t.recompute_attention;
-    options.loss_chunk_tokens = t.loss_chunk_tokens;
-    const double tokens = static_cast<double>(t.batch_size) * t.seq_len / config.parallel.cp;
+    const ModelOptions options = model_options_of(t);
+    const double tokens = local_tokens_of(c);
     const std::string tokens_text = count_text(tokens) + " tokens a rank: train.batch_size " +
                                     std::to_string(t.batch_size) + " x train.seq_len " +
                                     std::to_string(t.seq_len) + " / parallel.cp " +
                                     std::to_string(config.parallel.cp);
-    const ModelMemory m = model_memory(shape, tokens, options,
-                                       cuda ? kCudaModelElements : kCpuModelElements, moments);
-    const std::vector<Need> model = {
+    const auto [ring_ranks, ring_steps] = ring_of(c);
+    const ModelMemory m = model_memory(
+        shape, tokens, options, cuda ? kCudaModelElements : kCpuModelElements, moments, ring_ranks);
+    std::vector<Need> model = {
         {m[ModelPart::parameters], std::string(model_part_name(ModelPart::parameters)) + " (" +
                                        count_text(parameters) + " parameters of " + model_values +
                                        ")"},
@@ -198,12 +306,30 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
          std::string(model_part_name(ModelPart::activations)) + " (" + tokens_text +
              ", through model.n_layers " + std::to_string(mc.n_layers) + " of model.d_model " +
              std::to_string(mc.d_model) + " and model.ffn_hidden " + std::to_string(mc.ffn_hidden) +
-             (t.recompute ? ", train.recompute true" : "") + ")"},
+             (t.recompute ? ", train.recompute true" : "") +
+             (t.mlp_chunk_tokens > 0
+                  ? ", train.mlp_chunk_tokens " + std::to_string(t.mlp_chunk_tokens)
+                  : std::string()) +
+             ")"},
         {m[ModelPart::logits], std::string(model_part_name(ModelPart::logits)) +
                                    " (the fewer of train.loss_chunk_tokens " +
                                    std::to_string(t.loss_chunk_tokens) + " and " +
                                    count_text(tokens) + " tokens a rank, x model.vocab_size " +
                                    std::to_string(mc.vocab_size) + ")"}};
+    const RingWorkspace ring =
+        ring_workspace(shape, tokens, resolved_mlp_chunk(options, tokens), ring_ranks, ring_steps,
+                       cuda ? kCudaModelElements : kCpuModelElements);
+    if (ring.bytes > 0.0) {
+      model.push_back({ring.bytes, "the ring attention's own workspace (" +
+                                       count_text(ring.bytes_per_token) + " bytes a token x " +
+                                       tokens_text + ", over parallel.cp " +
+                                       std::to_string(config.parallel.cp) + ")"});
+    }
+    if (cuda) {
+      model.push_back({cuda_backend_buffers(c, tokens).bytes,
+                       "the cuda backend's cuBLASLt workspace (RINGATTN_GEMM_WORKSPACE_MIB), "
+                       "batch and RoPE tables"});
+    }
     // The step's micro-batches: an int32 token id, an int32 target and a float mask a token.
     std::vector<Need> host_needs = {
         {static_cast<double>(t.grad_accum) * tokens * 12.0,
@@ -224,6 +350,258 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
     }
     check_needs(host_needs, host.bytes, host.what, "host memory", stage);
   }
+}
+
+RingWorkspace ring_workspace(const ModelShape& s, double local_tokens, double mlp_chunk_tokens,
+                             int ring_ranks, int ring_steps, ModelElementBytes element_bytes) {
+  if (s.layers < 1 || local_tokens <= 0.0) return {};
+  const double n = local_tokens, c = mlp_chunk_tokens;
+  const double act = element_bytes.act, acc = element_bytes.acc;
+  const double d = static_cast<double>(s.d_model), f = static_cast<double>(s.ffn_hidden);
+  const double q_heads = static_cast<double>(s.q_heads);
+  const double kv_width = static_cast<double>(s.kv_heads) * 2.0 * s.head_dim;  // K|V a token
+  // Model::ring_forward_args' scratch: in chunks the feed-forward arena alone; else, in its
+  // order, dgu_, gate|up, dact_, swiglu, dh_ and h2.
+  const std::vector<double> lent =
+      c < n ? std::vector<double>{arena_elements(s, n, c, ring_ranks, element_bytes) * act}
+            : std::vector<double>{n * 2.0 * f * act, n * 2.0 * f * act, n * f * act,
+                                  n * f * act,       n * d * act,       n * d * act};
+  enum Name { kv0, kv1, running_o, dkv0, dkv1, dkv_step, delta, kNames };
+  std::array<double, kNames> own{};
+  // One call: Placement's first fit, the buffers in the order the call takes them, each region's
+  // start 256-byte aligned (cudaMalloc's; a CPU vector may start short of that by up to 240
+  // bytes, so the CPU ring may keep a buffer that fits here with less than that to spare).
+  const auto call = [&](std::initializer_list<std::pair<Name, double>> buffers) {
+    constexpr double kAlignment = 256.0;
+    std::vector<double> used(lent.size(), 0.0);
+    for (const auto& [name, per_token] : buffers) {
+      const double bytes = per_token * n;
+      bool placed = false;
+      for (std::size_t i = 0; i < lent.size() && !placed; ++i) {
+        const double skip = std::fmod(kAlignment - std::fmod(used[i], kAlignment), kAlignment);
+        const double left = lent[i] - used[i];
+        if (left < skip || left - skip < bytes) continue;
+        used[i] += skip + bytes;
+        placed = true;
+      }
+      if (!placed) own[name] = std::max(own[name], per_token);
+    }
+  };
+  if (ring_ranks > 1) {
+    call({{running_o, q_heads * s.head_dim * acc}, {kv0, kv_width * act}, {kv1, kv_width * act}});
+    if (ring_steps > 2) {
+      call({{dkv0, kv_width * acc},
+            {dkv1, kv_width * acc},
+            {dkv_step, kv_width * acc},
+            {kv0, kv_width * act},
+            {kv1, kv_width * act},
+            {delta, q_heads * acc}});
+    } else if (ring_steps == 2) {
+      call({{dkv0, kv_width * acc},
+            {dkv1, kv_width * acc},
+            {kv0, kv_width * act},
+            {kv1, kv_width * act},
+            {delta, q_heads * acc}});
+    } else {
+      call({{delta, q_heads * acc}});
+    }
+  } else {
+    call({{delta, q_heads * acc}});
+  }
+  RingWorkspace w;
+  for (const double per_token : own) w.bytes_per_token += per_token;
+  w.bytes = w.bytes_per_token * n;
+  return w;
+}
+
+double MemoryAccount::peak_bytes() const {
+  double total = 0.0;
+  for (const MemoryLine& line : lines) total += line.bytes;
+  return total;
+}
+
+double MemoryAccount::bytes_per_token() const {
+  double total = 0.0;
+  for (const MemoryLine& line : lines) total += line.bytes_per_token;
+  return total;
+}
+
+double MemoryAccount::fixed_bytes() const {
+  double total = 0.0;
+  for (const MemoryLine& line : lines) total += line.fixed_bytes;
+  return total;
+}
+
+MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
+  const bool cuda = backend != Backend::cpu;
+  const ModelElementBytes e = cuda ? kCudaModelElements : kCpuModelElements;
+  const double act = e.act, acc = e.acc, master = e.master;
+  const ModelShape s = model_shape(config.model);
+  const TrainingConfig& t = config.train;
+  const ModelOptions options = model_options_of(t);
+  const double n = local_tokens_of(config);
+  const double d = static_cast<double>(s.d_model), f = static_cast<double>(s.ffn_hidden);
+  const double layers = static_cast<double>(s.layers), q_heads = static_cast<double>(s.q_heads);
+  const double heads_width = q_heads * s.head_dim;
+  const double qkv_width = static_cast<double>(s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  const double parameters = parameter_count_of(s);
+  const double one_or_none = std::min(1.0, layers);
+  const double attention_blocks = !t.recompute || !t.recompute_attention ? layers : one_or_none;
+  const double kept_blocks = t.recompute ? one_or_none : layers;
+  const double chunk = resolved_mlp_chunk(options, n);
+  const bool tiled = chunk < n;
+  const auto blocks_text = [](double blocks) {
+    return blocks == 1.0 ? std::string("one layer") : count_text(blocks) + " layers";
+  };
+
+  MemoryAccount a;
+  a.backend = cuda ? Backend::cuda : Backend::cpu;
+  a.local_tokens = n;
+  const auto add = [&](std::string component, double per_token, double fixed, std::string keys) {
+    a.lines.push_back(
+        {std::move(component), per_token, fixed, per_token * n + fixed, std::move(keys)});
+  };
+  const std::string shape_keys = "model.* (the parameter count)";
+  add("parameters (master weights)", 0.0, parameters * master, shape_keys);
+  add("gradients", 0.0, parameters * master, shape_keys);
+  const double moments = moment_parameters_of(config, parameters);
+  add(moments < parameters ? "AdamW moments (this rank's share)" : "AdamW moments", 0.0,
+      2.0 * moments * master, shape_keys + ", train.shard_optimizer, parallel.dp x parallel.cp");
+  if (act != master) add("weights in the activation dtype", 0.0, parameters * act, shape_keys);
+  add("kept block inputs", (layers + 1.0) * d * act, 0.0, "model.n_layers, model.d_model");
+  add("kept attention outputs and LSE (" + blocks_text(attention_blocks) + ")",
+      attention_blocks * (heads_width * act + q_heads * acc), 0.0,
+      "model.n_layers, model.n_heads, model.head_dim, train.recompute_attention");
+  add("attention working set (" + blocks_text(kept_blocks) + ")",
+      kept_blocks * ((2.0 * d + qkv_width) * act + 2.0 * acc) + (qkv_width + heads_width) * act +
+          (act != acc ? qkv_width * acc : 0.0),
+      0.0, "model.d_model, model.n_heads, model.n_kv_heads, model.head_dim, train.recompute");
+  const std::string mlp_keys =
+      "model.d_model, model.ffn_hidden, train.mlp_chunk_tokens, "
+      "train.recompute";
+  const auto [ring_ranks, ring_steps] = ring_of(config);
+  if (tiled) {
+    // One chunk's buffers, or the ring's workspace where that is more: its bytes a token from
+    // 256 more tokens (each of the ring's buffers rounds up to 256 bytes), the rest fixed.
+    const double arena = layers >= 1.0 ? arena_elements(s, n, chunk, ring_ranks, e) * act : 0.0;
+    const double more =
+        layers >= 1.0 ? arena_elements(s, n + 256.0, chunk, ring_ranks, e) * act : 0.0;
+    const double per_token = (more - arena) / 256.0;
+    a.lines.push_back({"feed-forward arena (" + count_text(chunk) + "-token chunks)", per_token,
+                       arena - per_token * n, arena,
+                       mlp_keys + ", parallel.cp (the ring's workspace, where more)"});
+  } else {
+    add("feed-forward working set (" + blocks_text(kept_blocks) + ")",
+        (kept_blocks * (d + 3.0 * f) + 3.0 * f) * act, 0.0, mlp_keys);
+  }
+  add("residual gradients, final norm", 3.0 * d * act + acc, 0.0, "model.d_model");
+  const double loss_chunk = static_cast<double>(t.loss_chunk_tokens);
+  const std::string logits_keys = "train.loss_chunk_tokens, model.vocab_size";
+  if (n < loss_chunk) {
+    add("logits chunk", static_cast<double>(s.vocab) * act, 0.0, logits_keys);
+  } else {
+    add("logits chunk", 0.0, loss_chunk * static_cast<double>(s.vocab) * act, logits_keys);
+  }
+  const RingWorkspace ring = ring_workspace(s, n, chunk, ring_ranks, ring_steps, e);
+  add("ring workspace (its own)", ring.bytes_per_token, 0.0,
+      "parallel.cp, parallel.layout, model.attention_window, train.mlp_chunk_tokens");
+  if (cuda) {
+    const BackendBuffers b = cuda_backend_buffers(config, n);
+    a.lines.push_back({"cuBLASLt workspace, batch, RoPE tables", b.bytes_per_token, b.fixed_bytes,
+                       b.bytes, "RINGATTN_GEMM_WORKSPACE_MIB, model.head_dim"});
+  }
+  return a;
+}
+
+std::string memory_account_text(const TrainConfig& config, Backend backend, bool keys,
+                                double in_use_before_bytes) {
+  const std::vector<StageConfig> stages = run_stages(config.train);
+  int largest = 0;
+  const auto tokens = [&](int i) {
+    const TrainConfig c = stage_config(config, i);
+    return static_cast<double>(c.train.batch_size) * c.train.seq_len;
+  };
+  for (int i = 1; i < static_cast<int>(stages.size()); ++i) {
+    if (tokens(i) > tokens(largest)) largest = i;
+  }
+  const TrainConfig c = stage_config(config, largest);
+  MemoryAccount a = memory_account(c, backend);
+  const bool cuda = a.backend == Backend::cuda;
+  const bool measured = cuda && in_use_before_bytes > 0.0;
+  if (measured) {
+    a.lines.push_back({"in use before the model (CUDA context, NCCL)", 0.0, in_use_before_bytes,
+                       in_use_before_bytes, "measured (cudaMemGetInfo)"});
+  }
+  std::string text = !cuda     ? "memory a rank (cpu, host memory of the model and the ring):"
+                     : measured ? "memory a rank (cuda):"
+                                : "memory a rank (cuda; not counted: the CUDA context, NCCL's "
+                                  "buffers):";
+  char row[512];
+  std::snprintf(row, sizeof row, "\n  %-44s %10s %10s%s", "component", "KiB/token", "fixed MiB",
+                keys ? "  sized by" : "");
+  text += row;
+  const auto add_row = [&](const std::string& name, double per_token, double fixed,
+                           const std::string& sized_by) {
+    std::snprintf(row, sizeof row, "\n  %-44s %10.3f %10.1f%s%s", name.c_str(), per_token / 1024.0,
+                  fixed / 0x1p20, sized_by.empty() ? "" : "  ", sized_by.c_str());
+    text += row;
+  };
+  for (const MemoryLine& line : a.lines) {
+    add_row(line.component, line.bytes_per_token, line.fixed_bytes, keys ? line.keys : "");
+  }
+  add_row("total", a.bytes_per_token(), a.fixed_bytes(), "");
+  text += "\npredicted peak " + gib_text(a.peak_bytes()) + " for " + count_text(a.local_tokens) +
+          " tokens a rank (" +
+          (stages.size() > 1 ? "train.stages[" + std::to_string(largest) + "]: " : std::string()) +
+          "train.batch_size " + std::to_string(c.train.batch_size) + " x train.seq_len " +
+          std::to_string(c.train.seq_len) + " / parallel.cp " + std::to_string(c.parallel.cp) + ")";
+  return text;
+}
+
+std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend, int gpus,
+                                     double bytes_per_gpu) {
+  if (gpus < 1) {
+    ringattn::detail::fail("longest_fitting_seq_len", "gpus is ", gpus, "; expected >= 1");
+  }
+  TrainConfig c = config;
+  c.parallel.cp = gpus;
+  c.parallel.dp = 1;
+  c.train.stages.clear();
+  const std::int64_t step = chunk_count(gpus, c.parallel.layout);
+  const std::int64_t most = INT_MAX / step;  // seq_len = k x step is an int
+  const auto set = [&](std::int64_t k) { c.train.seq_len = static_cast<int>(k * step); };
+  const auto fits = [&](std::int64_t k) {
+    set(k);
+    return memory_account(c, backend).peak_bytes() <= bytes_per_gpu;
+  };
+  const auto tiled = [&](std::int64_t k) {
+    set(k);
+    const double n = local_tokens_of(c);
+    return resolved_mlp_chunk(model_options_of(c.train), n) < n;
+  };
+  // The largest k in [lo, hi] with pred(k), for a pred true up to a point and false after it;
+  // lo - 1 when none.
+  const auto last_true = [](std::int64_t lo, std::int64_t hi, const auto& pred) {
+    std::int64_t good = lo - 1;
+    while (lo <= hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (pred(mid)) {
+        good = mid;
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return good;
+  };
+  // Untiled up to `edge`, tiled after it; within each side the account grows with seq_len.
+  const std::int64_t edge = last_true(1, most, [&](std::int64_t k) { return !tiled(k); });
+  std::int64_t best = 0;
+  for (const auto& [lo, hi] : {std::pair{std::int64_t{1}, edge}, std::pair{edge + 1, most}}) {
+    if (lo > hi || !fits(lo)) continue;
+    best = std::max(best, last_true(lo, hi, fits));
+  }
+  return best * step;
 }
 
 }  // namespace ringattn::train

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "ringattn/tensor.hpp"
 #include "train/config.hpp"
@@ -58,9 +59,13 @@ struct ModelMemory {
 };
 
 // What Model<B> of `shape` allocates for micro-batches of `local_tokens` tokens (batch * Sl),
-// holding the AdamW moments of `moment_parameters` parameters (all of them unless sharded).
+// holding the AdamW moments of `moment_parameters` parameters (all of them unless sharded), with
+// its attention on a ring of `ring_ranks` (parallel.cp; 1 under parallel.local_attention), which
+// sizes the feed-forward arena where the block runs in chunks (it doubles as the ring's
+// workspace).
 ModelMemory model_memory(const ModelShape& shape, double local_tokens, const ModelOptions& options,
-                         ModelElementBytes element_bytes, double moment_parameters);
+                         ModelElementBytes element_bytes, double moment_parameters,
+                         int ring_ranks = 1);
 
 // Counts a Model's allocations per part; allocate() returns Buffer(count), or throws Error naming
 // the part, its bytes, the keys that size it and what failed (std::bad_alloc, a vector's
@@ -91,6 +96,68 @@ class ModelAllocator {
   ModelMemory allocated_;
 };
 
+// The workspace RingAttention keeps of its own in Model<B> (train/model_impl.hpp), where each ring
+// call is lent as scratch the feed-forward arena where the block runs in chunks (sized to hold the
+// ring's workspace: nothing of its own), else the buffers of ring_forward_args in their order:
+// dgu_, the block's gate|up, dact_, its swiglu output, dh_ and its normed input h2. An account,
+// not the ring's code: it mirrors Placement in parallel/ring_attention.cpp (which buffers each call
+// takes, in which order, first fit at 256-byte alignment) and must change with it. `ring_ranks` 1
+// (one rank, or parallel.local_attention): the backward's delta alone; more: the forward's running
+// output and two K|V buffers, the backward's two dK|dV accumulators, its step buffer when the call
+// runs more than two `ring_steps`, two K|V buffers and delta. Each buffer is proportional to the
+// local tokens, so bytes = bytes_per_token x local tokens.
+struct RingWorkspace {
+  double bytes = 0.0;            // the sum over buffer names of the largest own size a call needs
+  double bytes_per_token = 0.0;  // the same a local token
+};
+RingWorkspace ring_workspace(const ModelShape& shape, double local_tokens, double mlp_chunk_tokens,
+                             int ring_ranks, int ring_steps, ModelElementBytes element_bytes);
+
+// A training run's memory a rank, component by component: what each costs a local token (batch *
+// seq_len / cp) and what it costs whatever the tokens, at the account's tokens (a component such
+// as the logits chunk is per token below train.loss_chunk_tokens and fixed from there on). The
+// lines are the model's buffers (model_memory(), regrouped), the ring's own workspace
+// (ring_workspace()) and, on the cuda backend, the backend's: the cuBLASLt workspace
+// (RINGATTN_GEMM_WORKSPACE_MIB, 32 MiB unset), the batch's ids, targets, mask, losses and
+// predictions (20 bytes a token) and the RoPE tables (at most 4 x head_dim bytes a token). Not
+// counted: the CUDA context, NCCL's buffers, the host's copies.
+struct MemoryLine {
+  std::string component;         // "kept block inputs"
+  double bytes_per_token = 0.0;  // a local token
+  double fixed_bytes = 0.0;
+  double bytes = 0.0;  // at the account's tokens
+  std::string keys;    // the config keys that size it
+};
+struct MemoryAccount {
+  Backend backend = Backend::cuda;
+  double local_tokens = 0.0;
+  std::vector<MemoryLine> lines;
+  // Every buffer is allocated for the whole run (the ring's grow to their largest call), so the
+  // peak is the sum of the lines.
+  double peak_bytes() const;
+  double bytes_per_token() const;
+  double fixed_bytes() const;
+};
+// The account of `config` at its train.seq_len and train.batch_size (not its stages: see
+// stage_config) on `backend` (cuda or cpu; automatic counts as cuda).
+MemoryAccount memory_account(const TrainConfig& config, Backend backend);
+
+// The account as a person reads it: a header, one line a component ("KiB/token" and "fixed MiB";
+// with `keys`, the keys that size it), the totals and "predicted peak X GiB for N tokens a rank".
+// Of the stage with the most tokens a rank where the config has train.stages.
+// `in_use_before_bytes` (cuda; 0: unknown): the device memory in use before the model was made
+// (the CUDA context, NCCL's buffers), measured, counted as one more fixed line.
+std::string memory_account_text(const TrainConfig& config, Backend backend, bool keys = false,
+                                double in_use_before_bytes = 0.0);
+
+// The longest train.seq_len whose memory_account fits `gpus` GPUs of `bytes_per_gpu` each, with
+// the config's other keys and parallel.cp = gpus, parallel.dp = 1, no train.stages: a multiple of
+// 2 x gpus (zigzag) or gpus (contiguous) up to the largest int; 0 when none fits. The account is
+// piecewise linear in seq_len and drops where the feed-forward block starts to be tiled, so each
+// side of that point is searched on its own.
+std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend, int gpus,
+                                     double bytes_per_gpu);
+
 // "12.5 GiB": bytes in GiB, four significant digits.
 std::string gib_text(double bytes);
 
@@ -110,8 +177,9 @@ MemoryLimit host_memory_limit();
 //   map (its address-space limit, ulimit -v): 4.915e+04 GiB for the micro-batches of a step
 //   (train.grad_accum 2147483647 x 2048 tokens a rank: train.batch_size 8 x train.seq_len 256 /
 //   parallel.cp 1, x 12 bytes)
-// It is a floor: the backends' own workspaces and the libraries' memory come on top, so a run that
-// passes may still find an allocation failing (ModelAllocator names it).
+// The ring's own workspace counts with the model's parts, and on the cuda backend the backend's
+// buffers (memory_account). It is a floor: the CUDA context and NCCL's buffers come on top, so a
+// run that passes may still find an allocation failing (ModelAllocator names it).
 void check_run_memory(const TrainConfig& config, Backend backend, double device_bytes);
 
 }  // namespace ringattn::train

@@ -117,6 +117,8 @@ struct Trainer::Impl {
   Backend backend = Backend::cpu;  // resolved: cpu or cuda
   double flops_per_token = 0.0;    // model_flops_per_token of the config
   double peak_flops = 0.0;         // per GPU, for MFU; 0 when unknown (and on the CPU)
+  // The GPU's memory in use before the model was made (the CUDA context, NCCL), for the account.
+  double device_in_use_before_model = 0.0;
   std::shared_ptr<Communicator> device_world;  // NCCL over the world (cuda)
   std::shared_ptr<Communicator> device_cp;     // NCCL over this rank's ring (cuda)
   SequenceLayoutKind layout = SequenceLayoutKind::zigzag;
@@ -641,6 +643,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.model_options.recompute = config.train.recompute;
   s.model_options.recompute_attention = config.train.recompute_attention;
   s.model_options.loss_chunk_tokens = config.train.loss_chunk_tokens;
+  s.model_options.mlp_chunk_tokens = config.train.mlp_chunk_tokens;
   s.model_options.shard_optimizer = config.train.shard_optimizer;
   s.model_options.deterministic = config.train.deterministic;
   s.model_options.local_attention = config.parallel.local_attention;
@@ -664,6 +667,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
     s.device_world = nccl_communicator_over(mpi->handle());
     s.device_cp = split_communicator(*s.device_world, s.dp_rank, s.cp_rank);
     s.peak_flops = cuda_peak_bf16_flops();
+    s.device_in_use_before_model = cuda_device_memory_in_use_bytes();
     s.check_largest_stage_fits();
   }
   s.enter_stage(0);
@@ -695,6 +699,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
           ", " +
           std::to_string(parameter_count()) + " parameters, data " +
           std::string(source_name(config.data.source)));
+    s.log(memory_account_text(config, s.backend, false, s.device_in_use_before_model));
     if (s.stages.size() > 1) {
       std::string plan = "stages:";
       for (std::size_t i = 0; i < s.stages.size(); ++i) {

@@ -100,6 +100,15 @@ define_case() {
       command=("$plan" --causal --full)
       expect_status=2
       expect=("--causal" "--full") ;;
+    plan_config_missing)  # --config names a file that is not there: the path, not a crash
+      command=("$plan" --config missing.yaml)
+      expect_status=2
+      expect=("ringattn-plan: load_config: config file 'missing.yaml' does not exist") ;;
+    plan_config_directory)
+      mkdir conf.yaml
+      command=("$plan" --config conf.yaml --memory-gib 80)
+      expect_status=2
+      expect=("ringattn-plan: load_config: config file 'conf.yaml' is a directory; expected a YAML file") ;;
 
     # ---- ringattn-demo ----
     demo_heads_zero)

@@ -220,6 +220,28 @@ case $case_name in
     expect 2 "--kv-heads 5 does not divide --heads 16"
     run "$program" --seq 1001
     expect 2 "--seq 1001 is not a multiple of 4 (--layout zigzag over --ranks 2)"
+    # --config: the memory account of a training config, every component named, and the longest
+    # seq_len for each GPU count on its own row (GPUs, seq_len, tokens a rank, peak GiB).
+    configs="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/configs"
+    run "$program" --config "$configs/long-2gpu.yaml" --memory-gib 139
+    expect 0 "parameters (master weights)" "gradients" "AdamW moments (this rank's share)" \
+      "weights in the activation dtype" "kept block inputs" "kept attention outputs and LSE" \
+      "attention working set" "feed-forward arena (16384-token chunks)" \
+      "residual gradients, final norm" "logits chunk" "ring workspace (its own)" \
+      "cuBLASLt workspace" "KiB/token" "fixed MiB" \
+      "predicted peak " " GiB for 1081344 tokens a rank" \
+      "longest train.seq_len that fits, 139 GiB a GPU"
+    for gpus in 1 2 4 8; do
+      checks=$((checks + 1))
+      grep -Eq "^ +$gpus +[1-9][0-9]* +[1-9][0-9]* +[0-9]+\.[0-9]+$" <<< "$output" ||
+        fail "expected a row for $gpus GPUs: GPUs, seq_len, tokens a rank, peak GiB"
+    done
+    run "$program" --set train.seq_len=64
+    expect 2 "--set requires --config"
+    run "$program" --config "$configs/long-2gpu.yaml" --backend tpu
+    expect 2 "--backend: tpu not in {cuda,cpu}"
+    run "$program" --config "$configs/long-2gpu.yaml" --set train.mlp_chunk_tokens=-1
+    expect 2 "train.mlp_chunk_tokens"
     ;;
   demo)
     run "$program" --help

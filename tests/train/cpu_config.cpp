@@ -31,11 +31,11 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 53u);
+  EXPECT_EQ(keys.size(), 54u);
   for (const char* key :
        {"model.head_dim", "train.lr", "train.shard_optimizer", "train.loss_chunk_tokens",
-        "parallel.layout", "data.retrieval.pairs", "run.resume", "train.stages",
-        "model.attention_window", "model.rope_document_positions", "data.documents"}) {
+        "train.mlp_chunk_tokens", "parallel.layout", "data.retrieval.pairs", "run.resume",
+        "train.stages", "model.attention_window", "model.rope_document_positions", "data.documents"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -70,6 +70,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.recompute = true;
   c.train.recompute_attention = true;
   c.train.loss_chunk_tokens = integer(1, 99999);
+  c.train.mlp_chunk_tokens = integer(0, 99999);
   c.train.deterministic = true;
   c.train.profile = true;
   c.train.shard_optimizer = true;
@@ -427,6 +428,10 @@ INSTANTIATE_TEST_SUITE_P(
                      [](TrainConfig& c) { c.train.loss_chunk_tokens = 0; },
                      2,
                      {"train.loss_chunk_tokens is 0; expected at least 1"}},
+        ValidateCase{"mlp_chunk",
+                     [](TrainConfig& c) { c.train.mlp_chunk_tokens = -1; },
+                     2,
+                     {"train.mlp_chunk_tokens is -1; expected at least 0"}},
         ValidateCase{"keep",
                      [](TrainConfig& c) { c.train.keep_checkpoints = 0; },
                      2,

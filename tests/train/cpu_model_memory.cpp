@@ -3,13 +3,21 @@
 // no machine holds, naming the keys and values that make it so, before anything is allocated (the
 // tiny configs of the tests pass). What Model actually allocates is held equal to model_memory()
 // by tests/train/mpi_model_allocation.cpp (a Model needs a communicator).
+//
+// The memory account (memory_account) regroups the same bytes by component: its lines sum to
+// model_memory() plus the ring's own workspace (plus the cuda backend's buffers), split exactly
+// into bytes a token and fixed bytes; the ring's workspace is checked against a placement worked
+// out by hand, and the longest seq_len that fits against the account and against every buffer of
+// a small model written out here.
 #include "train/model_memory.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "tests/train/expect_error.hpp"
 #include "train/config.hpp"
@@ -122,6 +130,307 @@ TEST(ModelMemory, DeviceMemoryAndStagesAreChecked) {
   EXPECT_TRUE(throws_error_with([&] { check_run_memory(config, Backend::cpu, 0.0); },
                                 {" of host memory in train.stages[1] (seq_len 268435456, "
                                  "batch_size 1048576), more than the "}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The memory account.
+
+// A small run of `cp` ranks on a sequence of `seq_len` tokens (batch 2, contiguous so that any
+// multiple of cp splits).
+TrainConfig account_run(int cp, int seq_len) {
+  TrainConfig config;
+  config.model.n_layers = 3;
+  config.train.batch_size = 2;
+  config.train.seq_len = seq_len;
+  config.train.loss_chunk_tokens = 96;
+  config.parallel.cp = cp;
+  config.parallel.layout = ShardLayout::contiguous;
+  return config;
+}
+
+struct AccountCase {
+  const char* name;
+  TrainConfig config;
+};
+
+// Untiled and tiled feed-forward blocks, each recomputation mode, 1, 2 and 4 ranks, sharded
+// moments, the zigzag layout and a window that shortens the ring.
+std::vector<AccountCase> account_cases() {
+  std::vector<AccountCase> cases;
+  for (const int cp : {1, 2, 4}) {
+    for (const int mode : {0, 1, 2}) {
+      for (const int chunk : {0, 40}) {
+        TrainConfig c = account_run(cp, 320);
+        c.train.recompute = mode >= 1;
+        c.train.recompute_attention = mode == 2;
+        c.train.mlp_chunk_tokens = chunk;
+        cases.push_back({"cp/mode/chunk", c});
+      }
+    }
+  }
+  TrainConfig sharded = account_run(4, 512);
+  sharded.train.shard_optimizer = true;
+  sharded.parallel.layout = ShardLayout::zigzag;
+  sharded.train.mlp_chunk_tokens = 16;
+  cases.push_back({"sharded zigzag", sharded});
+  TrainConfig window = account_run(4, 512);
+  window.model.attention_window = 8;  // one hop: steps 2, no step buffer
+  window.train.mlp_chunk_tokens = 8;
+  cases.push_back({"window", window});
+  return cases;
+}
+
+// model_memory() and ring_workspace() for a config, from its keys as the test reads them.
+double model_and_ring_bytes(const TrainConfig& c, ModelElementBytes e) {
+  const ModelShape shape = model_shape(c.model);
+  const double n = static_cast<double>(c.train.batch_size) * c.train.seq_len / c.parallel.cp;
+  ModelOptions options;
+  options.recompute = c.train.recompute;
+  options.recompute_attention = c.train.recompute_attention;
+  options.loss_chunk_tokens = c.train.loss_chunk_tokens;
+  options.mlp_chunk_tokens = c.train.mlp_chunk_tokens;
+  const double p = static_cast<double>(parameter_count(shape));
+  double moments = p;
+  const int ranks = c.parallel.dp * c.parallel.cp;
+  if (c.train.shard_optimizer && ranks > 1) {  // Model::share_of's widest share
+    const auto count = static_cast<std::int64_t>(p);
+    std::int64_t widest = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const std::int64_t first = count * r / ranks / 64 * 64;
+      const std::int64_t end = r + 1 == ranks ? count : count * (r + 1) / ranks / 64 * 64;
+      widest = std::max(widest, end - first);
+    }
+    moments = static_cast<double>(widest);
+  }
+  const std::int64_t chunk =
+      mlp_chunk_tokens(c.train.mlp_chunk_tokens, c.train.recompute, static_cast<std::int64_t>(n));
+  // Causal over contiguous or zigzag shards: every rank's K/V goes all the way round, unless the
+  // window keeps each query within the shard before its own.
+  const int steps = c.model.attention_window > 0 ? std::min(2, c.parallel.cp) : c.parallel.cp;
+  const int ring_ranks = c.parallel.local_attention ? 1 : c.parallel.cp;
+  return model_memory(shape, n, options, e, moments, ring_ranks).total() +
+         ring_workspace(shape, n, static_cast<double>(chunk), c.parallel.cp, steps, e).bytes;
+}
+
+// The lines sum to model_memory() plus the ring's own workspace (on the cuda backend plus its
+// 32 MiB cuBLASLt workspace, 20 bytes a token of batch buffers and the RoPE tables), and each line
+// is its bytes a token times the tokens plus its fixed bytes.
+TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
+  for (const AccountCase& k : account_cases()) {
+    const TrainConfig& c = k.config;
+    SCOPED_TRACE(std::string(k.name) + ": cp " + std::to_string(c.parallel.cp) + ", recompute " +
+                 std::to_string(c.train.recompute) + "/" +
+                 std::to_string(c.train.recompute_attention) + ", mlp_chunk_tokens " +
+                 std::to_string(c.train.mlp_chunk_tokens));
+    const MemoryAccount cpu = memory_account(c, Backend::cpu);
+    double sum = 0.0;
+    for (const MemoryLine& line : cpu.lines) {
+      EXPECT_EQ(line.bytes, line.bytes_per_token * cpu.local_tokens + line.fixed_bytes)
+          << line.component;
+      sum += line.bytes;
+    }
+    EXPECT_EQ(sum, model_and_ring_bytes(c, kCpuModelElements));
+    EXPECT_EQ(cpu.peak_bytes(), sum);
+
+    const MemoryAccount cuda = memory_account(c, Backend::cuda);
+    const double n = cuda.local_tokens;
+    const double rope_rows = n / c.train.batch_size;  // retrieval: no documents, a row a position
+    EXPECT_EQ(cuda.peak_bytes(), model_and_ring_bytes(c, kCudaModelElements) + 32.0 * (1 << 20) +
+                                     20.0 * n + rope_rows * 16 * 4);
+  }
+}
+
+// The components the issue names are all there, under names a person reads.
+TEST(MemoryAccount, NamesEveryComponent) {
+  TrainConfig c = account_run(2, 320);
+  c.train.recompute = true;
+  c.train.mlp_chunk_tokens = 40;
+  const std::string text = memory_account_text(c, Backend::cuda);
+  for (const char* component :
+       {"parameters (master weights)", "gradients", "AdamW moments",
+        "weights in the activation dtype", "kept block inputs", "kept attention outputs and LSE",
+        "attention working set (one layer)", "feed-forward arena (40-token chunks)",
+        "residual gradients, final norm", "logits chunk", "ring workspace (its own)",
+        "cuBLASLt workspace", "KiB/token", "fixed MiB", "predicted peak ",
+        " GiB for 320 tokens a rank (train.batch_size 2 x train.seq_len 320 / "
+        "parallel.cp 2)"}) {
+    EXPECT_NE(text.find(component), std::string::npos) << component << " in\n" << text;
+  }
+}
+
+// Past the feed-forward chunk and the loss chunk, doubling the tokens adds exactly the tokens
+// times the bytes a token, and the fixed bytes stay.
+TEST(MemoryAccount, SplitsBytesATokenFromFixedBytes) {
+  for (const AccountCase& k : account_cases()) {
+    TrainConfig c = k.config;
+    c.train.seq_len *= 2;  // 640 or 1024 tokens: at least 96 (the loss chunk) a rank
+    const MemoryAccount one = memory_account(c, Backend::cpu);
+    ASSERT_GE(one.local_tokens, 96.0);
+    c.train.seq_len *= 2;
+    const MemoryAccount two = memory_account(c, Backend::cpu);
+    SCOPED_TRACE(std::string(k.name) + ": cp " + std::to_string(c.parallel.cp) +
+                 ", mlp_chunk_tokens " + std::to_string(c.train.mlp_chunk_tokens));
+    EXPECT_EQ(two.bytes_per_token(), one.bytes_per_token());
+    EXPECT_EQ(two.fixed_bytes(), one.fixed_bytes());
+    EXPECT_EQ(two.peak_bytes() - one.peak_bytes(), one.local_tokens * one.bytes_per_token());
+    // The logits chunk is fixed from the loss chunk on.
+    for (const MemoryLine& line : one.lines) {
+      if (line.component == "logits chunk") {
+        EXPECT_EQ(line.bytes_per_token, 0.0);
+        EXPECT_EQ(line.fixed_bytes, 96.0 * 256 * 4);
+      }
+    }
+  }
+  // Below the loss chunk the logits are a token's vocabulary each.
+  const MemoryAccount small = memory_account(account_run(2, 64), Backend::cpu);
+  for (const MemoryLine& line : small.lines) {
+    if (line.component == "logits chunk") {
+      EXPECT_EQ(line.bytes_per_token, 256.0 * 4);
+    }
+  }
+}
+
+// Placement by hand: d_model 64, ffn_hidden 8, 4 query heads and 2 K/V heads of 16, bf16
+// activations, 64 tokens a rank, the feed-forward block whole. The lent regions: dgu 64 x 16 x 2 =
+// 2048, gate|up 2048, dact 64 x 8 x 2 = 1024, swiglu 1024, dh 64 x 64 x 2 = 8192 and h2 8192 bytes.
+// Forward: the running output (64 x 64 x 4 = 16384) fits none: its own; K|V 0 (64 x 64 x 2 =
+// 8192) fills dh, K|V 1 fills h2. Backward over 3 steps: dK|dV 0, 1 and the step buffer (16384
+// each) fit none; K|V 0 and 1 fill dh and h2 again; delta (64 x 4 x 4 = 1024) takes the start of
+// dgu. Own: 4 x 16384 = 65536 bytes, 1024 a token. Over 2 steps the step buffer goes; on one rank
+// delta alone, which dgu holds; in chunks the arena holds the ring's whole workspace.
+TEST(MemoryAccount, RingWorkspaceMirrorsThePlacement) {
+  ModelShape shape;
+  shape.vocab = 256;
+  shape.d_model = 64;
+  shape.layers = 2;
+  shape.q_heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 16;
+  shape.ffn_hidden = 8;
+  const RingWorkspace three = ring_workspace(shape, 64, 64, 3, 3, kCudaModelElements);
+  EXPECT_EQ(three.bytes, 65536.0);
+  EXPECT_EQ(three.bytes_per_token, 1024.0);
+  EXPECT_EQ(ring_workspace(shape, 64, 64, 3, 2, kCudaModelElements).bytes, 65536.0 - 16384.0);
+  EXPECT_EQ(ring_workspace(shape, 64, 64, 1, 1, kCudaModelElements).bytes, 0.0);
+  EXPECT_EQ(ring_workspace(shape, 64, 8, 3, 3, kCudaModelElements).bytes, 0.0);
+  // d_model 32: dh and h2 (4096 bytes) hold no K|V either, so both K|V buffers are the ring's
+  // own too: 65536 + 2 x 8192.
+  shape.d_model = 32;
+  EXPECT_EQ(ring_workspace(shape, 64, 64, 3, 3, kCudaModelElements).bytes, 81920.0);
+  // No layer, no attention.
+  shape.layers = 0;
+  EXPECT_EQ(ring_workspace(shape, 64, 64, 3, 3, kCudaModelElements).bytes, 0.0);
+}
+
+// Every buffer of the small CPU model below on one rank, its bytes written out from
+// train/model_impl.hpp's constructor: 4 bytes an element (fp32 everywhere). In chunks, the
+// feed-forward arena holds a chunk's h2, gate|up, swiglu, dact and dgu, each from a 256-byte
+// boundary, or the ring's workspace (delta: tokens x 4 heads x 4 bytes, rounded up to 256 bytes,
+// and 256 more for its start) where that is more. Untiled, the lent dh (tokens x 64 x 4 bytes)
+// always holds delta: no workspace of the ring's own.
+double brute_force_bytes(const TrainConfig& c) {
+  const std::int64_t n = std::int64_t{c.train.batch_size} * c.train.seq_len;  // one rank
+  const std::int64_t d = 64, layers = 3, hq = 4, hkv = 2, hd = 16, f = 176, vocab = 256;
+  const std::int64_t row = (hq + 2 * hkv) * hd;
+  const std::int64_t key = c.train.mlp_chunk_tokens;
+  const std::int64_t chunk = std::min(n, key > 0 ? key : c.train.recompute ? 16384 : n);
+  const bool tiled = chunk < n;
+  const std::int64_t kept = c.train.recompute ? 1 : layers;
+  const std::int64_t p = parameter_count(model_shape(c.model));
+  std::vector<std::int64_t> elements = {p, p, p, p};  // weights, gradients, two moments
+  for (std::int64_t l = 0; l <= layers; ++l) elements.push_back(n * d);  // x_in
+  for (std::int64_t l = 0; l < layers; ++l) {                            // attn_o, attn_lse
+    elements.push_back(n * hq * hd);
+    elements.push_back(n * hq);
+  }
+  for (std::int64_t l = 0; l < kept; ++l) {  // inv1, inv2, h1, qkv, x_mid (h2, gu, act)
+    for (const std::int64_t e : {n, n, n * d, n * row, n * d}) elements.push_back(e);
+    if (!tiled) {
+      for (const std::int64_t e : {n * d, n * 2 * f, n * f}) elements.push_back(e);
+    }
+  }
+  if (tiled) {
+    const auto stretch = [](std::int64_t e) { return (e + 63) / 64 * 64; };  // 256 bytes
+    const std::int64_t hidden =
+        stretch(chunk * d) + 2 * stretch(chunk * 2 * f) + 2 * stretch(chunk * f);
+    const std::int64_t delta_bytes = (n * hq * 4 + 255) / 256 * 256 + 256;
+    elements.push_back(std::max(hidden, delta_bytes / 4));
+  } else {
+    elements.push_back(n * f);      // dact
+    elements.push_back(n * 2 * f);  // dgu
+  }
+  const std::int64_t logits = std::min<std::int64_t>(n, c.train.loss_chunk_tokens) * vocab;
+  for (const std::int64_t e : {n, n * d, logits, n * d, n * d, n * row, n * hq * hd}) {
+    elements.push_back(e);  // inv_f, hf, logits, dh, dx, dqkv, dout
+  }
+  double bytes = 0.0;
+  for (const std::int64_t e : elements) bytes += 4.0 * static_cast<double>(e);
+  return bytes;
+}
+
+// The longest seq_len that fits is a multiple of the layout's chunks, fits, and one more chunk
+// does not: by the account, and for one small model by the buffers written out above.
+TEST(MemoryAccount, LongestFittingSeqLenIsTheLast) {
+  TrainConfig brute = account_run(1, 64);
+  brute.parallel.layout = ShardLayout::zigzag;
+  brute.train.recompute = true;
+  brute.train.mlp_chunk_tokens = 64;
+  EXPECT_EQ(memory_account(brute, Backend::cpu).peak_bytes(), brute_force_bytes(brute));
+  for (const double mib : {8.0, 16.0, 40.0}) {  // tiled at the answer (2 x seq_len > 64)
+    const std::int64_t longest = longest_fitting_seq_len(brute, Backend::cpu, 1, mib * 0x1p20);
+    ASSERT_GT(longest, 32) << mib;
+    ASSERT_EQ(longest % 2, 0) << mib;  // zigzag on one GPU: 2 chunks
+    TrainConfig c = brute;
+    c.train.seq_len = static_cast<int>(longest);
+    EXPECT_LE(brute_force_bytes(c), mib * 0x1p20) << longest;
+    EXPECT_EQ(memory_account(c, Backend::cpu).peak_bytes(), brute_force_bytes(c)) << longest;
+    c.train.seq_len += 2;
+    EXPECT_GT(brute_force_bytes(c), mib * 0x1p20) << longest;
+  }
+  TrainConfig untiled = brute;
+  untiled.train.recompute = false;
+  untiled.train.mlp_chunk_tokens = 0;
+  const std::int64_t longest = longest_fitting_seq_len(untiled, Backend::cpu, 1, 8 * 0x1p20);
+  untiled.train.seq_len = static_cast<int>(longest);
+  EXPECT_EQ(memory_account(untiled, Backend::cpu).peak_bytes(), brute_force_bytes(untiled));
+  EXPECT_LE(brute_force_bytes(untiled), 8 * 0x1p20);
+  untiled.train.seq_len += 2;
+  EXPECT_GT(brute_force_bytes(untiled), 8 * 0x1p20);
+
+  for (const AccountCase& k : account_cases()) {
+    for (const int gpus : {1, 2, 4, 8}) {
+      for (const Backend backend : {Backend::cpu, Backend::cuda}) {
+        const double bytes = 64 * 0x1p20;
+        const std::int64_t seq = longest_fitting_seq_len(k.config, backend, gpus, bytes);
+        TrainConfig c = k.config;
+        c.parallel.cp = gpus;
+        c.parallel.dp = 1;
+        const std::int64_t step = c.parallel.layout == ShardLayout::zigzag ? 2 * gpus : gpus;
+        SCOPED_TRACE(std::string(k.name) + ", " + std::to_string(gpus) + " GPUs: seq_len " +
+                     std::to_string(seq));
+        ASSERT_GT(seq, 0);
+        EXPECT_EQ(seq % step, 0);
+        c.train.seq_len = static_cast<int>(seq);
+        EXPECT_LE(memory_account(c, backend).peak_bytes(), bytes);
+        c.train.seq_len = static_cast<int>(seq + step);
+        EXPECT_GT(memory_account(c, backend).peak_bytes(), bytes);
+      }
+    }
+  }
+  // Nothing fits less than the parameters.
+  EXPECT_EQ(longest_fitting_seq_len(brute, Backend::cpu, 1, 1024.0), 0);
+}
+
+// check_run_memory holds a GPU to the account's peak, the ring's own workspace included, and
+// names it where it counts.
+TEST(MemoryAccount, RunCheckCountsTheRing) {
+  TrainConfig c = account_run(4, 1 << 16);
+  c.model.ffn_hidden = 8;  // the feed-forward buffers lent to the ring hold little of it
+  const double peak = memory_account(c, Backend::cuda).peak_bytes();
+  EXPECT_NO_THROW(check_run_memory(c, Backend::cuda, peak));
+  EXPECT_TRUE(throws_error_with(
+      [&] { check_run_memory(c, Backend::cuda, peak - 1.0); },
+      {" GiB of device memory, more than the ", "for the ring attention's own workspace ("}));
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
-// ringattn-mpi-ranks: 1 2
+// ringattn-mpi-ranks: 1 2 4
 // Whole-model gradient check of the CPU transformer (train/model_cpu.hpp) in fp64 against central
 // finite differences of the loss, on a tiny shape (vocab 16, d_model 16, 2 layers, 2 query heads
 // on 1 K/V head of 8, seq 8, batch 2) with a loss mask that leaves tokens out. With N ranks the
 // sequence is sharded over a ring of N (zigzag), each rank's gradients are summed over the ring
 // and the loss is the global weighted mean: the check covers the cp path too, with the ring's
 // workspace in the model's buffers that are dead during attention (it holds none of its own),
-// and, with recomputation, each block's forward run again before its backward.
+// and, with recomputation, each block's forward run again before its backward; with the
+// feed-forward block in chunks, the chunks' hidden activations made again in the backward and
+// the ring's workspace in their arena (4 ranks: with the ring's step buffer).
 // For a random direction u (over all parameters, and restricted to each parameter tensor in turn):
 //   | g . u - (L(p + eps u) - L(p - eps u)) / (2 eps) | <= 1e-6 * max(|g . u|, 1e-3)
 #include <mpi.h>
@@ -47,8 +49,9 @@ ModelConfig tiny_model(bool tied) {
 // loss_chunk_tokens: the output head and the loss in chunks of that many tokens (3 splits a
 // rank's 8 / N local tokens unevenly), or all at once. recompute (and with it attention): each
 // block's activations computed again before its backward, into one block's shared buffers.
+// mlp_chunk_tokens: the feed-forward block likewise in chunks (0: all at once without recompute).
 void run_check(bool tied, std::int64_t loss_chunk_tokens = 8192, bool recompute = false,
-               bool recompute_attention = false) {
+               bool recompute_attention = false, std::int64_t mlp_chunk_tokens = 0) {
   constexpr std::int64_t kBatch = 2, kSeq = 8;
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   const int size = communicator_size(*world), rank = communicator_rank(*world);
@@ -57,6 +60,7 @@ void run_check(bool tied, std::int64_t loss_chunk_tokens = 8192, bool recompute 
   options.loss_chunk_tokens = loss_chunk_tokens;
   options.recompute = recompute;
   options.recompute_attention = recompute_attention;
+  options.mlp_chunk_tokens = mlp_chunk_tokens;
   CpuModel<double> model(mc, kBatch, kSeq, world, SequenceLayoutKind::zigzag, options);
   model.init(7);
   // Perturb the norm gains away from 1 so that their gradients are generic.
@@ -142,6 +146,11 @@ TEST(CpuModelGradcheck, LossInChunks) {
 TEST(CpuModelGradcheck, RecomputedBlocks) {
   run_check(false, 3, true, false);
   run_check(false, 3, true, true);
+}
+TEST(CpuModelGradcheck, FeedForwardInChunks) {
+  run_check(false, 3, false, false, 3);
+  run_check(true, 8192, true, false, 5);
+  run_check(false, 3, true, true, 1);
 }
 
 }  // namespace

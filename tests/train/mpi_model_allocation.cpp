@@ -1,7 +1,7 @@
 // ringattn-mpi-ranks: 1 2
 // What a Model allocates is what model_memory() predicts, part by part, for the shapes and options
 // that change its buffers (GQA, untied embeddings, loss chunks, recomputation with and without the
-// attention, cp ranks, fp32 and fp64): the trainer's check before step 1 is then the model's own
+// attention, the feed-forward block in chunks, cp ranks, fp32 and fp64): the trainer's check before step 1 is then the model's own
 // account. And an allocation that cannot be made is an Error naming the part, its bytes and the
 // config keys that size it, not a bare std::bad_alloc or max_size() message.
 #include <gtest/gtest.h>
@@ -39,7 +39,8 @@ void expect_allocated_as_predicted(const ModelConfig& config, const ModelOptions
   CpuModel<T> model(config, 3, 16, mpi_world_communicator(), SequenceLayoutKind::zigzag, options);
   const ModelMemory predicted =
       model_memory(model_shape(config), static_cast<double>(model.local_tokens()), options,
-                   element_bytes, static_cast<double>(model.parameter_count()));
+                   element_bytes, static_cast<double>(model.parameter_count()),
+                   communicator_size(*mpi_world_communicator()));
   const ModelMemory& allocated = model.allocated_memory();
   for (const ModelPart part : {ModelPart::parameters, ModelPart::activations, ModelPart::logits}) {
     EXPECT_EQ(allocated[part], predicted[part]) << model_part_name(part);
@@ -52,6 +53,7 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
     ModelConfig config;
     bool recompute, recompute_attention;
     std::int64_t loss_chunk_tokens;
+    std::int64_t mlp_chunk_tokens = 0;
   };
   const Case cases[] = {
       {"tied, GQA", small_model(2, true, 2), false, false, 8192},
@@ -59,6 +61,12 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
       {"recompute", small_model(3, true, 1), true, false, 8192},
       {"recompute attention", small_model(3, true, 2), true, true, 7},
       {"one layer, recompute attention", small_model(1, true, 2), true, true, 8192},
+      {"feed-forward in chunks of 5", small_model(2, true, 2), false, false, 8192, 5},
+      {"recompute, feed-forward in chunks of 7", small_model(3, false, 4), true, false, 5, 7},
+      {"recompute attention, feed-forward in chunks of 1", small_model(2, true, 2), true, true,
+       8192, 1},
+      {"recompute, automatic chunk (all the tokens)", small_model(2, true, 2), true, false, 8192,
+       0},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -66,6 +74,7 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
     options.recompute = c.recompute;
     options.recompute_attention = c.recompute_attention;
     options.loss_chunk_tokens = c.loss_chunk_tokens;
+    options.mlp_chunk_tokens = c.mlp_chunk_tokens;
     expect_allocated_as_predicted<float>(c.config, options, kCpuModelElements);
     expect_allocated_as_predicted<double>(c.config, options, ModelElementBytes{8, 8, 8});
   }

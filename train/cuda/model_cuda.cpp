@@ -340,6 +340,12 @@ double cuda_device_memory_bytes() {
   return static_cast<double>(prop.totalGlobalMem);
 }
 
+double cuda_device_memory_in_use_bytes() {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0.0;
+  return static_cast<double>(total_bytes - free_bytes);
+}
+
 std::unique_ptr<TrainModel> make_cuda_model(const ModelConfig& config, std::int64_t batch,
                                             std::int64_t seq_len,
                                             std::shared_ptr<Communicator> cp_comm,
