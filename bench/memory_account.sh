@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # gpu-check part bench-memory_account: the trainer's memory account (the peak it predicts at
 # startup) against the peak it measures (cudaMemGetInfo, the step logs' "peak"), and what the
-# feed-forward chunks cost and save, for the 188M shape of configs/long-2gpu.yaml on one GPU
-# (cp = 1, recompute with the attention, synthetic tokens).
+# feed-forward chunks and the offload of the blocks' inputs cost and save, for the 188M shape of
+# configs/long-2gpu.yaml on one GPU (cp = 1, recompute with the attention, synthetic tokens).
 # Usage: bench/memory_account.sh OUTDIR
 #
-# MEMORY_ACCOUNT_CASES lists the runs as SEQ:MLP_CHUNK:STEPS (MLP_CHUNK 0: automatic, all: the
-# whole local sequence, the untiled block); default 131072:0:4 131072:all:4 524288:0:2.
+# MEMORY_ACCOUNT_CASES lists the runs as SEQ:MLP_CHUNK:STEPS[:OFFLOAD] (MLP_CHUNK 0: automatic,
+# all: the whole local sequence, the untiled block; OFFLOAD on, off or auto, default auto);
+# default 131072:all:4:off 131072:0:4:off 131072:0:4:on 524288:0:2:off.
 # A step at 1M tokens takes minutes on one H200 (attention is quadratic in the length): add
 # 1048576:0:1 where the time allows. RINGATTN_BUILD names another build than build-gpu/.
 #
 # Writes OUTDIR/memory_account.json: per run the predicted and measured peak (MiB), their ratio,
-# tokens/s (median of the steps after the first) and MFU.
+# tokens/s (median of the steps after the first) and MFU. The predicted peak is the trainer's
+# (with the device memory in use before the model, measured); cudaMemGetInfo counts the pool
+# that cudaMallocAsync keeps as well.
 set -uo pipefail
 out="${1:?usage: bench/memory_account.sh OUTDIR}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -20,16 +23,18 @@ build="${RINGATTN_BUILD:-build-gpu}"
 runs="$out/memory-account-runs"
 mkdir -p "$runs"
 status=0
-read -r -a cases <<<"${MEMORY_ACCOUNT_CASES:-131072:0:4 131072:all:4 524288:0:2}"
+read -r -a cases <<<"${MEMORY_ACCOUNT_CASES:-131072:all:4:off 131072:0:4:off 131072:0:4:on 524288:0:2:off}"
 for c in "${cases[@]}"; do
-  IFS=: read -r seq chunk steps <<<"$c"
+  IFS=: read -r seq chunk steps offload <<<"$c"
+  offload="${offload:-auto}"
   [[ $chunk == all ]] && chunk_value="$seq" || chunk_value="$chunk"
-  name="seq${seq}-chunk${chunk}"
+  name="seq${seq}-chunk${chunk}-offload${offload}"
   echo "=== ringattn-train $name ($steps steps)"
   rm -rf "${runs:?}/$name"
   timeout 590 "$build/ringattn-train" configs/long-2gpu.yaml \
     --set data.source=retrieval --set parallel.cp=1 --set train.seq_len="$seq" \
-    --set train.mlp_chunk_tokens="$chunk_value" --set train.steps="$steps" \
+    --set train.mlp_chunk_tokens="$chunk_value" --set train.offload="$offload" \
+    --set train.steps="$steps" \
     --set train.warmup_steps=1 --set train.log_every=1 --set train.eval_every=0 \
     --set train.checkpoint_every=0 --set run.dir="$runs/$name" --set run.backend=cuda \
     >"$runs/$name.log" 2>&1 || { status=1; tail -5 "$runs/$name.log"; }

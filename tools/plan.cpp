@@ -43,12 +43,17 @@ int print_memory_account(const std::string& file, const std::vector<std::string>
     backend = backend_text == "cpu" ? train::Backend::cpu : train::Backend::cuda;
   }
   if (backend == train::Backend::cuda) train::validate_for_cuda(config);
+  const double bytes = memory_gib * 0x1p30;
+  // train.offload auto as the trainer resolves it on a GPU of --memory-gib.
+  const auto resolved = [&](const train::TrainConfig& c) {
+    return train::offload_resolved(c, train::resolve_offload(c, backend, bytes));
+  };
   std::printf("%s\n", file.c_str());
-  std::printf("%s\n", train::memory_account_text(config, backend, true).c_str());
+  std::printf("%s\n", train::memory_account_text(resolved(config), backend, true).c_str());
   std::printf("\nlongest train.seq_len that fits, %g GiB a GPU (parallel.cp = GPUs, dp 1):\n",
               memory_gib);
-  std::printf("  %4s %14s %16s %14s\n", "GPUs", "seq_len", "tokens a rank", "peak GiB");
-  const double bytes = memory_gib * 0x1p30;
+  std::printf("  %4s %14s %16s %14s %14s %8s\n", "GPUs", "seq_len", "tokens a rank", "peak GiB",
+              "host GiB", "offload");
   for (const int gpus : {1, 2, 4, 8}) {
     const std::int64_t seq_len = train::longest_fitting_seq_len(config, backend, gpus, bytes);
     if (seq_len == 0) {
@@ -60,9 +65,12 @@ int print_memory_account(const std::string& file, const std::vector<std::string>
     fitted.parallel.dp = 1;
     fitted.train.stages.clear();
     fitted.train.seq_len = static_cast<int>(seq_len);
+    fitted = resolved(fitted);
     const train::MemoryAccount account = train::memory_account(fitted, backend);
-    std::printf("  %4d %14lld %16.0f %14.2f\n", gpus, static_cast<long long>(seq_len),
-                account.local_tokens, account.peak_bytes() / 0x1p30);
+    std::printf("  %4d %14lld %16.0f %14.2f %14.2f %8s\n", gpus, static_cast<long long>(seq_len),
+                account.local_tokens, account.peak_bytes() / 0x1p30,
+                account.host_bytes() / 0x1p30,
+                fitted.train.offload == train::Offload::on ? "on" : "off");
   }
   return 0;
 }

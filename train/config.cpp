@@ -52,6 +52,11 @@ std::span<const EnumName<DataSource>> enum_names(DataSource) {
 std::span<const EnumName<Backend>> enum_names(Backend) {
   return kBackendNames;
 }
+constexpr EnumName<Offload> kOffloadNames[] = {
+    {"auto", Offload::automatic}, {"on", Offload::on}, {"off", Offload::off}};
+std::span<const EnumName<Offload>> enum_names(Offload) {
+  return kOffloadNames;
+}
 
 template <typename T>
 bool parse_integer(std::string_view text, T& out) {
@@ -311,6 +316,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(train.recompute_attention),
       RINGATTN_CONFIG_KEY(train.loss_chunk_tokens),
       RINGATTN_CONFIG_KEY(train.mlp_chunk_tokens),
+      RINGATTN_CONFIG_KEY(train.offload),
       RINGATTN_CONFIG_KEY(train.deterministic),
       RINGATTN_CONFIG_KEY(train.profile),
       RINGATTN_CONFIG_KEY(train.shard_optimizer),

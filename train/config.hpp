@@ -9,8 +9,8 @@
 //             rope_theta norm_eps init_std attention_window rope_document_positions
 //   train:    seq_len batch_size grad_accum steps stages lr min_lr warmup_steps weight_decay beta1
 //             beta2 adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
-//             mlp_chunk_tokens deterministic profile shard_optimizer log_every eval_every
-//             eval_batches checkpoint_every keep_checkpoints
+//             mlp_chunk_tokens offload deterministic profile shard_optimizer log_every
+//             eval_every eval_batches checkpoint_every keep_checkpoints
 //   parallel: dp cp layout local_attention
 //   data:     source train_path val_path documents
 //             retrieval: {pairs key_tokens value_tokens queries}
@@ -70,6 +70,8 @@ struct StageConfig {
 };
 
 // The `train` section.
+enum class Offload { automatic, on, off };  // YAML: auto, on, off
+
 struct TrainingConfig {
   int seq_len = 256;     // tokens per sequence (the whole context, over all cp ranks)
   int batch_size = 8;    // sequences per data-parallel rank per micro-step
@@ -103,6 +105,11 @@ struct TrainingConfig {
   // at a time, in the forward, the recompute and the backward: only one chunk of its hidden
   // activations exists at once. 0: automatic (mlp_chunk_tokens() below).
   int mlp_chunk_tokens = 0;
+  // The blocks' kept inputs in pinned host memory: each is copied out during the forward, on a
+  // stream of its own beside the next block's compute, and back one block ahead of the backward
+  // that reads it; the GPU then holds three of them instead of n_layers + 1. auto: on where the
+  // GPU cannot hold the run without it (the memory account, train/model_memory.hpp), else off.
+  Offload offload = Offload::automatic;
   bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
   // Time every step's ops by phase (train/model.hpp); at the end of the run rank 0 prints the
   // table and writes <run.dir>/profile.json. The results are the same either way.

@@ -117,6 +117,11 @@ struct ModelOptions {
   // tokens, the block's hidden activations (h2, gate|up, swiglu and their gradients) exist for
   // one chunk only, and the backward makes them again chunk by chunk from the kept residual.
   std::int64_t mlp_chunk_tokens = 0;
+  // The blocks' inputs in host memory (train.offload resolved): block l's input is copied out
+  // while block l runs its forward, and back while block l + 1 runs its backward; the backend's
+  // memory holds three of them (two blocks' and the final norm's) instead of n_layers + 1. The
+  // results are bitwise those without.
+  bool offload = false;
   // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
   bool shard_optimizer = false;
   // Called before each block's forward and backward in forward_backward (not in forward alone).
@@ -332,6 +337,15 @@ class Model final : public TrainModel {
   bool row_positions_ = false;
   std::size_t emb_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerParams> lp_;
+  // Block l's input (l = L: the final norm's): x_in_[l], or with ModelOptions::offload, where
+  // x_in_ holds three buffers, x_in_[l % 2] for l < L and x_in_.back() for L. host_in_[l] is the
+  // host copy of block l's input; resident_input(l): still in its buffer after the forward (the
+  // last two blocks'), so neither copied out nor back.
+  Act* block_input(std::size_t l);
+  bool resident_input(std::size_t l) const { return l + 2 >= lp_.size(); }
+  template <typename E>
+  using HostBuffer = typename Backend::template HostBuffer<E>;
+  std::vector<HostBuffer<Act>> host_in_;
   // Activations: the input of every block (x_in_[L] is the final norm's input), the attention
   // output and LSE of every block (one pair when recomputing the attention), and the rest of every
   // block's (L of them, or one when recomputing).

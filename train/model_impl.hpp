@@ -125,8 +125,16 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
                            "; expected >= 0 (0: automatic)");
   }
   mlp_chunk_ = mlp_chunk_tokens(options_.mlp_chunk_tokens, options_.recompute, n);
-  for (std::int64_t l = 0; l <= shape_.layers; ++l) {
+  const std::int64_t device_inputs =
+      options_.offload ? std::min<std::int64_t>(3, shape_.layers + 1) : shape_.layers + 1;
+  for (std::int64_t l = 0; l < device_inputs; ++l) {
     x_in_.push_back(allocate<Act>(n * d, kActivations));
+  }
+  if (options_.offload) {
+    for (std::int64_t l = 0; l + 2 < shape_.layers; ++l) {
+      host_in_.push_back(allocator_.allocate<HostBuffer<Act>>(n * d, sizeof(Act), Memory::host,
+                                                              ModelPart::offloaded));
+    }
   }
   const std::int64_t one_or_none = std::min<std::int64_t>(1, shape_.layers);
   for (std::int64_t l = 0; l < (keeps_attention() ? shape_.layers : one_or_none); ++l) {
@@ -193,6 +201,12 @@ void Model<B>::allocate_layer(Layer& L) {
   L.h2 = allocate<Act>(n * d, kActivations);
   L.gu = allocate<Act>(n * 2 * f, kActivations);
   L.act = allocate<Act>(n * f, kActivations);
+}
+
+template <class B>
+typename B::Act* Model<B>::block_input(std::size_t l) {
+  if (!options_.offload) return x_in_[l].data();
+  return l == lp_.size() ? x_in_.back().data() : x_in_[l % 2].data();
 }
 
 template <class B>
@@ -361,7 +375,7 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
                      hkv = shape_.kv_heads;
   const std::int64_t row = qkv_width();
   const LayerParams& P = lp_[l];
-  const Act* x_in = x_in_[l].data();
+  const Act* x_in = block_input(l);
   timed("rmsnorm", [&] {
     be.rmsnorm_forward(L.h1.data(), L.inv1.data(), x_in, master(P.attn_norm), {n, d},
                        config_.norm_eps);
@@ -404,7 +418,7 @@ void Model<B>::mlp_forward(std::size_t l, Layer& L, std::int64_t first, std::int
   timed("swiglu", [&] { be.swiglu_forward(M.act, M.gu, {rows, f}); });
   if (down) {
     timed("matmul.down", [&] {
-      be.matmul_forward(x_in_[l + 1].data() + first * d, M.act, weight(P.w_down), {rows, f, d},
+      be.matmul_forward(block_input(l + 1) + first * d, M.act, weight(P.w_down), {rows, f, d},
                         Write::add, x_mid);
     });
   }
@@ -452,13 +466,23 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
     load_documents(batch);
   });
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
-  timed("embedding", [&] { be.embedding_forward(x_in_[0].data(), weight(emb_), {n, v, d}); });
+  timed("embedding", [&] { be.embedding_forward(block_input(0), weight(emb_), {n, v, d}); });
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     if (interruptible && options_.layer_boundary) options_.layer_boundary();
+    if (options_.offload) {
+      // Block l writes its output where block l - 1's input was: that input's copy out must be
+      // done. Then block l's input goes out beside block l's compute.
+      if (l >= 1 && !resident_input(l - 1)) {
+        timed("offload.wait", [&] { be.wait_transfer(static_cast<int>((l - 1) % 2)); });
+      }
+      if (!resident_input(l)) {
+        be.offload(host_in_[l].data(), block_input(l), n * d, static_cast<int>(l % 2));
+      }
+    }
     layer_forward(l, layers_[options_.recompute ? 0 : l], false);
   }
   timed("rmsnorm", [&] {
-    be.rmsnorm_forward(hf_.data(), inv_f_.data(), x_in_.back().data(), master(final_norm_), {n, d},
+    be.rmsnorm_forward(hf_.data(), inv_f_.data(), block_input(lp_.size()), master(final_norm_), {n, d},
                        config_.norm_eps);
   });
 }
@@ -562,11 +586,22 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   const std::int64_t row = qkv_width();
   head_and_loss(true, grad_scale, predictions);
   timed("rmsnorm.backward", [&] {
-    be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), x_in_.back().data(),
+    be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), block_input(lp_.size()),
                         master(final_norm_), inv_f_.data(), {n, d}, Write::overwrite);
   });
   for (std::size_t l = lp_.size(); l-- > 0;) {
     if (options_.layer_boundary) options_.layer_boundary();
+    if (options_.offload) {
+      // Block l's input came back beside block l + 1's backward; block l - 1's comes back beside
+      // this one, into the buffer block l + 1 used.
+      if (!resident_input(l)) {
+        timed("offload.wait", [&] { be.wait_transfer(static_cast<int>(l % 2)); });
+      }
+      if (l >= 1 && !resident_input(l - 1)) {
+        be.prefetch(block_input(l - 1), host_in_[l - 1].data(), n * d,
+                    static_cast<int>((l - 1) % 2));
+      }
+    }
     Layer& L = layers_[options_.recompute ? 0 : l];
     if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];
@@ -638,7 +673,7 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                                Write::overwrite);
     });
     timed("rmsnorm.backward", [&] {
-      be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), x_in_[l].data(),
+      be.rmsnorm_backward(dx_.data(), grad(P.attn_norm), dh_.data(), block_input(l),
                           master(P.attn_norm), L.inv1.data(), {n, d}, Write::add);
     });
   }
@@ -696,7 +731,12 @@ std::string Model<B>::first_non_finite_tensor() {
   const auto finite = [&](const Act* data, std::int64_t count) {
     return be.all_finite(data, count);
   };
-  if (!finite(x_in_[0].data(), n * d)) return "tok_embedding output";
+  // Block l's input: on the device, or with offload in its host copy (the last two blocks' stay).
+  const auto input_finite = [&](std::size_t l) {
+    if (!options_.offload || resident_input(l) || l == lp_.size()) return finite(block_input(l), n * d);
+    return be.host_all_finite(host_in_[l].data(), n * d);
+  };
+  if (!input_finite(0)) return "tok_embedding output";
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     if (!options_.recompute && !mlp_tiled()) {
@@ -714,7 +754,7 @@ std::string Model<B>::first_non_finite_tensor() {
     } else if (keeps_attention() && !finite(attn_o_[l].data(), n * hq * hd)) {
       return p + "attention output";  // the one activation of a block that recomputation keeps
     }
-    if (!finite(x_in_[l + 1].data(), n * d)) return p + "output";
+    if (!input_finite(l + 1)) return p + "output";
   }
   if (!finite(hf_.data(), n * d)) return "final_norm output";
   return {};

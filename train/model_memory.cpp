@@ -115,6 +115,7 @@ ModelOptions model_options_of(const TrainingConfig& t) {
   options.recompute_attention = t.recompute_attention;
   options.loss_chunk_tokens = t.loss_chunk_tokens;
   options.mlp_chunk_tokens = t.mlp_chunk_tokens;
+  options.offload = t.offload == Offload::on;  // automatic: resolve_offload first
   return options;
 }
 
@@ -174,6 +175,8 @@ const char* model_part_name(ModelPart part) {
       return "the activations of a micro-batch";
     case ModelPart::logits:
       return "the logits of a loss chunk";
+    case ModelPart::offloaded:
+      return "the blocks' inputs offloaded to host memory";
   }
   return "?";
 }
@@ -188,6 +191,9 @@ const char* model_part_keys(ModelPart part) {
              "model.n_heads, model.n_kv_heads, model.head_dim, model.ffn_hidden, train.recompute";
     case ModelPart::logits:
       return "train.loss_chunk_tokens, model.vocab_size";
+    case ModelPart::offloaded:
+      return "train.offload, train.batch_size, train.seq_len / parallel.cp, model.n_layers, "
+             "model.d_model";
   }
   return "?";
 }
@@ -216,8 +222,11 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
       !options.recompute || !options.recompute_attention ? layers : one_or_none;
   const double kept_blocks = options.recompute ? one_or_none : layers;
   const double chunk = resolved_mlp_chunk(options, n);
+  // With offload the backend holds three inputs (two blocks' and the final norm's) and the host
+  // the others but the last two blocks', which stay where the forward left them.
+  const double device_inputs = options.offload ? std::min(3.0, layers + 1.0) : layers + 1.0;
   const double act_elements =
-      n * ((layers + 1.0) * d + attention_blocks * heads_width +
+      n * (device_inputs * d + attention_blocks * heads_width +
            kept_blocks * (2.0 * d + qkv_width) + 3.0 * d + qkv_width + heads_width) +
       (chunk < n ? (layers >= 1.0 ? arena_elements(s, n, chunk, ring_ranks, element_bytes) : 0.0)
                  : n * (kept_blocks * (d + 3.0 * f) + 3.0 * f));
@@ -226,6 +235,7 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
   m[ModelPart::activations] = act_elements * act + acc_elements * acc;
   m[ModelPart::logits] = std::min(n, static_cast<double>(options.loss_chunk_tokens)) *
                          static_cast<double>(s.vocab) * act;
+  m[ModelPart::offloaded] = options.offload ? std::max(0.0, layers - 2.0) * n * d * act : 0.0;
   return m;
 }
 
@@ -332,6 +342,10 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
     }
     // The step's micro-batches: an int32 token id, an int32 target and a float mask a token.
     std::vector<Need> host_needs = {
+        {m[ModelPart::offloaded],
+         std::string(model_part_name(ModelPart::offloaded)) + " (train.offload on: model.n_layers " +
+             std::to_string(mc.n_layers) + " - 2 x model.d_model " + std::to_string(mc.d_model) +
+             " x " + tokens_text + ")"},
         {static_cast<double>(t.grad_accum) * tokens * 12.0,
          "the micro-batches of a step (train.grad_accum " + std::to_string(t.grad_accum) + " x " +
              tokens_text + ", x 12 bytes)"},
@@ -416,19 +430,25 @@ RingWorkspace ring_workspace(const ModelShape& s, double local_tokens, double ml
 
 double MemoryAccount::peak_bytes() const {
   double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.bytes;
+  for (const MemoryLine& line : lines) total += line.host ? 0.0 : line.bytes;
+  return total;
+}
+
+double MemoryAccount::host_bytes() const {
+  double total = 0.0;
+  for (const MemoryLine& line : lines) total += line.host ? line.bytes : 0.0;
   return total;
 }
 
 double MemoryAccount::bytes_per_token() const {
   double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.bytes_per_token;
+  for (const MemoryLine& line : lines) total += line.host ? 0.0 : line.bytes_per_token;
   return total;
 }
 
 double MemoryAccount::fixed_bytes() const {
   double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.fixed_bytes;
+  for (const MemoryLine& line : lines) total += line.host ? 0.0 : line.fixed_bytes;
   return total;
 }
 
@@ -468,7 +488,16 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   add(moments < parameters ? "AdamW moments (this rank's share)" : "AdamW moments", 0.0,
       2.0 * moments * master, shape_keys + ", train.shard_optimizer, parallel.dp x parallel.cp");
   if (act != master) add("weights in the activation dtype", 0.0, parameters * act, shape_keys);
-  add("kept block inputs", (layers + 1.0) * d * act, 0.0, "model.n_layers, model.d_model");
+  if (options.offload) {
+    // Two blocks' inputs and the final norm's on the device; the rest in the host's copies.
+    add("kept block inputs (3 on the GPU: offload)", std::min(3.0, layers + 1.0) * d * act, 0.0,
+        "model.d_model, train.offload");
+    add("kept block inputs offloaded (pinned host)", std::max(0.0, layers - 2.0) * d * act, 0.0,
+        "model.n_layers, model.d_model, train.offload");
+    a.lines.back().host = backend != Backend::cpu;
+  } else {
+    add("kept block inputs", (layers + 1.0) * d * act, 0.0, "model.n_layers, model.d_model");
+  }
   add("kept attention outputs and LSE (" + blocks_text(attention_blocks) + ")",
       attention_blocks * (heads_width * act + q_heads * acc), 0.0,
       "model.n_layers, model.n_heads, model.head_dim, train.recompute_attention");
@@ -513,17 +542,41 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   return a;
 }
 
-std::string memory_account_text(const TrainConfig& config, Backend backend, bool keys,
-                                double in_use_before_bytes) {
-  const std::vector<StageConfig> stages = run_stages(config.train);
+namespace {
+
+// The index of the stage of `config` with the most tokens a rank (0 without train.stages).
+int largest_stage(const TrainConfig& config) {
+  const int count = static_cast<int>(run_stages(config.train).size());
   int largest = 0;
   const auto tokens = [&](int i) {
     const TrainConfig c = stage_config(config, i);
     return static_cast<double>(c.train.batch_size) * c.train.seq_len;
   };
-  for (int i = 1; i < static_cast<int>(stages.size()); ++i) {
+  for (int i = 1; i < count; ++i) {
     if (tokens(i) > tokens(largest)) largest = i;
   }
+  return largest;
+}
+
+}  // namespace
+
+bool resolve_offload(const TrainConfig& config, Backend backend, double device_bytes) {
+  if (config.train.offload != Offload::automatic) return config.train.offload == Offload::on;
+  if (backend == Backend::cpu || device_bytes <= 0.0) return false;
+  TrainConfig without = stage_config(config, largest_stage(config));
+  without.train.offload = Offload::off;
+  return memory_account(without, backend).peak_bytes() > device_bytes;
+}
+
+TrainConfig offload_resolved(TrainConfig config, bool offload) {
+  config.train.offload = offload ? Offload::on : Offload::off;
+  return config;
+}
+
+std::string memory_account_text(const TrainConfig& config, Backend backend, bool keys,
+                                double in_use_before_bytes) {
+  const std::vector<StageConfig> stages = run_stages(config.train);
+  const int largest = largest_stage(config);
   const TrainConfig c = stage_config(config, largest);
   MemoryAccount a = memory_account(c, backend);
   const bool cuda = a.backend == Backend::cuda;
@@ -547,14 +600,20 @@ std::string memory_account_text(const TrainConfig& config, Backend backend, bool
     text += row;
   };
   for (const MemoryLine& line : a.lines) {
-    add_row(line.component, line.bytes_per_token, line.fixed_bytes, keys ? line.keys : "");
+    if (!line.host) add_row(line.component, line.bytes_per_token, line.fixed_bytes, keys ? line.keys : "");
   }
   add_row("total", a.bytes_per_token(), a.fixed_bytes(), "");
+  for (const MemoryLine& line : a.lines) {  // host memory of a GPU run: beside the total
+    if (line.host) add_row(line.component, line.bytes_per_token, line.fixed_bytes, keys ? line.keys : "");
+  }
   text += "\npredicted peak " + gib_text(a.peak_bytes()) + " for " + count_text(a.local_tokens) +
           " tokens a rank (" +
           (stages.size() > 1 ? "train.stages[" + std::to_string(largest) + "]: " : std::string()) +
           "train.batch_size " + std::to_string(c.train.batch_size) + " x train.seq_len " +
           std::to_string(c.train.seq_len) + " / parallel.cp " + std::to_string(c.parallel.cp) + ")";
+  if (a.host_bytes() > 0.0) {
+    text += "\nand " + gib_text(a.host_bytes()) + " of pinned host memory (train.offload)";
+  }
   return text;
 }
 
@@ -570,9 +629,16 @@ std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend,
   const std::int64_t step = chunk_count(gpus, c.parallel.layout);
   const std::int64_t most = INT_MAX / step;  // seq_len = k x step is an int
   const auto set = [&](std::int64_t k) { c.train.seq_len = static_cast<int>(k * step); };
+  // train.offload auto turns the offload on where the run does not fit without it.
+  const bool either = c.train.offload == Offload::automatic && backend != Backend::cpu;
   const auto fits = [&](std::int64_t k) {
     set(k);
-    return memory_account(c, backend).peak_bytes() <= bytes_per_gpu;
+    TrainConfig off = c;
+    off.train.offload = either ? Offload::off : c.train.offload;
+    if (memory_account(off, backend).peak_bytes() <= bytes_per_gpu) return true;
+    if (!either) return false;
+    off.train.offload = Offload::on;
+    return memory_account(off, backend).peak_bytes() <= bytes_per_gpu;
   };
   const auto tiled = [&](std::int64_t k) {
     set(k);

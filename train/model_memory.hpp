@@ -32,8 +32,9 @@ namespace ringattn::train {
 
 struct ModelOptions;  // train/model.hpp, which includes this file
 
-enum class ModelPart { parameters, activations, logits };
-inline constexpr int kModelParts = 3;
+// offloaded: the blocks' inputs in host memory (ModelOptions::offload), whatever the backend.
+enum class ModelPart { parameters, activations, logits, offloaded };
+inline constexpr int kModelParts = 4;
 
 // "the parameters, gradients and AdamW moments", ... and the config keys that size the part.
 const char* model_part_name(ModelPart part);
@@ -55,6 +56,7 @@ struct ModelMemory {
   std::array<double, kModelParts> bytes{};
   double& operator[](ModelPart part) { return bytes[static_cast<int>(part)]; }
   double operator[](ModelPart part) const { return bytes[static_cast<int>(part)]; }
+  // The backend's memory: every part but the offloaded inputs, which are host memory.
   double total() const { return bytes[0] + bytes[1] + bytes[2]; }
 };
 
@@ -127,6 +129,7 @@ struct MemoryLine {
   double fixed_bytes = 0.0;
   double bytes = 0.0;  // at the account's tokens
   std::string keys;    // the config keys that size it
+  bool host = false;   // host memory of a GPU run (the offloaded inputs): not in the peak
 };
 struct MemoryAccount {
   Backend backend = Backend::cuda;
@@ -134,7 +137,8 @@ struct MemoryAccount {
   std::vector<MemoryLine> lines;
   // Every buffer is allocated for the whole run (the ring's grow to their largest call), so the
   // peak is the sum of the lines.
-  double peak_bytes() const;
+  double peak_bytes() const;  // the backend's memory (a GPU's, or the host's on the CPU)
+  double host_bytes() const;  // the host memory of a GPU run's lines (pinned, for the offload)
   double bytes_per_token() const;
   double fixed_bytes() const;
 };
@@ -157,6 +161,13 @@ std::string memory_account_text(const TrainConfig& config, Backend backend, bool
 // side of that point is searched on its own.
 std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend, int gpus,
                                      double bytes_per_gpu);
+
+// Whether a run of `config` offloads its blocks' inputs (ModelOptions::offload): train.offload on
+// or off as it says; automatic: on the cuda backend where the account without it passes
+// `device_bytes` (0: unknown, off), of the stage with the most tokens a rank.
+bool resolve_offload(const TrainConfig& config, Backend backend, double device_bytes);
+// `config` with train.offload on or off as `offload` says.
+TrainConfig offload_resolved(TrainConfig config, bool offload);
 
 // "12.5 GiB": bytes in GiB, four significant digits.
 std::string gib_text(double bytes);

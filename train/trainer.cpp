@@ -119,6 +119,7 @@ struct Trainer::Impl {
   double peak_flops = 0.0;         // per GPU, for MFU; 0 when unknown (and on the CPU)
   // The GPU's memory in use before the model was made (the CUDA context, NCCL), for the account.
   double device_in_use_before_model = 0.0;
+  bool offload = false;  // train.offload resolved (resolve_offload)
   std::shared_ptr<Communicator> device_world;  // NCCL over the world (cuda)
   std::shared_ptr<Communicator> device_cp;     // NCCL over this rank's ring (cuda)
   SequenceLayoutKind layout = SequenceLayoutKind::zigzag;
@@ -625,8 +626,9 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
       if (s.backend == Backend::cuda) validate_for_cuda(config);
       // What a rank's model and steps take, against what the host (and GPU) has: a config that
       // cannot fit is refused here, naming its keys, before any of it is allocated.
-      check_run_memory(config, s.backend,
-                       s.backend == Backend::cuda ? cuda_device_memory_bytes() : 0.0);
+      const double device_bytes = s.backend == Backend::cuda ? cuda_device_memory_bytes() : 0.0;
+      s.offload = resolve_offload(config, s.backend, device_bytes);
+      check_run_memory(offload_resolved(config, s.offload), s.backend, device_bytes);
     } catch (const std::exception& e) {
       failure = as_error("Trainer", e);
     }
@@ -644,6 +646,7 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.model_options.recompute_attention = config.train.recompute_attention;
   s.model_options.loss_chunk_tokens = config.train.loss_chunk_tokens;
   s.model_options.mlp_chunk_tokens = config.train.mlp_chunk_tokens;
+  s.model_options.offload = s.offload;
   s.model_options.shard_optimizer = config.train.shard_optimizer;
   s.model_options.deterministic = config.train.deterministic;
   s.model_options.local_attention = config.parallel.local_attention;
@@ -699,7 +702,8 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
           ", " +
           std::to_string(parameter_count()) + " parameters, data " +
           std::string(source_name(config.data.source)));
-    s.log(memory_account_text(config, s.backend, false, s.device_in_use_before_model));
+    s.log(memory_account_text(offload_resolved(config, s.offload), s.backend, false,
+                              s.device_in_use_before_model));
     if (s.stages.size() > 1) {
       std::string plan = "stages:";
       for (std::size_t i = 0; i < s.stages.size(); ++i) {

@@ -233,8 +233,9 @@ case $case_name in
       "longest train.seq_len that fits, 139 GiB a GPU"
     for gpus in 1 2 4 8; do
       checks=$((checks + 1))
-      grep -Eq "^ +$gpus +[1-9][0-9]* +[1-9][0-9]* +[0-9]+\.[0-9]+$" <<< "$output" ||
-        fail "expected a row for $gpus GPUs: GPUs, seq_len, tokens a rank, peak GiB"
+      grep -Eq "^ +$gpus +[1-9][0-9]* +[1-9][0-9]* +[0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ +(on|off)$" \
+        <<< "$output" ||
+        fail "expected a row for $gpus GPUs: GPUs, seq_len, tokens a rank, peak GiB, host GiB, offload"
     done
     run "$program" --set train.seq_len=64
     expect 2 "--set requires --config"

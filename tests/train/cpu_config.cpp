@@ -31,11 +31,12 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 54u);
+  EXPECT_EQ(keys.size(), 55u);
   for (const char* key :
        {"model.head_dim", "train.lr", "train.shard_optimizer", "train.loss_chunk_tokens",
-        "train.mlp_chunk_tokens", "parallel.layout", "data.retrieval.pairs", "run.resume",
-        "train.stages", "model.attention_window", "model.rope_document_positions", "data.documents"}) {
+        "train.mlp_chunk_tokens", "train.offload", "parallel.layout", "data.retrieval.pairs",
+        "run.resume", "train.stages", "model.attention_window", "model.rope_document_positions",
+        "data.documents"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -71,6 +72,7 @@ TrainConfig random_config(std::mt19937_64& rng) {
   c.train.recompute_attention = true;
   c.train.loss_chunk_tokens = integer(1, 99999);
   c.train.mlp_chunk_tokens = integer(0, 99999);
+  c.train.offload = Offload::on;
   c.train.deterministic = true;
   c.train.profile = true;
   c.train.shard_optimizer = true;

@@ -177,6 +177,13 @@ std::vector<AccountCase> account_cases() {
   window.model.attention_window = 8;  // one hop: steps 2, no step buffer
   window.train.mlp_chunk_tokens = 8;
   cases.push_back({"window", window});
+  for (const int layers : {2, 3, 6}) {  // the offload: no input, one, four in host memory
+    TrainConfig offload = account_run(2, 320);
+    offload.model.n_layers = layers;
+    offload.train.offload = Offload::on;
+    offload.train.recompute = layers != 3;
+    cases.push_back({"offload", offload});
+  }
   return cases;
 }
 
@@ -189,6 +196,7 @@ double model_and_ring_bytes(const TrainConfig& c, ModelElementBytes e) {
   options.recompute_attention = c.train.recompute_attention;
   options.loss_chunk_tokens = c.train.loss_chunk_tokens;
   options.mlp_chunk_tokens = c.train.mlp_chunk_tokens;
+  options.offload = c.train.offload == Offload::on;
   const double p = static_cast<double>(parameter_count(shape));
   double moments = p;
   const int ranks = c.parallel.dp * c.parallel.cp;
@@ -212,6 +220,13 @@ double model_and_ring_bytes(const TrainConfig& c, ModelElementBytes e) {
          ring_workspace(shape, n, static_cast<double>(chunk), c.parallel.cp, steps, e).bytes;
 }
 
+// The offloaded inputs: max(0, n_layers - 2) blocks' of [tokens a rank, d_model] activations.
+double offloaded_bytes(const TrainConfig& c, ModelElementBytes e) {
+  if (c.train.offload != Offload::on) return 0.0;
+  const double n = static_cast<double>(c.train.batch_size) * c.train.seq_len / c.parallel.cp;
+  return std::max(0, c.model.n_layers - 2) * n * c.model.d_model * e.act;
+}
+
 // The lines sum to model_memory() plus the ring's own workspace (on the cuda backend plus its
 // 32 MiB cuBLASLt workspace, 20 bytes a token of batch buffers and the RoPE tables), and each line
 // is its bytes a token times the tokens plus its fixed bytes.
@@ -229,15 +244,49 @@ TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
           << line.component;
       sum += line.bytes;
     }
-    EXPECT_EQ(sum, model_and_ring_bytes(c, kCpuModelElements));
+    // On the CPU the offloaded inputs are host memory like the rest.
+    EXPECT_EQ(sum, model_and_ring_bytes(c, kCpuModelElements) +
+                       offloaded_bytes(c, kCpuModelElements));
     EXPECT_EQ(cpu.peak_bytes(), sum);
+    EXPECT_EQ(cpu.host_bytes(), 0.0);
 
     const MemoryAccount cuda = memory_account(c, Backend::cuda);
     const double n = cuda.local_tokens;
     const double rope_rows = n / c.train.batch_size;  // retrieval: no documents, a row a position
     EXPECT_EQ(cuda.peak_bytes(), model_and_ring_bytes(c, kCudaModelElements) + 32.0 * (1 << 20) +
                                      20.0 * n + rope_rows * 16 * 4);
+    EXPECT_EQ(cuda.host_bytes(), offloaded_bytes(c, kCudaModelElements));
   }
+}
+
+// train.offload auto turns the offload on exactly where the GPU cannot hold the run without it;
+// with it on, the GPU holds three blocks' inputs instead of n_layers + 1, and a host that cannot
+// hold the rest refuses the run naming them.
+TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
+  TrainConfig c = account_run(1, 4096);
+  c.model.n_layers = 6;
+  c.train.offload = Offload::off;
+  const double kept = memory_account(c, Backend::cuda).peak_bytes();
+  c.train.offload = Offload::on;
+  const MemoryAccount on = memory_account(c, Backend::cuda);
+  const double input = 2.0 * 4096 * c.model.d_model * 2.0;  // a block's input: batch 2, bf16
+  EXPECT_EQ(kept - on.peak_bytes(), 4.0 * input);
+  EXPECT_EQ(on.host_bytes(), 4.0 * input);
+  c.train.offload = Offload::automatic;
+  EXPECT_FALSE(resolve_offload(c, Backend::cuda, kept));
+  EXPECT_TRUE(resolve_offload(c, Backend::cuda, kept - 1.0));
+  EXPECT_FALSE(resolve_offload(c, Backend::cuda, 0.0)) << "unknown GPU memory: off";
+  EXPECT_FALSE(resolve_offload(c, Backend::cpu, kept - 1.0)) << "the CPU backend: off";
+  c.train.offload = Offload::off;
+  EXPECT_FALSE(resolve_offload(c, Backend::cuda, 1.0));
+  // More tokens than any host holds (2^40 a rank), with a GPU that holds them.
+  c.train.offload = Offload::on;
+  c.train.batch_size = 1 << 20;
+  c.train.seq_len = 1 << 20;
+  EXPECT_TRUE(throws_error_with(
+      [&] { check_run_memory(c, Backend::cuda, 1e30); },
+      {" of host memory, more than the ", "for the blocks' inputs offloaded to host memory "
+                                          "(train.offload on: model.n_layers 6 - 2 x "}));
 }
 
 // The components the issue names are all there, under names a person reads.
@@ -410,10 +459,14 @@ TEST(MemoryAccount, LongestFittingSeqLenIsTheLast) {
                      std::to_string(seq));
         ASSERT_GT(seq, 0);
         EXPECT_EQ(seq % step, 0);
-        c.train.seq_len = static_cast<int>(seq);
-        EXPECT_LE(memory_account(c, backend).peak_bytes(), bytes);
-        c.train.seq_len = static_cast<int>(seq + step);
-        EXPECT_GT(memory_account(c, backend).peak_bytes(), bytes);
+        // train.offload auto as the trainer resolves it on such a GPU.
+        const auto peak = [&](int seq_len) {
+          c.train.seq_len = seq_len;
+          return memory_account(offload_resolved(c, resolve_offload(c, backend, bytes)), backend)
+              .peak_bytes();
+        };
+        EXPECT_LE(peak(static_cast<int>(seq)), bytes);
+        EXPECT_GT(peak(static_cast<int>(seq + step)), bytes);
       }
     }
   }

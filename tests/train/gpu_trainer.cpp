@@ -11,6 +11,7 @@
 //     activation;
 //   - the feed-forward block in chunks of tokens against the untiled one: gradients within 1%,
 //     20 steps' losses within 0.5%, and the recompute modes bitwise alike at one chunk size;
+//   - the blocks' inputs offloaded to host memory: bitwise the loss and gradients without;
 //   - under mpiexec -n 2 on two GPUs (the ctest train.trainer.cp2): 50 steps at cp = 2 give the
 //     loss curve of the same job on one GPU, within bf16 tolerance (5% at any step, 1.5% on
 //     average), and the loss falls.
@@ -290,6 +291,34 @@ TEST(CudaModel, FeedForwardInChunks) {
                 info.name.c_str(), relative);
     EXPECT_LT(relative, 1e-2) << info.name;
     offset += static_cast<std::size_t>(info.elements);
+  }
+}
+
+// The blocks' inputs offloaded to pinned host memory (4 layers: 2 of them), deterministic: the
+// copies out and back on their own stream give bitwise the loss and gradients of the run that
+// keeps them, with and without recompute.
+TEST(CudaModel, OffloadIsBitwiseTheRunWithout) {
+  RINGATTN_REQUIRE_GPUS(1);
+  if (world_rank() != 0) GTEST_SKIP() << "one rank suffices";
+  TrainConfig c = small_config();
+  c.model.n_layers = 4;
+  const Batch batch = random_batch(c.train.batch_size * c.train.seq_len, c.model.vocab_size, 14);
+  for (const bool recompute : {false, true}) {
+    ModelOptions options;
+    options.deterministic = true;
+    options.recompute = recompute;
+    options.mlp_chunk_tokens = recompute ? 1000 : 0;
+    std::unique_ptr<TrainModel> kept_model = cuda_model(c, options);
+    const Gradients kept = run_once(*kept_model, batch);
+    options.offload = true;
+    std::unique_ptr<TrainModel> offloading = cuda_model(c, options);
+    const Gradients offloaded = run_once(*offloading, batch);
+    EXPECT_EQ(offloaded.loss, kept.loss) << "recompute " << recompute;
+    EXPECT_EQ(offloaded.eval_loss, kept.eval_loss) << "recompute " << recompute;
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < kept.grads.size(); ++i) differ += offloaded.grads[i] != kept.grads[i];
+    EXPECT_EQ(differ, 0u) << "recompute " << recompute << ": of " << kept.grads.size()
+                          << " gradients";
   }
 }
 

@@ -1,8 +1,8 @@
 // ringattn-mpi-ranks: 1 2
 // What a Model allocates is what model_memory() predicts, part by part, for the shapes and options
 // that change its buffers (GQA, untied embeddings, loss chunks, recomputation with and without the
-// attention, the feed-forward block in chunks, cp ranks, fp32 and fp64): the trainer's check before step 1 is then the model's own
-// account. And an allocation that cannot be made is an Error naming the part, its bytes and the
+// attention, the feed-forward block in chunks, the blocks' inputs offloaded, cp ranks, fp32 and
+// fp64): the trainer's check before step 1 is then the model's own account. And an allocation that cannot be made is an Error naming the part, its bytes and the
 // config keys that size it, not a bare std::bad_alloc or max_size() message.
 #include <gtest/gtest.h>
 
@@ -42,7 +42,8 @@ void expect_allocated_as_predicted(const ModelConfig& config, const ModelOptions
                    element_bytes, static_cast<double>(model.parameter_count()),
                    communicator_size(*mpi_world_communicator()));
   const ModelMemory& allocated = model.allocated_memory();
-  for (const ModelPart part : {ModelPart::parameters, ModelPart::activations, ModelPart::logits}) {
+  for (const ModelPart part : {ModelPart::parameters, ModelPart::activations, ModelPart::logits,
+                              ModelPart::offloaded}) {
     EXPECT_EQ(allocated[part], predicted[part]) << model_part_name(part);
   }
 }
@@ -54,6 +55,7 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
     bool recompute, recompute_attention;
     std::int64_t loss_chunk_tokens;
     std::int64_t mlp_chunk_tokens = 0;
+    bool offload = false;
   };
   const Case cases[] = {
       {"tied, GQA", small_model(2, true, 2), false, false, 8192},
@@ -67,6 +69,11 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
        8192, 1},
       {"recompute, automatic chunk (all the tokens)", small_model(2, true, 2), true, false, 8192,
        0},
+      {"offload, 4 layers", small_model(4, true, 2), false, false, 8192, 0, true},
+      {"offload, 2 layers (every input resident)", small_model(2, false, 4), true, false, 5, 0,
+       true},
+      {"offload, recompute attention, chunks of 3", small_model(5, true, 2), true, true, 8192, 3,
+       true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -75,6 +82,7 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
     options.recompute_attention = c.recompute_attention;
     options.loss_chunk_tokens = c.loss_chunk_tokens;
     options.mlp_chunk_tokens = c.mlp_chunk_tokens;
+    options.offload = c.offload;
     expect_allocated_as_predicted<float>(c.config, options, kCpuModelElements);
     expect_allocated_as_predicted<double>(c.config, options, ModelElementBytes{8, 8, 8});
   }

@@ -74,6 +74,17 @@ class CudaBackend {
   // Device memory in use by this process's GPU, the largest seen so far (cudaMemGetInfo, sampled
   // at each call and after every backward).
   double memory_mib();
+  // The offload of the blocks' inputs (ModelOptions::offload), on a stream of its own: offload
+  // copies `count` activations from device memory into pinned host memory and prefetch copies them
+  // back, each after the work queued so far on the model's stream, and marks its end in the event
+  // of `slot` (0 or 1); wait_transfer makes the model's stream wait for that mark.
+  // host_all_finite reads bf16 bits in host memory.
+  template <typename E>
+  using HostBuffer = PinnedArray<E>;
+  void offload(Act* host, const Act* data, std::int64_t count, int slot);
+  void prefetch(Act* data, const Act* host, std::int64_t count, int slot);
+  void wait_transfer(int slot);
+  bool host_all_finite(const Act* host, std::int64_t count);
 
   // ---- ops ----
   void embedding_forward(Act* out, const Act* table, const cpu::EmbeddingShape& s);
@@ -159,6 +170,10 @@ class CudaBackend {
   std::int64_t rope_rows_ = 0, rope_head_dim_ = 0;
   double peak_mib_ = 0.0;
   std::vector<std::unique_ptr<CudaEvent>> interval_events_;  // interval i: 2 i (begin), 2 i + 1
+  // The offload's stream, the model stream's point each transfer waits for, and each slot's end.
+  CudaStream transfer_stream_;
+  CudaEvent transfer_after_;
+  CudaEvent transfer_done_[2];
 };
 
 extern template class Model<CudaBackend>;

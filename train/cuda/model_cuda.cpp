@@ -134,6 +134,35 @@ double CudaBackend::memory_mib() {
   return peak_mib_;
 }
 
+void CudaBackend::offload(Act* host, const Act* data, std::int64_t count, int slot) {
+  RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_after_.get(), stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(transfer_stream_.get(), transfer_after_.get(), 0));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(host, data, static_cast<std::size_t>(count) * sizeof(Act),
+                                      cudaMemcpyDeviceToHost, transfer_stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_done_[slot].get(), transfer_stream_.get()));
+}
+
+void CudaBackend::prefetch(Act* data, const Act* host, std::int64_t count, int slot) {
+  RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_after_.get(), stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(transfer_stream_.get(), transfer_after_.get(), 0));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(data, host, static_cast<std::size_t>(count) * sizeof(Act),
+                                      cudaMemcpyHostToDevice, transfer_stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_done_[slot].get(), transfer_stream_.get()));
+}
+
+void CudaBackend::wait_transfer(int slot) {
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), transfer_done_[slot].get(), 0));
+}
+
+bool CudaBackend::host_all_finite(const Act* host, std::int64_t count) {
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(transfer_stream_.get()));
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(host);
+  for (std::int64_t i = 0; i < count; ++i) {
+    if ((bits[i] & 0x7f80u) == 0x7f80u) return false;  // exponent all ones: inf or NaN
+  }
+  return true;
+}
+
 void CudaBackend::embedding_forward(Act* out, const Act* table, const cpu::EmbeddingShape& s) {
   cuda::embedding_forward(out, tokens_.data(), table, s, stream_.get());
 }
