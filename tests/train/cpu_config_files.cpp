@@ -7,6 +7,7 @@
 #include <string>
 
 #include "train/config.hpp"
+#include "train/model_memory.hpp"
 
 namespace ringattn::train {
 namespace {
@@ -27,7 +28,8 @@ TEST(ConfigFiles, EveryFileLoadsAndValidates) {
     EXPECT_NO_THROW(validate(config, config.parallel.dp * config.parallel.cp));
   }
   for (const char* name :
-       {"tiny-cpu.yaml", "small-32k.yaml", "long-2gpu.yaml", "retrieval-16k.yaml"}) {
+       {"tiny-cpu.yaml", "small-32k.yaml", "long-2gpu.yaml", "long-1gpu.yaml",
+        "retrieval-16k.yaml"}) {
     EXPECT_TRUE(seen.contains(name)) << "configs/" << name << " is missing";
   }
 }
@@ -41,7 +43,7 @@ TEST(ConfigFiles, TinyCpuIsTheBuiltInDefault) {
 }
 
 // The shapes the configs promise: the 188M reference model, cp = 2 for the long and the
-// retrieval runs, a context of at least 16k for retrieval.
+// retrieval runs, one GPU at 2M tokens, a context of at least 16k for retrieval.
 TEST(ConfigFiles, NamedShapes) {
   const TrainConfig small = load_config_file(configs_dir() / "small-32k.yaml");
   EXPECT_EQ(small.model.d_model, 1024);
@@ -62,6 +64,15 @@ TEST(ConfigFiles, NamedShapes) {
   EXPECT_EQ(long_run.parallel.cp, 2);
   EXPECT_TRUE(long_run.train.recompute);
   EXPECT_GE(long_run.train.seq_len, 2 * small.train.seq_len);
+
+  // One GPU at two million tokens: the same model, and the account says an H200 (140 GiB, less
+  // 2 for the CUDA context) holds it.
+  const TrainConfig one_gpu = load_config_file(configs_dir() / "long-1gpu.yaml");
+  EXPECT_EQ(one_gpu.parallel.dp * one_gpu.parallel.cp, 1);
+  EXPECT_TRUE(one_gpu.model == small.model);
+  EXPECT_GE(one_gpu.train.seq_len, 2097152);
+  EXPECT_LE(memory_account(offload_resolved(one_gpu, false), Backend::cuda).peak_bytes(),
+            138.0 * 0x1p30);
 
   const TrainConfig retrieval = load_config_file(configs_dir() / "retrieval-16k.yaml");
   EXPECT_EQ(retrieval.parallel.cp, 2);

@@ -316,22 +316,7 @@ TEST(TrainDocuments, ResumeContinuesBitwise) {
   config.train.steps = 12;
   config.model.attention_window = 24;
   config.run.dir = root + "/run";
-  const std::vector<double> straight = test::losses_of(config, world);
-  ASSERT_EQ(straight.size(), 12u);
-  {
-    TrainerOptions options;
-    options.write_metrics = false;
-    Trainer stopped(config, world, options);
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(stopped.step().loss, straight[i]);
-    stopped.save_checkpoint();
-  }
-  TrainConfig second = config;
-  second.run.resume = "latest";
-  const std::vector<double> resumed = test::losses_of(second, world);
-  ASSERT_EQ(resumed.size(), 6u);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(resumed[i], straight[6 + i]) << "step " << 7 + i << " after resuming at step 6";
-  }
+  test::expect_resume_bitwise(config, world, "documents and a window");
   world->barrier();  // every rank is done with the files before rank 0 removes them
 }
 

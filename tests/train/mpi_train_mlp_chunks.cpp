@@ -25,19 +25,8 @@ namespace ringattn::train {
 namespace {
 
 TrainConfig tiny_config(int cp) {
-  TrainConfig c;
-  c.model = test::tiny_model();
-  c.train.seq_len = 64;
-  c.train.batch_size = 4;
-  c.train.steps = 20;
-  c.train.warmup_steps = 5;
-  c.train.lr = 1e-2;
-  c.train.min_lr = 1e-3;
-  c.train.log_every = 100;
-  c.train.eval_every = 0;
+  TrainConfig c = test::tiny_retrieval_config();
   c.parallel.cp = cp;
-  c.data.retrieval.pairs = 4;
-  c.data.retrieval.queries = 4;
   return c;
 }
 

@@ -27,20 +27,11 @@ namespace ringattn::train {
 namespace {
 
 TrainConfig tiny_config(int cp, int layers) {
-  TrainConfig c;
-  c.model = test::tiny_model();
+  TrainConfig c = test::tiny_retrieval_config();
   c.model.n_layers = layers;
-  c.train.seq_len = 64;
-  c.train.batch_size = 4;
   c.train.steps = 12;
   c.train.warmup_steps = 3;
-  c.train.lr = 1e-2;
-  c.train.min_lr = 1e-3;
-  c.train.log_every = 100;
-  c.train.eval_every = 0;
   c.parallel.cp = cp;
-  c.data.retrieval.pairs = 4;
-  c.data.retrieval.queries = 4;
   return c;
 }
 
@@ -104,22 +95,7 @@ TEST(Offload, ResumeContinuesBitwise) {
   config.train.offload = Offload::on;
   config.train.recompute = true;
   config.run.dir = root + "/run";
-  const std::vector<double> straight = test::losses_of(config, world);
-  ASSERT_EQ(straight.size(), 12u);
-  {
-    TrainerOptions options;
-    options.write_metrics = false;
-    Trainer stopped(config, world, options);
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(stopped.step().loss, straight[i]);
-    stopped.save_checkpoint();
-  }
-  TrainConfig second = config;
-  second.run.resume = "latest";
-  const std::vector<double> resumed = test::losses_of(second, world);
-  ASSERT_EQ(resumed.size(), 6u);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(resumed[i], straight[6 + i]) << "step " << 7 + i << " after resuming at step 6";
-  }
+  test::expect_resume_bitwise(config, world, "offload on");
   world->barrier();  // every rank is done with the files before rank 0 removes them
 }
 

@@ -31,21 +31,7 @@
 namespace ringattn::train {
 namespace {
 
-TrainConfig tiny_config() {
-  TrainConfig c;
-  c.model = test::tiny_model();
-  c.train.seq_len = 64;
-  c.train.batch_size = 4;
-  c.train.steps = 20;
-  c.train.warmup_steps = 5;
-  c.train.lr = 1e-2;
-  c.train.min_lr = 1e-3;
-  c.train.log_every = 100;  // no log stream is given anyway
-  c.train.eval_every = 0;
-  c.data.retrieval.pairs = 4;
-  c.data.retrieval.queries = 4;
-  return c;
-}
+TrainConfig tiny_config() { return test::tiny_retrieval_config(); }
 
 using test::losses_of;
 
@@ -160,24 +146,8 @@ void expect_resume(TrainConfig config, const std::string& what) {
   config.parallel.cp = size;
   config.train.steps = 12;
   config.run.dir = root + "/run";
-  const std::vector<double> straight = losses_of(config, world);
+  const std::vector<double> straight = test::expect_resume_bitwise(config, world, what);
   ASSERT_EQ(straight.size(), 12u);
-
-  {  // the same job (same schedule), stopped after 6 of its 12 steps
-    TrainerOptions options;
-    options.write_metrics = false;
-    Trainer stopped(config, world, options);
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(stopped.step().loss, straight[i]) << what;
-    stopped.save_checkpoint();
-  }
-  TrainConfig second = config;
-  second.run.resume = "latest";
-  const std::vector<double> resumed = losses_of(second, world);
-  ASSERT_EQ(resumed.size(), 6u);
-  for (int i = 0; i < 6; ++i) {
-    EXPECT_EQ(resumed[i], straight[6 + i])
-        << what << ": step " << 7 + i << " after resuming at step 6";
-  }
 
   TrainConfig alone = config;
   alone.parallel.cp = 1;
