@@ -7,7 +7,7 @@
 #
 # MEMORY_ACCOUNT_CASES lists the runs as SEQ:MLP_CHUNK:STEPS[:OFFLOAD] (MLP_CHUNK 0: automatic,
 # all: the whole local sequence, the untiled block; OFFLOAD on, off or auto, default auto);
-# default 131072:all:4:off 131072:0:4:off 131072:0:4:on 524288:0:2:off.
+# default 131072:all:4:off 131072:0:4:off 131072:0:4:on 524288:0:1:off.
 # A step at 1M tokens takes minutes on one H200 (attention is quadratic in the length): add
 # 1048576:0:1 where the time allows. RINGATTN_BUILD names another build than build-gpu/.
 #
@@ -23,7 +23,7 @@ build="${RINGATTN_BUILD:-build-gpu}"
 runs="$out/memory-account-runs"
 mkdir -p "$runs"
 status=0
-read -r -a cases <<<"${MEMORY_ACCOUNT_CASES:-131072:all:4:off 131072:0:4:off 131072:0:4:on 524288:0:2:off}"
+read -r -a cases <<<"${MEMORY_ACCOUNT_CASES:-131072:all:4:off 131072:0:4:off 131072:0:4:on 524288:0:1:off}"
 for c in "${cases[@]}"; do
   IFS=: read -r seq chunk steps offload <<<"$c"
   offload="${offload:-auto}"
