@@ -29,7 +29,7 @@ TEST(ConfigFiles, EveryFileLoadsAndValidates) {
   }
   for (const char* name :
        {"tiny-cpu.yaml", "small-32k.yaml", "long-2gpu.yaml", "long-1gpu.yaml",
-        "retrieval-16k.yaml"}) {
+        "long-1gpu-1.3b.yaml", "retrieval-16k.yaml"}) {
     EXPECT_TRUE(seen.contains(name)) << "configs/" << name << " is missing";
   }
 }
@@ -72,6 +72,18 @@ TEST(ConfigFiles, NamedShapes) {
   EXPECT_TRUE(one_gpu.model == small.model);
   EXPECT_GE(one_gpu.train.seq_len, 2097152);
   EXPECT_LE(memory_account(offload_resolved(one_gpu, false), Backend::cuda).peak_bytes(),
+            138.0 * 0x1p30);
+
+  // The 1.3B shape the issue names, at a million tokens: only with the offload on an H200.
+  const TrainConfig big = load_config_file(configs_dir() / "long-1gpu-1.3b.yaml");
+  EXPECT_EQ(big.model.d_model, 2048);
+  EXPECT_EQ(big.model.n_layers, 24);
+  EXPECT_EQ(big.model.n_heads, 16);
+  EXPECT_EQ(big.model.resolved_head_dim(), 128);
+  EXPECT_GE(big.train.seq_len, 1048576);
+  EXPECT_EQ(big.parallel.dp * big.parallel.cp, 1);
+  EXPECT_TRUE(resolve_offload(big, Backend::cuda, 138.0 * 0x1p30));
+  EXPECT_LE(memory_account(offload_resolved(big, true), Backend::cuda).peak_bytes(),
             138.0 * 0x1p30);
 
   const TrainConfig retrieval = load_config_file(configs_dir() / "retrieval-16k.yaml");
