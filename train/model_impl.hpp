@@ -466,6 +466,11 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
     load_documents(batch);
   });
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
+  if (options_.offload) {
+    // A step abandoned at a block boundary may have left a copy in flight into or out of either
+    // buffer: the embedding writes one of them.
+    for (const int slot : {0, 1}) be.wait_transfer(slot);
+  }
   timed("embedding", [&] { be.embedding_forward(block_input(0), weight(emb_), {n, v, d}); });
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     if (interruptible && options_.layer_boundary) options_.layer_boundary();
