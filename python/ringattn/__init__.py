@@ -20,6 +20,7 @@ from ringattn._modules import Attention, register_transformers
 from ringattn._layout import positions, shard, unshard
 from ringattn._ops import attention_backward, attention_forward
 from ringattn._ops import check_documents as _check_documents
+from ringattn._ops import eager_attention as _eager_attention
 from ringattn._ops import window_pair as _window_pair
 from ringattn._ring import RingAttention
 from ringattn._version import __version__
@@ -73,6 +74,6 @@ def attention(q, k, v, *, causal=False, scale=None, q_start=0, k_start=0, window
         scale = 1.0 / math.sqrt(q.shape[-1])
     window_left, window_right = _window_pair(window, "ringattn.attention")
     _check_documents(document_starts, q, "ringattn.attention")  # before the op's own schema
-    o, lse = attention_forward(q, k, v, document_starts, bool(causal), float(scale), int(q_start),
-                               int(k_start), window_left, window_right, bool(deterministic))
+    o, lse = _eager_attention(q, k, v, document_starts, bool(causal), float(scale), int(q_start),
+                              int(k_start), window_left, window_right, bool(deterministic))
     return (o, lse) if return_lse else o

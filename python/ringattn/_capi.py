@@ -7,6 +7,7 @@ reads exactly the fields of that version, and fields a later library appends kee
 """
 import ctypes
 import os
+import struct
 import sys
 from pathlib import Path
 
@@ -120,17 +121,20 @@ class RingBackwardParams(ctypes.Structure):
         super().__init__(*args, **fields)
 
 
+# ringattn_tensor_t's bytes as struct packs them (native alignment, as ctypes lays it out):
+# one pack and one copy a descriptor, the cheapest way to one from Python.
+_TENSOR_BYTES = struct.Struct("@Piii4q4q")
+assert (_TENSOR_BYTES.size == ctypes.sizeof(Tensor) and Tensor.shape.offset == 24
+        and Tensor.strides.offset == 56), "ringattn_tensor_t's layout is not the one packed"
+_NO_EXTENTS = ((), (0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+
+
 def describe(t):
     """The descriptor of a torch tensor of rank <= 4 (a view: no copy)."""
-    d = Tensor()
-    d.data = t.data_ptr()
-    d.dtype = DTYPE_CODES[t.dtype]
-    d.memory = DEVICE if t.is_cuda else HOST
-    d.rank = t.dim()
-    for i in range(t.dim()):
-        d.shape[i] = t.shape[i]
-        d.strides[i] = t.stride(i)
-    return d
+    pad = _NO_EXTENTS[4 - t.dim()]
+    return Tensor.from_buffer_copy(_TENSOR_BYTES.pack(
+        t.data_ptr(), DTYPE_CODES[t.dtype], DEVICE if t.is_cuda else HOST, t.dim(), *t.shape, *pad,
+        *t.stride(), *pad))
 
 
 def _version_tuple(text):

@@ -1,6 +1,8 @@
 """attention() as torch.library custom ops (ringattn::attention_forward and
-ringattn::attention_backward) with fake (meta) implementations and autograd, so that eager
-mode, autograd and torch.compile(fullgraph=True) all go through the same two calls of the C API.
+ringattn::attention_backward) with fake (meta) implementations and autograd, so that autograd
+and torch.compile(fullgraph=True) go through the same two calls of the C API; and, for plain
+eager calls on real tensors, the same two implementations under a torch.autograd.Function
+(eager_attention), which spares each call the custom ops' dispatch.
 """
 import contextlib
 import operator
@@ -99,6 +101,8 @@ def _viewable(t):
     """t itself when the C API can read it as a view, else a contiguous copy. The C API needs
     unit stride along head_dim and strides >= 1 elsewhere (no broadcast axes); the CUDA block
     also needs strides that are multiples of 8 elements and 16-byte aligned data."""
+    if t.is_contiguous() and (not t.is_cuda or (t.shape[-1] % 8 == 0 and t.data_ptr() % 16 == 0)):
+        return t  # every outer stride a multiple of head_dim
     outer = [s for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1]  # axes other than head_dim
     ok = (t.shape[-1] <= 1 or t.stride(-1) == 1) and all(s >= 1 for s in outer)
     if ok and t.is_cuda:
@@ -116,10 +120,8 @@ def _device(t):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
-@torch.library.custom_op("ringattn::attention_forward", mutates_args=())
-def attention_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tensor],
-                      causal: bool, scale: float, q_start: int, k_start: int, window_left: int,
-                      window_right: int, deterministic: bool) -> tuple[Tensor, Tensor]:
+def _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, window_left,
+                  window_right, deterministic):
     """O [B, Sq, Hq, Dv] in q's dtype and LSE [B, Hq, Sq] in the accumulator dtype.
     deterministic is the backward's (kept with the forward's arguments for it)."""
     _check(q, k, v, document_starts)
@@ -138,6 +140,16 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional
     return o, lse
 
 
+@torch.library.custom_op("ringattn::attention_forward", mutates_args=())
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tensor],
+                      causal: bool, scale: float, q_start: int, k_start: int, window_left: int,
+                      window_right: int, deterministic: bool) -> tuple[Tensor, Tensor]:
+    """O [B, Sq, Hq, Dv] in q's dtype and LSE [B, Hq, Sq] in the accumulator dtype.
+    deterministic is the backward's (kept with the forward's arguments for it)."""
+    return _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, window_left,
+                         window_right, deterministic)
+
+
 @attention_forward.register_fake
 def _(q, k, v, document_starts, causal, scale, q_start, k_start, window_left, window_right,
       deterministic):
@@ -148,11 +160,8 @@ def _(q, k, v, document_starts, causal, scale, q_start, k_start, window_left, wi
     return o, lse
 
 
-@torch.library.custom_op("ringattn::attention_backward", mutates_args=())
-def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
-                       v: Tensor, o: Tensor, lse: Tensor, document_starts: Optional[Tensor],
-                       causal: bool, scale: float, q_start: int, k_start: int, window_left: int,
-                       window_right: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, q_start,
+                   k_start, window_left, window_right, deterministic):
     """dQ, dK, dV in the inputs' dtype from the forward's saved O and LSE (P is recomputed from
     the LSE, which is not), under the forward's mask. dout (of O) and dlse (of LSE) may be None:
     no gradient reached them."""
@@ -166,10 +175,11 @@ def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor
     # forms dS = P * (dP - delta); a gradient g of LSE adds P * g (dLSE/dS = P), so it enters as
     # delta - g. Rows that see no key have P = 0 and take neither.
     delta = torch.empty(lse.shape, dtype=acc, device=q.device)
-    # The C API adds into dq, dk and dv (accumulator dtype): they start at zero.
+    # The C API adds into dq (accumulator dtype), which starts at zero; dk and dv it writes
+    # (overwrite_key_gradients), rounded once to the inputs' dtype.
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     stream = _stream(q)
     with _device(q):
         dout_d, delta_d = _capi.describe(dout), _capi.describe(delta)
@@ -181,10 +191,22 @@ def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor
             lse=_capi.describe(_viewable(lse)), delta=delta_d, dq=_capi.describe(dq),
             dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
             deterministic=int(deterministic), q_start=q_start, k_start=k_start,
-            overwrite_key_gradients=0,
+            overwrite_key_gradients=1,
             **_capi.mask_fields(window_left, window_right, documents))
         lib.backward(params, stream)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), dk, dv
+
+
+@torch.library.custom_op("ringattn::attention_backward", mutates_args=())
+def attention_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
+                       v: Tensor, o: Tensor, lse: Tensor, document_starts: Optional[Tensor],
+                       causal: bool, scale: float, q_start: int, k_start: int, window_left: int,
+                       window_right: int, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV in the inputs' dtype from the forward's saved O and LSE (P is recomputed from
+    the LSE, which is not), under the forward's mask. dout (of O) and dlse (of LSE) may be None:
+    no gradient reached them."""
+    return _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, q_start,
+                          k_start, window_left, window_right, deterministic)
 
 
 @attention_backward.register_fake
@@ -208,3 +230,40 @@ def _backward(ctx, dout, dlse):
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The custom ops' two implementations as one autograd node, for eager calls (see
+    eager_attention). Gradients that did not reach O or LSE arrive as None."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, document_starts, *args):
+        ctx.set_materialize_grads(False)
+        o, lse = _forward_impl(q, k, v, document_starts, *args)
+        ctx.save_for_backward(q, k, v, o, lse, document_starts)
+        ctx.args = args
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, o, lse, document_starts = ctx.saved_tensors
+        dq, dk, dv = _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, *ctx.args)
+        return (dq, dk, dv, None) + (None,) * len(ctx.args)
+
+
+def _functorch_active():
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return active is None or active()
+
+
+def eager_attention(q, k, v, document_starts, *args):
+    """(O, LSE) of attention_forward's arguments: through _EagerAttention where the call is plain
+    eager on real tensors (not under torch.compile or a torch.func transform, exact
+    torch.Tensor inputs: no fake, meta or subclass tensors), else through the custom op, which
+    handles those."""
+    plain = (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+             and q.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
+             and not _functorch_active())
+    if plain:
+        return _EagerAttention.apply(q, k, v, document_starts, *args)
+    return attention_forward(q, k, v, document_starts, *args)

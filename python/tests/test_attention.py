@@ -271,6 +271,32 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.ringattn.attention_backward.default, backward_args)
 
 
+def test_eager_path_is_bitwise_the_custom_op():
+    """A plain eager call goes through one autograd.Function (no custom-op dispatch): the same
+    O, LSE and gradients, bitwise, as the custom ops that torch.compile and fake tensors use,
+    with a window, documents and a gradient reaching the LSE."""
+    g = torch.Generator().manual_seed(SEED)
+    q = torch.randn(2, 13, 4, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(2, 11, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(2, 11, 2, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    starts = torch.tensor([4, 9])
+    do = torch.randn(2, 13, 4, 6, dtype=torch.float64, generator=g)
+    dlse = torch.randn(2, 4, 13, dtype=torch.float64, generator=g)
+    results = []
+    for op in (lambda *a: ringattn.attention(*a, causal=True, window=(5, None), q_start=2,
+                                             document_starts=starts, return_lse=True),
+               lambda *a: torch.ops.ringattn.attention_forward(*a, starts, True, 0.35355339059327373,
+                                                                2, 0, 5, 0, False)):
+        o, lse = op(q, k, v)
+        torch.autograd.backward((o, lse), (do, dlse))
+        results.append((o.detach(), lse.detach(), q.grad, k.grad, v.grad, type(o.grad_fn).__name__))
+        q.grad = k.grad = v.grad = None
+    (eager, op) = results
+    assert "EagerAttention" in eager[5] and "EagerAttention" not in op[5], (eager[5], op[5])
+    for name, a, b in zip(("O", "LSE", "dQ", "dK", "dV"), eager[:5], op[:5]):
+        assert torch.equal(a, b), name
+
+
 def test_meta_tensors_give_shapes_and_dtypes():
     for dtype, acc in ((torch.float32, torch.float32), (torch.float64, torch.float64),
                        (torch.bfloat16, torch.float32), (torch.float16, torch.float32)):
