@@ -30,9 +30,10 @@
 namespace {
 
 // The account of the config at FILE (with the --set assignments) on `backend` ("" : run.backend,
-// auto counting as cuda), then the longest seq_len for 1, 2, 4 and 8 GPUs of `memory_gib`.
+// auto counting as cuda), then the longest seq_len for 1, 2, 4 and 8 GPUs of `memory_gib`, each
+// with `host_gib` of host memory (0: not limited).
 int print_memory_account(const std::string& file, const std::vector<std::string>& assignments,
-                         const std::string& backend_text, double memory_gib) {
+                         const std::string& backend_text, double memory_gib, double host_gib) {
   namespace train = ringattn::train;
   train::TrainConfig config = train::load_config_file(file);
   train::apply_overrides(config, assignments);
@@ -50,12 +51,16 @@ int print_memory_account(const std::string& file, const std::vector<std::string>
   };
   std::printf("%s\n", file.c_str());
   std::printf("%s\n", train::memory_account_text(resolved(config), backend, true).c_str());
-  std::printf("\nlongest train.seq_len that fits, %g GiB a GPU (parallel.cp = GPUs, dp 1):\n",
-              memory_gib);
+  std::printf("\nlongest train.seq_len that fits, %g GiB a GPU%s (parallel.cp = GPUs, dp 1):\n",
+              memory_gib,
+              host_gib > 0.0 ? (" and " + std::to_string(static_cast<long long>(host_gib)) +
+                                " GiB of host memory a GPU").c_str()
+                             : "");
   std::printf("  %4s %14s %16s %14s %14s %8s\n", "GPUs", "seq_len", "tokens a rank", "peak GiB",
               "host GiB", "offload");
   for (const int gpus : {1, 2, 4, 8}) {
-    const std::int64_t seq_len = train::longest_fitting_seq_len(config, backend, gpus, bytes);
+    const std::int64_t seq_len =
+        train::longest_fitting_seq_len(config, backend, gpus, bytes, host_gib * 0x1p30);
     if (seq_len == 0) {
       std::printf("  %4d %14s\n", gpus, "none fits");
       continue;
@@ -125,11 +130,17 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "with --config: cuda or cpu (default: run.backend)")
       ->check(CLI::IsMember({"cuda", "cpu"}))
       ->needs(config);
+  double host_gib = 0.0;
+  app.add_option("--host-memory-gib", host_gib,
+                 "with --config: host memory a GPU may take, GiB (the offloaded inputs, batches, "
+                 "checkpoint copy; default: not limited)")
+      ->check(tools::positive_real())
+      ->needs(config);
   const tools::CommandLine line = tools::parse_command_line(app, argc, argv);
   if (line.exit_code >= 0) return tools::finish_command_line(line, "ringattn-plan");
   if (!config_file.empty() || app.count("--config") > 0) {
     try {
-      return print_memory_account(config_file, assignments, backend, in.memory_gib);
+      return print_memory_account(config_file, assignments, backend, in.memory_gib, host_gib);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ringattn-plan: %s\n", e.what());
       return 2;

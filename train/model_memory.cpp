@@ -534,6 +534,14 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   const RingWorkspace ring = ring_workspace(s, n, chunk, ring_ranks, ring_steps, e);
   add("ring workspace (its own)", ring.bytes_per_token, 0.0,
       "parallel.cp, parallel.layout, model.attention_window, train.mlp_chunk_tokens");
+  // Host memory beside the backend's (check_run_memory's host needs): a step's micro-batches (an
+  // int32 token id, an int32 target and a float mask a token) and the host copy of the parameters
+  // and moments that a checkpoint writes.
+  add("a step's micro-batches (host)", static_cast<double>(t.grad_accum) * 12.0, 0.0,
+      "train.grad_accum");
+  a.lines.back().host = true;
+  add("checkpoint copy of the state (host)", 0.0, 3.0 * parameters * 4.0, shape_keys);
+  a.lines.back().host = true;
   if (cuda) {
     const BackendBuffers b = cuda_backend_buffers(config, n);
     a.lines.push_back({"cuBLASLt workspace, batch, RoPE tables", b.bytes_per_token, b.fixed_bytes,
@@ -611,14 +619,13 @@ std::string memory_account_text(const TrainConfig& config, Backend backend, bool
           (stages.size() > 1 ? "train.stages[" + std::to_string(largest) + "]: " : std::string()) +
           "train.batch_size " + std::to_string(c.train.batch_size) + " x train.seq_len " +
           std::to_string(c.train.seq_len) + " / parallel.cp " + std::to_string(c.parallel.cp) + ")";
-  if (a.host_bytes() > 0.0) {
-    text += "\nand " + gib_text(a.host_bytes()) + " of pinned host memory (train.offload)";
-  }
+  text += "\nand " + gib_text(a.host_bytes()) + " of host memory beside" +
+          (cuda ? " (pinned for train.offload where on)" : "");
   return text;
 }
 
 std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend, int gpus,
-                                     double bytes_per_gpu) {
+                                     double bytes_per_gpu, double host_bytes_per_gpu) {
   if (gpus < 1) {
     ringattn::detail::fail("longest_fitting_seq_len", "gpus is ", gpus, "; expected >= 1");
   }
@@ -633,12 +640,16 @@ std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend,
   const bool either = c.train.offload == Offload::automatic && backend != Backend::cpu;
   const auto fits = [&](std::int64_t k) {
     set(k);
+    const auto within = [&](const MemoryAccount& a) {
+      return a.peak_bytes() <= bytes_per_gpu &&
+             (host_bytes_per_gpu <= 0.0 || a.host_bytes() <= host_bytes_per_gpu);
+    };
     TrainConfig off = c;
     off.train.offload = either ? Offload::off : c.train.offload;
-    if (memory_account(off, backend).peak_bytes() <= bytes_per_gpu) return true;
+    if (within(memory_account(off, backend))) return true;
     if (!either) return false;
     off.train.offload = Offload::on;
-    return memory_account(off, backend).peak_bytes() <= bytes_per_gpu;
+    return within(memory_account(off, backend));
   };
   const auto tiled = [&](std::int64_t k) {
     set(k);

@@ -130,7 +130,8 @@ struct MemoryLine {
   double fixed_bytes = 0.0;
   double bytes = 0.0;  // at the account's tokens
   std::string keys;    // the config keys that size it
-  bool host = false;   // host memory of a GPU run (the offloaded inputs): not in the peak
+  bool host = false;   // host memory beside the backend's (a GPU run's offloaded inputs, a step's
+                       // batches, the checkpoint copy): not in the peak
 };
 struct MemoryAccount {
   Backend backend = Backend::cuda;
@@ -139,7 +140,7 @@ struct MemoryAccount {
   // Every buffer is allocated for the whole run (the ring's grow to their largest call), so the
   // peak is the sum of the lines.
   double peak_bytes() const;  // the backend's memory (a GPU's, or the host's on the CPU)
-  double host_bytes() const;  // the host memory of a GPU run's lines (pinned, for the offload)
+  double host_bytes() const;  // the host memory beside the backend's
   double bytes_per_token() const;
   double fixed_bytes() const;
 };
@@ -160,8 +161,10 @@ std::string memory_account_text(const TrainConfig& config, Backend backend, bool
 // 2 x gpus (zigzag) or gpus (contiguous) up to the largest int; 0 when none fits. The account is
 // piecewise linear in seq_len and drops where the feed-forward block starts to be tiled, so each
 // side of that point is searched on its own.
+// With `host_bytes_per_gpu` > 0 the host memory beside (host_bytes: the offloaded inputs, the
+// batches, the checkpoint copy) must fit it too.
 std::int64_t longest_fitting_seq_len(const TrainConfig& config, Backend backend, int gpus,
-                                     double bytes_per_gpu);
+                                     double bytes_per_gpu, double host_bytes_per_gpu = 0.0);
 
 // Whether a run of `config` offloads its blocks' inputs (ModelOptions::offload): train.offload on
 // or off as it says; automatic: on the cuda backend where the account without it passes

@@ -237,25 +237,30 @@ TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
                  std::to_string(c.train.recompute) + "/" +
                  std::to_string(c.train.recompute_attention) + ", mlp_chunk_tokens " +
                  std::to_string(c.train.mlp_chunk_tokens));
+    // Beside the backend's memory, on the host: a step's batches (12 bytes a token) and the
+    // checkpoint's copy of the parameters and both moments (12 bytes a parameter).
+    const double beside =
+        12.0 * c.train.grad_accum * c.train.batch_size * c.train.seq_len / c.parallel.cp +
+        12.0 * static_cast<double>(parameter_count(model_shape(c.model)));
     const MemoryAccount cpu = memory_account(c, Backend::cpu);
     double sum = 0.0;
     for (const MemoryLine& line : cpu.lines) {
       EXPECT_EQ(line.bytes, line.bytes_per_token * cpu.local_tokens + line.fixed_bytes)
           << line.component;
-      sum += line.bytes;
+      sum += line.host ? 0.0 : line.bytes;
     }
-    // On the CPU the offloaded inputs are host memory like the rest.
+    // On the CPU the offloaded inputs are host memory like the rest of the model.
     EXPECT_EQ(sum, model_and_ring_bytes(c, kCpuModelElements) +
                        offloaded_bytes(c, kCpuModelElements));
     EXPECT_EQ(cpu.peak_bytes(), sum);
-    EXPECT_EQ(cpu.host_bytes(), 0.0);
+    EXPECT_EQ(cpu.host_bytes(), beside);
 
     const MemoryAccount cuda = memory_account(c, Backend::cuda);
     const double n = cuda.local_tokens;
     const double rope_rows = n / c.train.batch_size;  // retrieval: no documents, a row a position
     EXPECT_EQ(cuda.peak_bytes(), model_and_ring_bytes(c, kCudaModelElements) + 32.0 * (1 << 20) +
                                      20.0 * n + rope_rows * 16 * 4);
-    EXPECT_EQ(cuda.host_bytes(), offloaded_bytes(c, kCudaModelElements));
+    EXPECT_EQ(cuda.host_bytes(), offloaded_bytes(c, kCudaModelElements) + beside);
   }
 }
 
@@ -271,7 +276,9 @@ TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   const MemoryAccount on = memory_account(c, Backend::cuda);
   const double input = 2.0 * 4096 * c.model.d_model * 2.0;  // a block's input: batch 2, bf16
   EXPECT_EQ(kept - on.peak_bytes(), 4.0 * input);
-  EXPECT_EQ(on.host_bytes(), 4.0 * input);
+  c.train.offload = Offload::off;
+  EXPECT_EQ(on.host_bytes() - memory_account(c, Backend::cuda).host_bytes(), 4.0 * input);
+  c.train.offload = Offload::on;
   c.train.offload = Offload::automatic;
   EXPECT_FALSE(resolve_offload(c, Backend::cuda, kept));
   EXPECT_TRUE(resolve_offload(c, Backend::cuda, kept - 1.0));
@@ -472,6 +479,39 @@ TEST(MemoryAccount, LongestFittingSeqLenIsTheLast) {
   }
   // Nothing fits less than the parameters.
   EXPECT_EQ(longest_fitting_seq_len(brute, Backend::cpu, 1, 1024.0), 0);
+}
+
+// A host limit a GPU bounds the longest fit too: the offload's pinned inputs, the batches and
+// the checkpoint copy fit it, and the next length does not fit the GPU and the host together.
+TEST(MemoryAccount, LongestFitHoldsTheHostLimit) {
+  TrainConfig c = account_run(1, 320);
+  c.model.n_layers = 6;
+  c.train.recompute = true;
+  const double gpu = 64 * 0x1p20, unlimited = 0.0;
+  const std::int64_t free_host = longest_fitting_seq_len(c, Backend::cuda, 1, gpu, unlimited);
+  TrainConfig fitted = c;
+  fitted.train.seq_len = static_cast<int>(free_host);
+  ASSERT_TRUE(resolve_offload(fitted, Backend::cuda, gpu)) << "the case needs the offload";
+  // Halfway between the host memory of the shortest run (its fixed part: the checkpoint copy)
+  // and that of the longest without a host limit.
+  TrainConfig shortest = c;
+  shortest.train.seq_len = 2;
+  const double host =
+      0.5 * (memory_account(offload_resolved(fitted, true), Backend::cuda).host_bytes() +
+             memory_account(offload_resolved(shortest, true), Backend::cuda).host_bytes());
+  const std::int64_t limited = longest_fitting_seq_len(c, Backend::cuda, 1, gpu, host);
+  ASSERT_GT(limited, 0);
+  EXPECT_LT(limited, free_host);
+  const auto account = [&](std::int64_t seq) {
+    TrainConfig t = c;
+    t.train.seq_len = static_cast<int>(seq);
+    return memory_account(offload_resolved(t, resolve_offload(t, Backend::cuda, gpu)),
+                          Backend::cuda);
+  };
+  EXPECT_LE(account(limited).peak_bytes(), gpu);
+  EXPECT_LE(account(limited).host_bytes(), host);
+  const MemoryAccount next = account(limited + 2);
+  EXPECT_TRUE(next.peak_bytes() > gpu || next.host_bytes() > host);
 }
 
 // check_run_memory holds a GPU to the account's peak, the ring's own workspace included, and
