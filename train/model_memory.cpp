@@ -428,29 +428,16 @@ RingWorkspace ring_workspace(const ModelShape& s, double local_tokens, double ml
   return w;
 }
 
-double MemoryAccount::peak_bytes() const {
+double MemoryAccount::sum(double MemoryLine::*field, bool host) const {
   double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.host ? 0.0 : line.bytes;
+  for (const MemoryLine& line : lines) total += line.host == host ? line.*field : 0.0;
   return total;
 }
 
-double MemoryAccount::host_bytes() const {
-  double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.host ? line.bytes : 0.0;
-  return total;
-}
-
-double MemoryAccount::bytes_per_token() const {
-  double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.host ? 0.0 : line.bytes_per_token;
-  return total;
-}
-
-double MemoryAccount::fixed_bytes() const {
-  double total = 0.0;
-  for (const MemoryLine& line : lines) total += line.host ? 0.0 : line.fixed_bytes;
-  return total;
-}
+double MemoryAccount::peak_bytes() const { return sum(&MemoryLine::bytes, false); }
+double MemoryAccount::host_bytes() const { return sum(&MemoryLine::bytes, true); }
+double MemoryAccount::bytes_per_token() const { return sum(&MemoryLine::bytes_per_token, false); }
+double MemoryAccount::fixed_bytes() const { return sum(&MemoryLine::fixed_bytes, false); }
 
 MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   const bool cuda = backend != Backend::cpu;

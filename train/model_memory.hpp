@@ -138,11 +138,15 @@ struct MemoryAccount {
   double local_tokens = 0.0;
   std::vector<MemoryLine> lines;
   // Every buffer is allocated for the whole run (the ring's grow to their largest call), so the
-  // peak is the sum of the lines.
+  // peak is the sum of the lines of the backend's memory.
   double peak_bytes() const;  // the backend's memory (a GPU's, or the host's on the CPU)
   double host_bytes() const;  // the host memory beside the backend's
   double bytes_per_token() const;
   double fixed_bytes() const;
+
+ private:
+  // `field` summed over the lines beside the backend's memory (host) or of it.
+  double sum(double MemoryLine::*field, bool host) const;
 };
 // The account of `config` at its train.seq_len and train.batch_size (not its stages: see
 // stage_config) on `backend` (cuda or cpu; automatic counts as cuda).

@@ -112,6 +112,25 @@ Gradients run_once(TrainModel& model, const Batch& batch) {
   return r;
 }
 
+// The relative L2 difference of `actual` from `expected` over one parameter's gradients.
+double relative_difference(const std::vector<float>& actual, const std::vector<float>& expected,
+                           std::size_t offset, std::int64_t count) {
+  double err = 0.0, ref = 0.0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double e = expected[offset + i], a = actual[offset + i];
+    err += (a - e) * (a - e);
+    ref += e * e;
+  }
+  return std::sqrt(err / ref);
+}
+
+// How many gradients differ, bitwise.
+std::size_t unequal(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) count += a[i] != b[i];
+  return count;
+}
+
 std::unique_ptr<TrainModel> cuda_model(const TrainConfig& c, ModelOptions options) {
   return make_cuda_model(c.model, c.train.batch_size, c.train.seq_len,
                          nccl_communicator_over(MPI_COMM_SELF), SequenceLayoutKind::zigzag,
@@ -140,13 +159,8 @@ TEST(CudaModel, MatchesTheCpuModel) {
   }
   std::size_t offset = 0;
   for (const ParameterInfo& info : cpu_model.parameter_infos()) {
-    double err = 0.0, ref = 0.0;
-    for (std::int64_t i = 0; i < info.elements; ++i) {
-      const double e = expected.grads[offset + i], a = actual.grads[offset + i];
-      err += (a - e) * (a - e);
-      ref += e * e;
-    }
-    const double relative = std::sqrt(err / ref);
+    const double relative =
+        relative_difference(actual.grads, expected.grads, offset, info.elements);
     std::printf("  %-22s relative gradient error %.3e\n", info.name.c_str(), relative);
     EXPECT_LT(relative, 0.06) << info.name;
     offset += static_cast<std::size_t>(info.elements);
@@ -234,15 +248,9 @@ TEST(CudaModel, DeterministicModeAndRecomputationAreBitwiseReproducible) {
   EXPECT_EQ(first.loss, recomputed.loss);
   EXPECT_EQ(first.loss, attention_recomputed.loss);
   ASSERT_EQ(first.grads.size(), second.grads.size());
-  std::size_t differ_twice = 0, differ_recomputed = 0, differ_attention_recomputed = 0;
-  for (std::size_t i = 0; i < first.grads.size(); ++i) {
-    differ_twice += first.grads[i] != second.grads[i];
-    differ_recomputed += first.grads[i] != recomputed.grads[i];
-    differ_attention_recomputed += first.grads[i] != attention_recomputed.grads[i];
-  }
-  EXPECT_EQ(differ_twice, 0u) << "of " << first.grads.size() << " gradients";
-  EXPECT_EQ(differ_recomputed, 0u) << "of " << first.grads.size() << " gradients";
-  EXPECT_EQ(differ_attention_recomputed, 0u) << "of " << first.grads.size() << " gradients";
+  EXPECT_EQ(unequal(first.grads, second.grads), 0u) << "of " << first.grads.size();
+  EXPECT_EQ(unequal(first.grads, recomputed.grads), 0u) << "of " << first.grads.size();
+  EXPECT_EQ(unequal(first.grads, attention_recomputed.grads), 0u) << "of " << first.grads.size();
 }
 
 // The feed-forward block in uneven chunks of 1000 of the 4096 tokens (train.mlp_chunk_tokens),
@@ -271,22 +279,13 @@ TEST(CudaModel, FeedForwardInChunks) {
   EXPECT_NEAR(tiled[0].loss, untiled.loss, 1e-3 * untiled.loss);
   for (int mode : {1, 2}) {
     EXPECT_EQ(tiled[mode].loss, tiled[0].loss) << "recompute mode " << mode;
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < tiled[0].grads.size(); ++i) {
-      differ += tiled[mode].grads[i] != tiled[0].grads[i];
-    }
-    EXPECT_EQ(differ, 0u) << "recompute mode " << mode << ": of " << tiled[0].grads.size()
-                          << " gradients";
+    EXPECT_EQ(unequal(tiled[mode].grads, tiled[0].grads), 0u)
+        << "recompute mode " << mode << ": of " << tiled[0].grads.size() << " gradients";
   }
   std::size_t offset = 0;
   for (const ParameterInfo& info : untiled_model->parameter_infos()) {
-    double err = 0.0, ref = 0.0;
-    for (std::int64_t i = 0; i < info.elements; ++i) {
-      const double e = untiled.grads[offset + i], a = tiled[0].grads[offset + i];
-      err += (a - e) * (a - e);
-      ref += e * e;
-    }
-    const double relative = std::sqrt(err / ref);
+    const double relative =
+        relative_difference(tiled[0].grads, untiled.grads, offset, info.elements);
     std::printf("  %-22s tiled against untiled: relative gradient difference %.3e\n",
                 info.name.c_str(), relative);
     EXPECT_LT(relative, 1e-2) << info.name;
@@ -315,10 +314,8 @@ TEST(CudaModel, OffloadIsBitwiseTheRunWithout) {
     const Gradients offloaded = run_once(*offloading, batch);
     EXPECT_EQ(offloaded.loss, kept.loss) << "recompute " << recompute;
     EXPECT_EQ(offloaded.eval_loss, kept.eval_loss) << "recompute " << recompute;
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < kept.grads.size(); ++i) differ += offloaded.grads[i] != kept.grads[i];
-    EXPECT_EQ(differ, 0u) << "recompute " << recompute << ": of " << kept.grads.size()
-                          << " gradients";
+    EXPECT_EQ(unequal(offloaded.grads, kept.grads), 0u)
+        << "recompute " << recompute << ": of " << kept.grads.size() << " gradients";
   }
 }
 
