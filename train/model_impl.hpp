@@ -487,8 +487,8 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
     layer_forward(l, layers_[options_.recompute ? 0 : l], false);
   }
   timed("rmsnorm", [&] {
-    be.rmsnorm_forward(hf_.data(), inv_f_.data(), block_input(lp_.size()), master(final_norm_), {n, d},
-                       config_.norm_eps);
+    be.rmsnorm_forward(hf_.data(), inv_f_.data(), block_input(lp_.size()), master(final_norm_),
+                       {n, d}, config_.norm_eps);
   });
 }
 
@@ -738,13 +738,16 @@ std::string Model<B>::first_non_finite_tensor() {
   };
   // Block l's input: on the device, or with offload in its host copy (the last two blocks' stay).
   const auto input_finite = [&](std::size_t l) {
-    if (!options_.offload || resident_input(l) || l == lp_.size()) return finite(block_input(l), n * d);
+    if (!options_.offload || l == lp_.size() || resident_input(l)) {
+      return finite(block_input(l), n * d);
+    }
     return be.host_all_finite(host_in_[l].data(), n * d);
   };
   if (!input_finite(0)) return "tok_embedding output";
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    if (!options_.recompute && !mlp_tiled()) {
+    if (!options_.recompute) {
+      // The feed-forward's hidden activations are kept only where the block is not in chunks.
       const Layer& L = layers_[l];
       const std::pair<const Act*, std::int64_t> kept[] = {
           {L.h1.data(), n * d},    {L.qkv.data(), n * row}, {attn_o_[l].data(), n * hq * hd},
@@ -753,7 +756,7 @@ std::string Model<B>::first_non_finite_tensor() {
       const char* names[] = {"attn_norm output", "wqkv output (after RoPE)", "attention output",
                              "attention residual", "mlp_norm output", "w_gate_up output",
                              "swiglu output"};
-      for (std::size_t k = 0; k < std::size(kept); ++k) {
+      for (std::size_t k = 0; k < (mlp_tiled() ? 4 : std::size(kept)); ++k) {
         if (!finite(kept[k].first, kept[k].second)) return p + names[k];
       }
     } else if (keeps_attention() && !finite(attn_o_[l].data(), n * hq * hd)) {

@@ -4,8 +4,8 @@
 // into two alternating buffers), with host-to-host copies. 12 steps of a 4-layer and a 5-layer
 // tiny model (2 and 3 of the blocks' inputs offloaded, the others resident) give bitwise the
 // losses without the offload, with and without recompute; the gradient of one step is bitwise the
-// same too; and a run stopped after 6 steps and resumed with the offload on continues bitwise like
-// the uninterrupted one.
+// same too; the first non-finite activation is found in the host copies; and a run stopped after
+// 6 steps and resumed with the offload on continues bitwise like the uninterrupted one.
 #include <mpi.h>
 
 #include <gtest/gtest.h>
@@ -83,6 +83,39 @@ TEST(Offload, BitwiseTheGradients) {
     EXPECT_EQ(model.allocated_memory()[ModelPart::offloaded], offload ? 3.0 * n * d * act : 0.0);
   }
   EXPECT_EQ(grads[0], grads[1]);
+}
+
+// The search for the first non-finite activation after a bad forward reads the offloaded inputs
+// in their host copies: the same answer as without the offload. A block whose feed-forward norm
+// has gains of 3e38 makes its normed input (an RMS of 1 a row), and so its output, infinite.
+TEST(Offload, NonFiniteTensorsAreFoundInTheHostCopies) {
+  std::shared_ptr<Communicator> world = mpi_world_communicator();
+  const int size = communicator_size(*world), rank = communicator_rank(*world);
+  const TrainConfig config = tiny_config(size, 5);
+  const std::int64_t batch = 2, seq = 64, local = batch * seq / size;
+  std::vector<std::int32_t> tokens(local);
+  for (std::int64_t t = 0; t < local; ++t) tokens[t] = static_cast<std::int32_t>((t + rank) % 64);
+  const std::vector<float> mask(local, 1.0f);
+  const ShardBatch shard{tokens, tokens, mask};
+  for (const bool recompute : {false, true}) {
+    for (const bool offload : {false, true}) {
+      ModelOptions options;
+      options.recompute = recompute;
+      options.offload = offload;
+      CpuModel<float> model(config.model, batch, seq, world, SequenceLayoutKind::zigzag, options);
+      model.init(3);
+      EXPECT_EQ(model.first_non_finite_tensor(), "") << "before the bad weight";
+      for (std::size_t i = 0; i < model.parameter_infos().size(); ++i) {
+        if (model.parameter_infos()[i].name == "layers.1.mlp_norm") {
+          for (float& g : model.parameter(i)) g = 3e38f;
+        }
+      }
+      model.forward(shard);
+      EXPECT_EQ(model.first_non_finite_tensor(),
+                recompute ? "layers.1.output" : "layers.1.mlp_norm output")
+          << "recompute " << recompute << ", offload " << offload;
+    }
+  }
 }
 
 TEST(Offload, ResumeContinuesBitwise) {
