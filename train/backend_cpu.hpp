@@ -66,15 +66,15 @@ class CpuBackend {
     for (std::int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(src[i]);
   }
   double memory_mib() { return 0.0; }
-  // The offload of the blocks' inputs (ModelOptions::offload): host-to-host copies, done when they
-  // return, in the order and slots the GPU's asynchronous ones take.
+  // The offload (ModelOptions::offload): host-to-host copies, done when they return, in the order
+  // and slots the GPU's asynchronous ones take.
   template <typename E>
   using HostBuffer = std::vector<E>;
-  void offload(T* host, const T* data, std::int64_t count, int /*slot*/) {
-    std::copy_n(data, count, host);
+  void offload(void* host, const void* data, std::size_t bytes, int /*slot*/) {
+    std::memcpy(host, data, bytes);
   }
-  void prefetch(T* data, const T* host, std::int64_t count, int /*slot*/) {
-    std::copy_n(host, count, data);
+  void prefetch(void* data, const void* host, std::size_t bytes, int /*slot*/) {
+    std::memcpy(data, host, bytes);
   }
   void wait_transfer(int /*slot*/) {}
   bool host_all_finite(const T* host, std::int64_t count) {

@@ -105,10 +105,12 @@ struct TrainingConfig {
   // at a time, in the forward, the recompute and the backward: only one chunk of its hidden
   // activations exists at once. 0: automatic (mlp_chunk_tokens() below).
   int mlp_chunk_tokens = 0;
-  // The blocks' kept inputs in pinned host memory: each is copied out during the forward, on a
-  // stream of its own beside the next block's compute, and back one block ahead of the backward
-  // that reads it; the GPU then holds three of them instead of n_layers + 1. auto: on where the
-  // GPU cannot hold the run without it (the memory account, train/model_memory.hpp), else off.
+  // The blocks' kept inputs (and attention outputs, where each block keeps its own) in pinned
+  // host memory: each is copied out during the forward, on a stream of its own beside the next
+  // block's compute, and back one block ahead of the backward that reads it; the GPU then holds
+  // three inputs instead of n_layers + 1 (and two attention outputs instead of n_layers). auto: on
+  // where the GPU cannot hold the run without it (the memory account, train/model_memory.hpp),
+  // else off.
   Offload offload = Offload::automatic;
   bool deterministic = false;  // bitwise-reproducible kernels (slower where it matters)
   // Time every step's ops by phase (train/model.hpp); at the end of the run rank 0 prints the

@@ -119,8 +119,10 @@ struct ModelOptions {
   std::int64_t mlp_chunk_tokens = 0;
   // The blocks' inputs in host memory (train.offload resolved): block l's input is copied out
   // while block l runs its forward, and back while block l + 1 runs its backward; the backend's
-  // memory holds three of them (two blocks' and the final norm's) instead of n_layers + 1. The
-  // results are bitwise those without.
+  // memory holds three of them (two blocks' and the final norm's) instead of n_layers + 1. Where
+  // every block keeps its attention output and LSE, those go out after the block's forward and
+  // come back the same way (two pairs on the backend's side). The results are bitwise those
+  // without.
   bool offload = false;
   // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
   bool shard_optimizer = false;
@@ -303,7 +305,16 @@ class Model final : public TrainModel {
   // Whether every block keeps its attention output and LSE (one pair is shared when recomputation
   // runs the ring attention again), and which pair is block l's.
   bool keeps_attention() const { return !options_.recompute || !options_.recompute_attention; }
-  std::size_t attention_slot(std::size_t l) const { return keeps_attention() ? l : 0; }
+  // With ModelOptions::offload the kept pairs go to host memory like the blocks' inputs: two
+  // pairs on the backend's side, block l's in pair l % 2.
+  bool offloads_attention() const { return options_.offload && keeps_attention(); }
+  std::size_t attention_slot(std::size_t l) const {
+    return !keeps_attention() ? 0 : options_.offload ? l % 2 : l;
+  }
+  // The transfer slots (the backend's events): the blocks' inputs in 0 and 1, the attention
+  // outputs in 2 and 3, block l's in the one of parity l.
+  static int input_transfer(std::size_t l) { return static_cast<int>(l % 2); }
+  static int attention_transfer(std::size_t l) { return 2 + static_cast<int>(l % 2); }
   // The ring call of layer l's attention (its inputs in L.qkv, its output in attn_o_), with the
   // buffers that are dead while attention runs lent as the ring's scratch.
   RingForwardArgs ring_forward_args(std::size_t l, Layer& L);
@@ -346,9 +357,11 @@ class Model final : public TrainModel {
   template <typename E>
   using HostBuffer = typename Backend::template HostBuffer<E>;
   std::vector<HostBuffer<Act>> host_in_;
+  std::vector<HostBuffer<Act>> host_attn_o_;  // offloads_attention(): block l's for l + 2 < L
+  std::vector<HostBuffer<Acc>> host_attn_lse_;
   // Activations: the input of every block (x_in_[L] is the final norm's input), the attention
-  // output and LSE of every block (one pair when recomputing the attention), and the rest of every
-  // block's (L of them, or one when recomputing).
+  // output and LSE of every block (one pair when recomputing the attention, two with the offload),
+  // and the rest of every block's (L of them, or one when recomputing).
   std::vector<Buffer<Act>> x_in_;
   std::vector<Buffer<Act>> attn_o_;
   std::vector<Buffer<Acc>> attn_lse_;

@@ -137,9 +137,18 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     }
   }
   const std::int64_t one_or_none = std::min<std::int64_t>(1, shape_.layers);
-  for (std::int64_t l = 0; l < (keeps_attention() ? shape_.layers : one_or_none); ++l) {
+  const std::int64_t attention_pairs = !keeps_attention() ? one_or_none
+                                       : options_.offload ? std::min<std::int64_t>(2, shape_.layers)
+                                                          : shape_.layers;
+  for (std::int64_t l = 0; l < attention_pairs; ++l) {
     attn_o_.push_back(allocate<Act>(n * shape_.q_heads * hd, kActivations));
     attn_lse_.push_back(allocate<Acc>(n * shape_.q_heads, kActivations));
+  }
+  for (std::int64_t l = 0; offloads_attention() && l + 2 < shape_.layers; ++l) {
+    host_attn_o_.push_back(allocator_.allocate<HostBuffer<Act>>(
+        n * shape_.q_heads * hd, sizeof(Act), Memory::host, ModelPart::offloaded));
+    host_attn_lse_.push_back(allocator_.allocate<HostBuffer<Acc>>(
+        n * shape_.q_heads, sizeof(Acc), Memory::host, ModelPart::offloaded));
   }
   layers_.resize(options_.recompute ? one_or_none : shape_.layers);
   for (Layer& L : layers_) allocate_layer(L);
@@ -467,9 +476,9 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
   });
   const std::int64_t d = shape_.d_model, v = shape_.vocab;
   if (options_.offload) {
-    // A step abandoned at a block boundary may have left a copy in flight into or out of either
-    // buffer: the embedding writes one of them.
-    for (const int slot : {0, 1}) be.wait_transfer(slot);
+    // A step abandoned at a block boundary may have left a copy in flight into or out of any
+    // buffer the forward writes.
+    for (const int slot : {0, 1, 2, 3}) be.wait_transfer(slot);
   }
   timed("embedding", [&] { be.embedding_forward(block_input(0), weight(emb_), {n, v, d}); });
   for (std::size_t l = 0; l < lp_.size(); ++l) {
@@ -478,13 +487,24 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
       // Block l writes its output where block l - 1's input was: that input's copy out must be
       // done. Then block l's input goes out beside block l's compute.
       if (l >= 1 && !resident_input(l - 1)) {
-        timed("offload.wait", [&] { be.wait_transfer(static_cast<int>((l - 1) % 2)); });
+        timed("offload.wait", [&] { be.wait_transfer(input_transfer(l - 1)); });
+      }
+      // Block l's attention output goes where block l - 2's was.
+      if (offloads_attention() && l >= 2 && !resident_input(l - 2)) {
+        timed("offload.wait", [&] { be.wait_transfer(attention_transfer(l - 2)); });
       }
       if (!resident_input(l)) {
-        be.offload(host_in_[l].data(), block_input(l), n * d, static_cast<int>(l % 2));
+        be.offload(host_in_[l].data(), block_input(l), n * d * sizeof(Act), input_transfer(l));
       }
     }
     layer_forward(l, layers_[options_.recompute ? 0 : l], false);
+    if (offloads_attention() && !resident_input(l)) {
+      const std::size_t a = attention_slot(l);
+      be.offload(host_attn_o_[l].data(), attn_o_[a].data(), attn_o_[a].size() * sizeof(Act),
+                 attention_transfer(l));
+      be.offload(host_attn_lse_[l].data(), attn_lse_[a].data(),
+                 attn_lse_[a].size() * sizeof(Acc), attention_transfer(l));
+    }
   }
   timed("rmsnorm", [&] {
     be.rmsnorm_forward(hf_.data(), inv_f_.data(), block_input(lp_.size()), master(final_norm_),
@@ -600,11 +620,21 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
       // Block l's input came back beside block l + 1's backward; block l - 1's comes back beside
       // this one, into the buffer block l + 1 used.
       if (!resident_input(l)) {
-        timed("offload.wait", [&] { be.wait_transfer(static_cast<int>(l % 2)); });
+        timed("offload.wait", [&] {
+          be.wait_transfer(input_transfer(l));
+          if (offloads_attention()) be.wait_transfer(attention_transfer(l));
+        });
       }
       if (l >= 1 && !resident_input(l - 1)) {
-        be.prefetch(block_input(l - 1), host_in_[l - 1].data(), n * d,
-                    static_cast<int>((l - 1) % 2));
+        be.prefetch(block_input(l - 1), host_in_[l - 1].data(), n * d * sizeof(Act),
+                    input_transfer(l - 1));
+        if (offloads_attention()) {
+          const std::size_t a = attention_slot(l - 1);
+          be.prefetch(attn_o_[a].data(), host_attn_o_[l - 1].data(),
+                      attn_o_[a].size() * sizeof(Act), attention_transfer(l - 1));
+          be.prefetch(attn_lse_[a].data(), host_attn_lse_[l - 1].data(),
+                      attn_lse_[a].size() * sizeof(Acc), attention_transfer(l - 1));
+        }
       }
     }
     Layer& L = layers_[options_.recompute ? 0 : l];
@@ -743,6 +773,13 @@ std::string Model<B>::first_non_finite_tensor() {
     }
     return be.host_all_finite(host_in_[l].data(), n * d);
   };
+  // Block l's attention output, likewise.
+  const auto attention_finite = [&](std::size_t l) {
+    if (offloads_attention() && !resident_input(l)) {
+      return be.host_all_finite(host_attn_o_[l].data(), n * hq * hd);
+    }
+    return finite(attn_o_[attention_slot(l)].data(), n * hq * hd);
+  };
   if (!input_finite(0)) return "tok_embedding output";
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
@@ -750,16 +787,16 @@ std::string Model<B>::first_non_finite_tensor() {
       // The feed-forward's hidden activations are kept only where the block is not in chunks.
       const Layer& L = layers_[l];
       const std::pair<const Act*, std::int64_t> kept[] = {
-          {L.h1.data(), n * d},    {L.qkv.data(), n * row}, {attn_o_[l].data(), n * hq * hd},
-          {L.x_mid.data(), n * d}, {L.h2.data(), n * d},    {L.gu.data(), n * 2 * f},
-          {L.act.data(), n * f}};
-      const char* names[] = {"attn_norm output", "wqkv output (after RoPE)", "attention output",
+          {L.h1.data(), n * d},    {L.qkv.data(), n * row}, {L.x_mid.data(), n * d},
+          {L.h2.data(), n * d},    {L.gu.data(), n * 2 * f}, {L.act.data(), n * f}};
+      const char* names[] = {"attn_norm output", "wqkv output (after RoPE)",
                              "attention residual", "mlp_norm output", "w_gate_up output",
                              "swiglu output"};
-      for (std::size_t k = 0; k < (mlp_tiled() ? 4 : std::size(kept)); ++k) {
+      for (std::size_t k = 0; k < (mlp_tiled() ? 3 : std::size(kept)); ++k) {
+        if (k == 2 && !attention_finite(l)) return p + "attention output";
         if (!finite(kept[k].first, kept[k].second)) return p + names[k];
       }
-    } else if (keeps_attention() && !finite(attn_o_[l].data(), n * hq * hd)) {
+    } else if (keeps_attention() && !attention_finite(l)) {
       return p + "attention output";  // the one activation of a block that recomputation keeps
     }
     if (!input_finite(l + 1)) return p + "output";

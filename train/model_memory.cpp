@@ -176,7 +176,7 @@ const char* model_part_name(ModelPart part) {
     case ModelPart::logits:
       return "the logits of a loss chunk";
     case ModelPart::offloaded:
-      return "the blocks' inputs offloaded to host memory";
+      return "the blocks' inputs (and attention outputs) offloaded to host memory";
   }
   return "?";
 }
@@ -193,7 +193,7 @@ const char* model_part_keys(ModelPart part) {
       return "train.loss_chunk_tokens, model.vocab_size";
     case ModelPart::offloaded:
       return "train.offload, train.batch_size, train.seq_len / parallel.cp, model.n_layers, "
-             "model.d_model";
+             "model.d_model, model.n_heads, model.head_dim, train.recompute_attention";
   }
   return "?";
 }
@@ -218,8 +218,11 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
   // activations and their gradients: each kept block's h2, gate|up and swiglu with one dact and
   // dgu, or where the block runs in chunks the one arena of a chunk's (mlp_arena_elements).
   const double one_or_none = std::min(1.0, layers);
-  const double attention_blocks =
-      !options.recompute || !options.recompute_attention ? layers : one_or_none;
+  const bool keeps_attention = !options.recompute || !options.recompute_attention;
+  // With the offload the kept pairs but two are in host memory, like the blocks' inputs.
+  const double attention_blocks = !keeps_attention ? one_or_none
+                                  : options.offload ? std::min(2.0, layers)
+                                                    : layers;
   const double kept_blocks = options.recompute ? one_or_none : layers;
   const double chunk = resolved_mlp_chunk(options, n);
   // With offload the backend holds three inputs (two blocks' and the final norm's) and the host
@@ -235,7 +238,11 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
   m[ModelPart::activations] = act_elements * act + acc_elements * acc;
   m[ModelPart::logits] = std::min(n, static_cast<double>(options.loss_chunk_tokens)) *
                          static_cast<double>(s.vocab) * act;
-  m[ModelPart::offloaded] = options.offload ? std::max(0.0, layers - 2.0) * n * d * act : 0.0;
+  const double attention_pair = heads_width * act + static_cast<double>(s.q_heads) * acc;
+  m[ModelPart::offloaded] =
+      options.offload
+          ? std::max(0.0, layers - 2.0) * n * (d * act + (keeps_attention ? attention_pair : 0.0))
+          : 0.0;
   return m;
 }
 
@@ -343,8 +350,10 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
     // The step's micro-batches: an int32 token id, an int32 target and a float mask a token.
     std::vector<Need> host_needs = {
         {m[ModelPart::offloaded],
-         std::string(model_part_name(ModelPart::offloaded)) + " (train.offload on: model.n_layers " +
-             std::to_string(mc.n_layers) + " - 2 x model.d_model " + std::to_string(mc.d_model) +
+         std::string(model_part_name(ModelPart::offloaded)) +
+             " (train.offload on: model.n_layers " + std::to_string(mc.n_layers) +
+             " - 2 blocks' inputs of model.d_model " + std::to_string(mc.d_model) +
+             (options.recompute && options.recompute_attention ? "" : " and attention outputs") +
              " x " + tokens_text + ")"},
         {static_cast<double>(t.grad_accum) * tokens * 12.0,
          "the micro-batches of a step (train.grad_accum " + std::to_string(t.grad_accum) + " x " +
@@ -453,7 +462,10 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   const double qkv_width = static_cast<double>(s.q_heads + 2 * s.kv_heads) * s.head_dim;
   const double parameters = parameter_count_of(s);
   const double one_or_none = std::min(1.0, layers);
-  const double attention_blocks = !t.recompute || !t.recompute_attention ? layers : one_or_none;
+  const bool keeps_attention = !t.recompute || !t.recompute_attention;
+  const double attention_blocks = !keeps_attention ? one_or_none
+                                  : options.offload ? std::min(2.0, layers)
+                                                    : layers;
   const double kept_blocks = t.recompute ? one_or_none : layers;
   const double chunk = resolved_mlp_chunk(options, n);
   const bool tiled = chunk < n;
@@ -488,6 +500,12 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   add("kept attention outputs and LSE (" + blocks_text(attention_blocks) + ")",
       attention_blocks * (heads_width * act + q_heads * acc), 0.0,
       "model.n_layers, model.n_heads, model.head_dim, train.recompute_attention");
+  if (options.offload && keeps_attention) {
+    add("kept attention outputs offloaded (host)",
+        std::max(0.0, layers - 2.0) * (heads_width * act + q_heads * acc), 0.0,
+        "model.n_layers, model.n_heads, model.head_dim, train.offload");
+    a.lines.back().host = backend != Backend::cpu;
+  }
   add("attention working set (" + blocks_text(kept_blocks) + ")",
       kept_blocks * ((2.0 * d + qkv_width) * act + 2.0 * acc) + (qkv_width + heads_width) * act +
           (act != acc ? qkv_width * acc : 0.0),

@@ -220,11 +220,16 @@ double model_and_ring_bytes(const TrainConfig& c, ModelElementBytes e) {
          ring_workspace(shape, n, static_cast<double>(chunk), c.parallel.cp, steps, e).bytes;
 }
 
-// The offloaded inputs: max(0, n_layers - 2) blocks' of [tokens a rank, d_model] activations.
+// What the offload keeps in host memory: max(0, n_layers - 2) blocks' inputs ([tokens a rank,
+// d_model] activations) and, where every block keeps its attention output, their attention
+// outputs ([tokens, heads x head_dim] activations) and LSEs ([heads, tokens] statistics).
 double offloaded_bytes(const TrainConfig& c, ModelElementBytes e) {
   if (c.train.offload != Offload::on) return 0.0;
   const double n = static_cast<double>(c.train.batch_size) * c.train.seq_len / c.parallel.cp;
-  return std::max(0, c.model.n_layers - 2) * n * c.model.d_model * e.act;
+  const double heads = c.model.n_heads, head_dim = c.model.resolved_head_dim();
+  const bool keeps_attention = !c.train.recompute || !c.train.recompute_attention;
+  return std::max(0, c.model.n_layers - 2) * n *
+         (c.model.d_model * e.act + (keeps_attention ? heads * (head_dim * e.act + e.acc) : 0.0));
 }
 
 // The lines sum to model_memory() plus the ring's own workspace (on the cuda backend plus its
@@ -265,8 +270,8 @@ TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
 }
 
 // train.offload auto turns the offload on exactly where the GPU cannot hold the run without it;
-// with it on, the GPU holds three blocks' inputs instead of n_layers + 1, and a host that cannot
-// hold the rest refuses the run naming them.
+// with it on, the GPU holds three blocks' inputs instead of n_layers + 1 and two blocks' attention
+// outputs instead of n_layers, and a host that cannot hold the rest refuses the run naming them.
 TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   TrainConfig c = account_run(1, 4096);
   c.model.n_layers = 6;
@@ -274,10 +279,13 @@ TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   const double kept = memory_account(c, Backend::cuda).peak_bytes();
   c.train.offload = Offload::on;
   const MemoryAccount on = memory_account(c, Backend::cuda);
-  const double input = 2.0 * 4096 * c.model.d_model * 2.0;  // a block's input: batch 2, bf16
-  EXPECT_EQ(kept - on.peak_bytes(), 4.0 * input);
+  // A block's input (batch 2, bf16) and its attention output (bf16) and LSE (fp32): four blocks'
+  // go to the host.
+  const double tokens = 2.0 * 4096, heads = c.model.n_heads;
+  const double block = tokens * (c.model.d_model * 2.0 + heads * (c.model.resolved_head_dim() * 2.0 + 4.0));
+  EXPECT_EQ(kept - on.peak_bytes(), 4.0 * block);
   c.train.offload = Offload::off;
-  EXPECT_EQ(on.host_bytes() - memory_account(c, Backend::cuda).host_bytes(), 4.0 * input);
+  EXPECT_EQ(on.host_bytes() - memory_account(c, Backend::cuda).host_bytes(), 4.0 * block);
   c.train.offload = Offload::on;
   c.train.offload = Offload::automatic;
   EXPECT_FALSE(resolve_offload(c, Backend::cuda, kept));
@@ -292,8 +300,10 @@ TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   c.train.seq_len = 1 << 20;
   EXPECT_TRUE(throws_error_with(
       [&] { check_run_memory(c, Backend::cuda, 1e30); },
-      {" of host memory, more than the ", "for the blocks' inputs offloaded to host memory "
-                                          "(train.offload on: model.n_layers 6 - 2 x "}));
+      {" of host memory, more than the ", "for the blocks' inputs (and attention outputs) "
+                                          "offloaded to host memory (train.offload on: "
+                                          "model.n_layers 6 - 2 blocks' inputs of model.d_model ",
+       " and attention outputs x "}));
 }
 
 // The components the issue names are all there, under names a person reads.

@@ -55,8 +55,8 @@ TEST(Offload, BitwiseTheLossesWithout) {
   }
 }
 
-// One step's gradients, bitwise, and the model's memory: the offloaded inputs in host memory,
-// three on the backend's side.
+// One step's gradients, bitwise, and the model's memory: the offloaded inputs and attention
+// outputs in host memory, three inputs and two attention outputs on the backend's side.
 TEST(Offload, BitwiseTheGradients) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   const int size = communicator_size(*world), rank = communicator_rank(*world);
@@ -79,8 +79,11 @@ TEST(Offload, BitwiseTheGradients) {
     model.loss_and_gradients(shard);
     grads.emplace_back();
     model.export_gradients(grads.back());
-    const double act = sizeof(float), n = static_cast<double>(local), d = config.model.d_model;
-    EXPECT_EQ(model.allocated_memory()[ModelPart::offloaded], offload ? 3.0 * n * d * act : 0.0);
+    // Three blocks' inputs [n, d_model], attention outputs [n, heads x head_dim] and LSEs.
+    const double n = static_cast<double>(local), d = config.model.d_model;
+    const double heads = config.model.n_heads, head_dim = config.model.resolved_head_dim();
+    EXPECT_EQ(model.allocated_memory()[ModelPart::offloaded],
+              offload ? 3.0 * n * (d + heads * head_dim + heads) * sizeof(float) : 0.0);
   }
   EXPECT_EQ(grads[0], grads[1]);
 }

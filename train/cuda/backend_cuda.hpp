@@ -74,15 +74,16 @@ class CudaBackend {
   // Device memory in use by this process's GPU, the largest seen so far (cudaMemGetInfo, sampled
   // at each call and after every backward).
   double memory_mib();
-  // The offload of the blocks' inputs (ModelOptions::offload), on a stream of its own: offload
-  // copies `count` activations from device memory into pinned host memory and prefetch copies them
-  // back, each after the work queued so far on the model's stream, and marks its end in the event
-  // of `slot` (0 or 1); wait_transfer makes the model's stream wait for that mark.
+  // The offload (ModelOptions::offload), on a stream of its own: offload copies `bytes` from
+  // device memory into pinned host memory and prefetch copies them back, each after the work
+  // queued so far on the model's stream, and marks its end in the event of `slot` (0 to
+  // kTransferSlots - 1); wait_transfer makes the model's stream wait for that mark.
   // host_all_finite reads bf16 bits in host memory.
+  static constexpr int kTransferSlots = 4;
   template <typename E>
   using HostBuffer = PinnedArray<E>;
-  void offload(Act* host, const Act* data, std::int64_t count, int slot);
-  void prefetch(Act* data, const Act* host, std::int64_t count, int slot);
+  void offload(void* host, const void* data, std::size_t bytes, int slot);
+  void prefetch(void* data, const void* host, std::size_t bytes, int slot);
   void wait_transfer(int slot);
   bool host_all_finite(const Act* host, std::int64_t count);
 
@@ -170,10 +171,12 @@ class CudaBackend {
   std::int64_t rope_rows_ = 0, rope_head_dim_ = 0;
   double peak_mib_ = 0.0;
   std::vector<std::unique_ptr<CudaEvent>> interval_events_;  // interval i: 2 i (begin), 2 i + 1
+  // One copy of offload or prefetch on the offload's stream.
+  void transfer(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind, int slot);
   // The offload's stream, the model stream's point each transfer waits for, and each slot's end.
   CudaStream transfer_stream_;
   CudaEvent transfer_after_;
-  CudaEvent transfer_done_[2];
+  CudaEvent transfer_done_[kTransferSlots];
 };
 
 extern template class Model<CudaBackend>;

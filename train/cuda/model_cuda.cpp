@@ -134,20 +134,20 @@ double CudaBackend::memory_mib() {
   return peak_mib_;
 }
 
-void CudaBackend::offload(Act* host, const Act* data, std::int64_t count, int slot) {
+void CudaBackend::transfer(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind,
+                           int slot) {
   RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_after_.get(), stream_.get()));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(transfer_stream_.get(), transfer_after_.get(), 0));
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(host, data, static_cast<std::size_t>(count) * sizeof(Act),
-                                      cudaMemcpyDeviceToHost, transfer_stream_.get()));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, kind, transfer_stream_.get()));
   RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_done_[slot].get(), transfer_stream_.get()));
 }
 
-void CudaBackend::prefetch(Act* data, const Act* host, std::int64_t count, int slot) {
-  RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_after_.get(), stream_.get()));
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(transfer_stream_.get(), transfer_after_.get(), 0));
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(data, host, static_cast<std::size_t>(count) * sizeof(Act),
-                                      cudaMemcpyHostToDevice, transfer_stream_.get()));
-  RINGATTN_CUDA_CHECK(cudaEventRecord(transfer_done_[slot].get(), transfer_stream_.get()));
+void CudaBackend::offload(void* host, const void* data, std::size_t bytes, int slot) {
+  transfer(host, data, bytes, cudaMemcpyDeviceToHost, slot);
+}
+
+void CudaBackend::prefetch(void* data, const void* host, std::size_t bytes, int slot) {
+  transfer(data, host, bytes, cudaMemcpyHostToDevice, slot);
 }
 
 void CudaBackend::wait_transfer(int slot) {
