@@ -109,6 +109,23 @@ BackendBuffers cuda_backend_buffers(const TrainConfig& config, double local_toke
   return b;
 }
 
+// What the backend's side holds of `layers` blocks, as Model's constructor allocates it: whether
+// every block keeps its attention output and LSE (no recomputation of the attention), the blocks'
+// inputs held there (with the offload three: two blocks' and the final norm's; the others but the
+// last two blocks' in host memory), the attention pairs (one when the attention is recomputed;
+// with the offload two) and the blocks' other activations (one block's when recomputing).
+struct KeptBlocks {
+  bool keeps_attention;
+  double inputs, attention, other;
+};
+KeptBlocks kept_blocks_of(const ModelOptions& options, double layers) {
+  const double one_or_none = std::min(1.0, layers);
+  const bool keeps_attention = !options.recompute || !options.recompute_attention;
+  return {keeps_attention, options.offload ? std::min(3.0, layers + 1.0) : layers + 1.0,
+          !keeps_attention ? one_or_none : options.offload ? std::min(2.0, layers) : layers,
+          options.recompute ? one_or_none : layers};
+}
+
 ModelOptions model_options_of(const TrainingConfig& t) {
   ModelOptions options;
   options.recompute = t.recompute;
@@ -217,17 +234,9 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
   // inverses), the final norm's, the backward's temporaries, and the feed-forward block's hidden
   // activations and their gradients: each kept block's h2, gate|up and swiglu with one dact and
   // dgu, or where the block runs in chunks the one arena of a chunk's (mlp_arena_elements).
-  const double one_or_none = std::min(1.0, layers);
-  const bool keeps_attention = !options.recompute || !options.recompute_attention;
-  // With the offload the kept pairs but two are in host memory, like the blocks' inputs.
-  const double attention_blocks = !keeps_attention ? one_or_none
-                                  : options.offload ? std::min(2.0, layers)
-                                                    : layers;
-  const double kept_blocks = options.recompute ? one_or_none : layers;
+  const auto [keeps_attention, device_inputs, attention_blocks, kept_blocks] =
+      kept_blocks_of(options, layers);
   const double chunk = resolved_mlp_chunk(options, n);
-  // With offload the backend holds three inputs (two blocks' and the final norm's) and the host
-  // the others but the last two blocks', which stay where the forward left them.
-  const double device_inputs = options.offload ? std::min(3.0, layers + 1.0) : layers + 1.0;
   const double act_elements =
       n * (device_inputs * d + attention_blocks * heads_width +
            kept_blocks * (2.0 * d + qkv_width) + 3.0 * d + qkv_width + heads_width) +
@@ -461,12 +470,8 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   const double heads_width = q_heads * s.head_dim;
   const double qkv_width = static_cast<double>(s.q_heads + 2 * s.kv_heads) * s.head_dim;
   const double parameters = parameter_count_of(s);
-  const double one_or_none = std::min(1.0, layers);
-  const bool keeps_attention = !t.recompute || !t.recompute_attention;
-  const double attention_blocks = !keeps_attention ? one_or_none
-                                  : options.offload ? std::min(2.0, layers)
-                                                    : layers;
-  const double kept_blocks = t.recompute ? one_or_none : layers;
+  const auto [keeps_attention, device_inputs, attention_blocks, kept_blocks] =
+      kept_blocks_of(options, layers);
   const double chunk = resolved_mlp_chunk(options, n);
   const bool tiled = chunk < n;
   const auto blocks_text = [](double blocks) {
@@ -489,13 +494,13 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   if (act != master) add("weights in the activation dtype", 0.0, parameters * act, shape_keys);
   if (options.offload) {
     // Two blocks' inputs and the final norm's on the device; the rest in the host's copies.
-    add("kept block inputs (3 on the GPU: offload)", std::min(3.0, layers + 1.0) * d * act, 0.0,
+    add("kept block inputs (3 on the GPU: offload)", device_inputs * d * act, 0.0,
         "model.d_model, train.offload");
     add("kept block inputs offloaded (pinned host)", std::max(0.0, layers - 2.0) * d * act, 0.0,
         "model.n_layers, model.d_model, train.offload");
     a.lines.back().host = backend != Backend::cpu;
   } else {
-    add("kept block inputs", (layers + 1.0) * d * act, 0.0, "model.n_layers, model.d_model");
+    add("kept block inputs", device_inputs * d * act, 0.0, "model.n_layers, model.d_model");
   }
   add("kept attention outputs and LSE (" + blocks_text(attention_blocks) + ")",
       attention_blocks * (heads_width * act + q_heads * acc), 0.0,
