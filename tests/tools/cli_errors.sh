@@ -243,6 +243,12 @@ case $case_name in
     expect 2 "--backend: tpu not in {cuda,cpu}"
     run "$program" --config "$configs/long-2gpu.yaml" --set train.mlp_chunk_tokens=-1
     expect 2 "train.mlp_chunk_tokens"
+    run "$program" --config "$configs/long-2gpu.yaml" --set train.offload=maybe
+    expect 2 "train.offload is 'maybe'; expected one of auto, on, off"
+    run "$program" --host-memory-gib 10
+    expect 2 "--host-memory-gib requires --config"
+    run "$program" --config "$configs/long-2gpu.yaml" --host-memory-gib -1
+    expect 2 "--host-memory-gib: got '-1', expected a finite number > 0"
     ;;
   demo)
     run "$program" --help

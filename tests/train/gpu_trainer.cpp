@@ -124,6 +124,19 @@ double relative_difference(const std::vector<float>& actual, const std::vector<f
   return std::sqrt(err / ref);
 }
 
+// Every parameter's gradients in `actual` within `bound` (relative L2) of `expected`, printed.
+void expect_gradients_within(const std::vector<ParameterInfo>& infos,
+                             const std::vector<float>& actual, const std::vector<float>& expected,
+                             double bound, const char* what) {
+  std::size_t offset = 0;
+  for (const ParameterInfo& info : infos) {
+    const double relative = relative_difference(actual, expected, offset, info.elements);
+    std::printf("  %-22s %s %.3e\n", info.name.c_str(), what, relative);
+    EXPECT_LT(relative, bound) << info.name;
+    offset += static_cast<std::size_t>(info.elements);
+  }
+}
+
 // How many gradients differ, bitwise.
 std::size_t unequal(const std::vector<float>& a, const std::vector<float>& b) {
   std::size_t count = 0;
@@ -157,14 +170,8 @@ TEST(CudaModel, MatchesTheCpuModel) {
   for (const std::int32_t p : actual.predictions) {
     ASSERT_TRUE(p >= 0 && p < c.model.vocab_size) << "prediction " << p;
   }
-  std::size_t offset = 0;
-  for (const ParameterInfo& info : cpu_model.parameter_infos()) {
-    const double relative =
-        relative_difference(actual.grads, expected.grads, offset, info.elements);
-    std::printf("  %-22s relative gradient error %.3e\n", info.name.c_str(), relative);
-    EXPECT_LT(relative, 0.06) << info.name;
-    offset += static_cast<std::size_t>(info.elements);
-  }
+  expect_gradients_within(cpu_model.parameter_infos(), actual.grads, expected.grads, 0.06,
+                          "relative gradient error");
 }
 
 // Packed documents (per batch row, one row with a boundary at a tile edge, the other padded),
@@ -282,15 +289,8 @@ TEST(CudaModel, FeedForwardInChunks) {
     EXPECT_EQ(unequal(tiled[mode].grads, tiled[0].grads), 0u)
         << "recompute mode " << mode << ": of " << tiled[0].grads.size() << " gradients";
   }
-  std::size_t offset = 0;
-  for (const ParameterInfo& info : untiled_model->parameter_infos()) {
-    const double relative =
-        relative_difference(tiled[0].grads, untiled.grads, offset, info.elements);
-    std::printf("  %-22s tiled against untiled: relative gradient difference %.3e\n",
-                info.name.c_str(), relative);
-    EXPECT_LT(relative, 1e-2) << info.name;
-    offset += static_cast<std::size_t>(info.elements);
-  }
+  expect_gradients_within(untiled_model->parameter_infos(), tiled[0].grads, untiled.grads, 1e-2,
+                          "tiled against untiled: relative gradient difference");
 }
 
 // The blocks' inputs offloaded to pinned host memory (4 layers: 2 of them), deterministic: the

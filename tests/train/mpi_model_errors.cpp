@@ -48,6 +48,17 @@ TEST(ModelErrors, LossChunkBelowOneToken) {
       {"loss_chunk_tokens is 0", "expected >= 1"}));
 }
 
+TEST(ModelErrors, NegativeFeedForwardChunk) {
+  ModelOptions options;
+  options.mlp_chunk_tokens = -3;
+  EXPECT_TRUE(throws_error_with(
+      [&] {
+        CpuModel<float> model(tiny_model(), kBatch, kSeq, mpi_world_communicator(),
+                              SequenceLayoutKind::zigzag, options);
+      },
+      {"mlp_chunk_tokens is -3", "expected >= 0 (0: automatic)"}));
+}
+
 TEST(ModelErrors, BatchOfTheWrongSize) {
   CpuModel<float> model(tiny_model(), kBatch, kSeq, mpi_world_communicator(),
                         SequenceLayoutKind::zigzag);
