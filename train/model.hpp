@@ -121,8 +121,10 @@ struct ModelOptions {
   // while block l runs its forward, and back while block l + 1 runs its backward; the backend's
   // memory holds three of them (two blocks' and the final norm's) instead of n_layers + 1. Where
   // every block keeps its attention output and LSE, those go out after the block's forward and
-  // come back the same way (two pairs on the backend's side). The results are bitwise those
-  // without.
+  // come back the same way (two pairs on the backend's side); without recompute, so do the rest
+  // of every block's kept activations (h1, qkv, x_mid, the norms' inverses, and untiled the
+  // feed-forward's h2, gate|up and swiglu: two blocks' on the backend's side). The results are
+  // bitwise those without.
   bool offload = false;
   // AdamW's moments sharded over the gradient communicator's ranks (train.shard_optimizer).
   bool shard_optimizer = false;
@@ -311,6 +313,13 @@ class Model final : public TrainModel {
   std::size_t attention_slot(std::size_t l) const {
     return !keeps_attention() ? 0 : options_.offload ? l % 2 : l;
   }
+  // Without recompute every block keeps its other activations; with the offload those go to host
+  // memory too (the attention transfer slots carry them), two blocks' in layers_, block l's in
+  // layers_[l % 2]. layer_slot(l): block l's Layer.
+  bool offloads_layers() const { return options_.offload && !options_.recompute; }
+  std::size_t layer_slot(std::size_t l) const {
+    return options_.recompute ? 0 : options_.offload ? l % 2 : l;
+  }
   // The transfer slots (the backend's events): the blocks' inputs in 0 and 1, the attention
   // outputs in 2 and 3, block l's in the one of parity l.
   static int input_transfer(std::size_t l) { return static_cast<int>(l % 2); }
@@ -359,9 +368,24 @@ class Model final : public TrainModel {
   std::vector<HostBuffer<Act>> host_in_;
   std::vector<HostBuffer<Act>> host_attn_o_;  // offloads_attention(): block l's for l + 2 < L
   std::vector<HostBuffer<Acc>> host_attn_lse_;
+  // offloads_layers(): block l's Layer in host memory for l + 2 < L, buffer by buffer.
+  struct HostLayer {
+    HostBuffer<Acc> inv1, inv2;
+    HostBuffer<Act> h1, qkv, x_mid, h2, gu, act;
+  };
+  std::vector<HostLayer> host_layers_;
+  void allocate_host_layer(HostLayer& host);
+  // The (backend's, host) pairs of block l's Layer and its host copy, with their bytes: the
+  // feed-forward's hidden activations only where the block is not in chunks.
+  struct LayerCopy {
+    void* data;
+    void* host;
+    std::size_t bytes;
+  };
+  std::vector<LayerCopy> layer_copies(std::size_t l);
   // Activations: the input of every block (x_in_[L] is the final norm's input), the attention
   // output and LSE of every block (one pair when recomputing the attention, two with the offload),
-  // and the rest of every block's (L of them, or one when recomputing).
+  // and the rest of every block's (L of them, one when recomputing, two with the offload).
   std::vector<Buffer<Act>> x_in_;
   std::vector<Buffer<Act>> attn_o_;
   std::vector<Buffer<Acc>> attn_lse_;

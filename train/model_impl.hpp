@@ -150,8 +150,13 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     host_attn_lse_.push_back(allocator_.allocate<HostBuffer<Acc>>(
         n * shape_.q_heads, sizeof(Acc), Memory::host, ModelPart::offloaded));
   }
-  layers_.resize(options_.recompute ? one_or_none : shape_.layers);
+  layers_.resize(options_.recompute  ? one_or_none
+                 : options_.offload ? std::min<std::int64_t>(2, shape_.layers)
+                                    : shape_.layers);
   for (Layer& L : layers_) allocate_layer(L);
+  for (std::int64_t l = 0; offloads_layers() && l + 2 < shape_.layers; ++l) {
+    allocate_host_layer(host_layers_.emplace_back());
+  }
   if (mlp_tiled() && shape_.layers > 0) {
     const double elements = mlp_arena_elements(shape_, static_cast<double>(batch_),
                                                static_cast<double>(local_len_),
@@ -210,6 +215,50 @@ void Model<B>::allocate_layer(Layer& L) {
   L.h2 = allocate<Act>(n * d, kActivations);
   L.gu = allocate<Act>(n * 2 * f, kActivations);
   L.act = allocate<Act>(n * f, kActivations);
+}
+
+template <class B>
+void Model<B>::allocate_host_layer(HostLayer& H) {
+  const std::int64_t n = local_tokens();
+  const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
+  const auto act = [&](HostBuffer<Act>& buffer, std::int64_t count) {
+    buffer = allocator_.allocate<HostBuffer<Act>>(count, sizeof(Act), Memory::host,
+                                                  ModelPart::offloaded);
+  };
+  const auto acc = [&](HostBuffer<Acc>& buffer, std::int64_t count) {
+    buffer = allocator_.allocate<HostBuffer<Acc>>(count, sizeof(Acc), Memory::host,
+                                                  ModelPart::offloaded);
+  };
+  acc(H.inv1, n);
+  acc(H.inv2, n);
+  act(H.h1, n * d);
+  act(H.qkv, n * qkv_width());
+  act(H.x_mid, n * d);
+  if (mlp_tiled()) return;
+  act(H.h2, n * d);
+  act(H.gu, n * 2 * f);
+  act(H.act, n * f);
+}
+
+template <class B>
+std::vector<typename Model<B>::LayerCopy> Model<B>::layer_copies(std::size_t l) {
+  Layer& L = layers_[layer_slot(l)];
+  HostLayer& H = host_layers_[l];
+  std::vector<LayerCopy> copies;
+  const auto pair = [&](auto& data, auto& host) {
+    copies.push_back({data.data(), host.data(), data.size() * sizeof(*data.data())});
+  };
+  pair(L.inv1, H.inv1);
+  pair(L.inv2, H.inv2);
+  pair(L.h1, H.h1);
+  pair(L.qkv, H.qkv);
+  pair(L.x_mid, H.x_mid);
+  if (!mlp_tiled()) {
+    pair(L.h2, H.h2);
+    pair(L.gu, H.gu);
+    pair(L.act, H.act);
+  }
+  return copies;
 }
 
 template <class B>
@@ -497,13 +546,19 @@ void Model<B>::run_forward(const ShardBatch& batch, bool interruptible) {
         be.offload(host_in_[l].data(), block_input(l), n * d * sizeof(Act), input_transfer(l));
       }
     }
-    layer_forward(l, layers_[options_.recompute ? 0 : l], false);
+    layer_forward(l, layers_[layer_slot(l)], false);
     if (offloads_attention() && !resident_input(l)) {
       const std::size_t a = attention_slot(l);
       be.offload(host_attn_o_[l].data(), attn_o_[a].data(), attn_o_[a].size() * sizeof(Act),
                  attention_transfer(l));
       be.offload(host_attn_lse_[l].data(), attn_lse_[a].data(),
                  attn_lse_[a].size() * sizeof(Acc), attention_transfer(l));
+      // Block l + 2 writes this Layer after the same wait as its attention output.
+      if (offloads_layers()) {
+        for (const LayerCopy& c : layer_copies(l)) {
+          be.offload(c.host, c.data, c.bytes, attention_transfer(l));
+        }
+      }
     }
   }
   timed("rmsnorm", [&] {
@@ -634,10 +689,16 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
                       attn_o_[a].size() * sizeof(Act), attention_transfer(l - 1));
           be.prefetch(attn_lse_[a].data(), host_attn_lse_[l - 1].data(),
                       attn_lse_[a].size() * sizeof(Acc), attention_transfer(l - 1));
+          // Into the Layer that block l + 1's backward used.
+          if (offloads_layers()) {
+            for (const LayerCopy& c : layer_copies(l - 1)) {
+              be.prefetch(c.data, c.host, c.bytes, attention_transfer(l - 1));
+            }
+          }
         }
       }
     }
-    Layer& L = layers_[options_.recompute ? 0 : l];
+    Layer& L = layers_[layer_slot(l)];
     if (options_.recompute) layer_forward(l, L, true);
     const LayerParams& P = lp_[l];
     // A tiled block makes each chunk's hidden activations again just before its backward.
@@ -784,17 +845,25 @@ std::string Model<B>::first_non_finite_tensor() {
   for (std::size_t l = 0; l < lp_.size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     if (!options_.recompute) {
-      // The feed-forward's hidden activations are kept only where the block is not in chunks.
-      const Layer& L = layers_[l];
+      // The feed-forward's hidden activations are kept only where the block is not in chunks;
+      // with the offload, block l's are in its host copy (but the last two blocks').
+      const bool host = offloads_layers() && !resident_input(l);
+      const Layer& L = layers_[layer_slot(l)];
+      const auto at = [&](Buffer<Act> Layer::*data, HostBuffer<Act> HostLayer::*copy) {
+        return host ? static_cast<const Act*>((host_layers_[l].*copy).data())
+                    : static_cast<const Act*>((L.*data).data());
+      };
       const std::pair<const Act*, std::int64_t> kept[] = {
-          {L.h1.data(), n * d},    {L.qkv.data(), n * row}, {L.x_mid.data(), n * d},
-          {L.h2.data(), n * d},    {L.gu.data(), n * 2 * f}, {L.act.data(), n * f}};
+          {at(&Layer::h1, &HostLayer::h1), n * d},   {at(&Layer::qkv, &HostLayer::qkv), n * row},
+          {at(&Layer::x_mid, &HostLayer::x_mid), n * d}, {at(&Layer::h2, &HostLayer::h2), n * d},
+          {at(&Layer::gu, &HostLayer::gu), n * 2 * f}, {at(&Layer::act, &HostLayer::act), n * f}};
       const char* names[] = {"attn_norm output", "wqkv output (after RoPE)",
                              "attention residual", "mlp_norm output", "w_gate_up output",
                              "swiglu output"};
-      for (std::size_t k = 0; k < (mlp_tiled() ? 3 : std::size(kept)); ++k) {
+      for (std::size_t k = 0; k < (mlp_tiled() ? 3 : std::size(names)); ++k) {
         if (k == 2 && !attention_finite(l)) return p + "attention output";
-        if (!finite(kept[k].first, kept[k].second)) return p + names[k];
+        const auto [data, count] = kept[k];
+        if (!(host ? be.host_all_finite(data, count) : finite(data, count))) return p + names[k];
       }
     } else if (keeps_attention() && !attention_finite(l)) {
       return p + "attention output";  // the one activation of a block that recomputation keeps

@@ -113,7 +113,8 @@ BackendBuffers cuda_backend_buffers(const TrainConfig& config, double local_toke
 // every block keeps its attention output and LSE (no recomputation of the attention), the blocks'
 // inputs held there (with the offload three: two blocks' and the final norm's; the others but the
 // last two blocks' in host memory), the attention pairs (one when the attention is recomputed;
-// with the offload two) and the blocks' other activations (one block's when recomputing).
+// with the offload two) and the blocks' other activations (one block's when recomputing; with
+// the offload two, the others but the last two blocks' in host memory).
 struct KeptBlocks {
   bool keeps_attention;
   double inputs, attention, other;
@@ -123,7 +124,7 @@ KeptBlocks kept_blocks_of(const ModelOptions& options, double layers) {
   const bool keeps_attention = !options.recompute || !options.recompute_attention;
   return {keeps_attention, options.offload ? std::min(3.0, layers + 1.0) : layers + 1.0,
           !keeps_attention ? one_or_none : options.offload ? std::min(2.0, layers) : layers,
-          options.recompute ? one_or_none : layers};
+          options.recompute ? one_or_none : options.offload ? std::min(2.0, layers) : layers};
 }
 
 ModelOptions model_options_of(const TrainingConfig& t) {
@@ -193,7 +194,7 @@ const char* model_part_name(ModelPart part) {
     case ModelPart::logits:
       return "the logits of a loss chunk";
     case ModelPart::offloaded:
-      return "the blocks' inputs (and attention outputs) offloaded to host memory";
+      return "the blocks' inputs (and kept activations) offloaded to host memory";
   }
   return "?";
 }
@@ -210,7 +211,8 @@ const char* model_part_keys(ModelPart part) {
       return "train.loss_chunk_tokens, model.vocab_size";
     case ModelPart::offloaded:
       return "train.offload, train.batch_size, train.seq_len / parallel.cp, model.n_layers, "
-             "model.d_model, model.n_heads, model.head_dim, train.recompute_attention";
+             "model.d_model, model.n_heads, model.head_dim, model.ffn_hidden, train.recompute, "
+             "train.recompute_attention";
   }
   return "?";
 }
@@ -248,10 +250,14 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
   m[ModelPart::logits] = std::min(n, static_cast<double>(options.loss_chunk_tokens)) *
                          static_cast<double>(s.vocab) * act;
   const double attention_pair = heads_width * act + static_cast<double>(s.q_heads) * acc;
+  // Without recompute, each offloaded block's other activations as the device holds them.
+  const double other = options.recompute ? 0.0
+                                         : (2.0 * d + qkv_width) * act + 2.0 * acc +
+                                               (chunk < n ? 0.0 : (d + 3.0 * f) * act);
   m[ModelPart::offloaded] =
-      options.offload
-          ? std::max(0.0, layers - 2.0) * n * (d * act + (keeps_attention ? attention_pair : 0.0))
-          : 0.0;
+      options.offload ? std::max(0.0, layers - 2.0) * n *
+                            (d * act + (keeps_attention ? attention_pair : 0.0) + other)
+                      : 0.0;
   return m;
 }
 
@@ -362,7 +368,9 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
          std::string(model_part_name(ModelPart::offloaded)) +
              " (train.offload on: model.n_layers " + std::to_string(mc.n_layers) +
              " - 2 blocks' inputs of model.d_model " + std::to_string(mc.d_model) +
-             (options.recompute && options.recompute_attention ? "" : " and attention outputs") +
+             (!options.recompute                ? ", attention outputs and other activations"
+              : !options.recompute_attention ? " and attention outputs"
+                                             : "") +
              " x " + tokens_text + ")"},
         {static_cast<double>(t.grad_accum) * tokens * 12.0,
          "the micro-batches of a step (train.grad_accum " + std::to_string(t.grad_accum) + " x " +
@@ -515,6 +523,15 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
       kept_blocks * ((2.0 * d + qkv_width) * act + 2.0 * acc) + (qkv_width + heads_width) * act +
           (act != acc ? qkv_width * acc : 0.0),
       0.0, "model.d_model, model.n_heads, model.n_kv_heads, model.head_dim, train.recompute");
+  if (options.offload && !options.recompute) {
+    // Every block's other activations but the last two blocks': h1, qkv, x_mid, the norms'
+    // inverses, and untiled the feed-forward's hidden activations.
+    add("kept block activations offloaded (host)",
+        std::max(0.0, layers - 2.0) *
+            ((2.0 * d + qkv_width) * act + 2.0 * acc + (tiled ? 0.0 : (d + 3.0 * f) * act)),
+        0.0, "model.n_layers, model.d_model, model.ffn_hidden, train.offload, train.recompute");
+    a.lines.back().host = backend != Backend::cpu;
+  }
   const std::string mlp_keys =
       "model.d_model, model.ffn_hidden, train.mlp_chunk_tokens, "
       "train.recompute";

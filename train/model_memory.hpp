@@ -8,8 +8,9 @@
 //                    copy of the weights where that dtype differs
 //                  activations: every buffer of the forward and backward of one micro-batch
 //                  logits: [min(train.loss_chunk_tokens, tokens a rank), model.vocab_size]
-//                  offloaded: with train.offload, the blocks' inputs (and attention outputs)
-//                    in (pinned) host memory
+//                  offloaded: with train.offload, the blocks' inputs (and the attention outputs
+//                    that they keep; without recompute their other activations too) in
+//                    (pinned) host memory
 //   host parts     the micro-batches of a step (token ids, targets and loss mask, held until the
 //                    step's loss normaliser is known), the host copy of the parameters and
 //                    moments that a checkpoint writes or a resume reads

@@ -184,6 +184,11 @@ std::vector<AccountCase> account_cases() {
     offload.train.recompute = layers != 3;
     cases.push_back({"offload", offload});
   }
+  TrainConfig offload_chunks = account_run(2, 320);  // no recompute, the feed-forward in chunks
+  offload_chunks.model.n_layers = 5;
+  offload_chunks.train.offload = Offload::on;
+  offload_chunks.train.mlp_chunk_tokens = 40;
+  cases.push_back({"offload in chunks", offload_chunks});
   return cases;
 }
 
@@ -221,15 +226,25 @@ double model_and_ring_bytes(const TrainConfig& c, ModelElementBytes e) {
 }
 
 // What the offload keeps in host memory: max(0, n_layers - 2) blocks' inputs ([tokens a rank,
-// d_model] activations) and, where every block keeps its attention output, their attention
-// outputs ([tokens, heads x head_dim] activations) and LSEs ([heads, tokens] statistics).
+// d_model] activations); where every block keeps its attention output, their attention outputs
+// ([tokens, heads x head_dim] activations) and LSEs ([heads, tokens] statistics); and without
+// recompute their other activations: h1 and x_mid ([tokens, d_model]), qkv ([tokens, (heads +
+// 2 kv_heads) x head_dim]), the two norms' inverses (statistics) and, where the feed-forward is
+// not in chunks, h2 ([tokens, d_model]), gate|up ([tokens, 2 ffn_hidden]) and swiglu ([tokens,
+// ffn_hidden]).
 double offloaded_bytes(const TrainConfig& c, ModelElementBytes e) {
   if (c.train.offload != Offload::on) return 0.0;
   const double n = static_cast<double>(c.train.batch_size) * c.train.seq_len / c.parallel.cp;
   const double heads = c.model.n_heads, head_dim = c.model.resolved_head_dim();
+  const double d = c.model.d_model, f = c.model.ffn_hidden;
   const bool keeps_attention = !c.train.recompute || !c.train.recompute_attention;
+  double other = 0.0;
+  if (!c.train.recompute) {
+    other = (2.0 * d + (heads + 2.0 * c.model.n_kv_heads) * head_dim) * e.act + 2.0 * e.acc;
+    if (c.train.mlp_chunk_tokens == 0) other += (d + 3.0 * f) * e.act;
+  }
   return std::max(0, c.model.n_layers - 2) * n *
-         (c.model.d_model * e.act + (keeps_attention ? heads * (head_dim * e.act + e.acc) : 0.0));
+         (d * e.act + (keeps_attention ? heads * (head_dim * e.act + e.acc) : 0.0) + other);
 }
 
 // The lines sum to model_memory() plus the ring's own workspace (on the cuda backend plus its
@@ -270,8 +285,9 @@ TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
 }
 
 // train.offload auto turns the offload on exactly where the GPU cannot hold the run without it;
-// with it on, the GPU holds three blocks' inputs instead of n_layers + 1 and two blocks' attention
-// outputs instead of n_layers, and a host that cannot hold the rest refuses the run naming them.
+// with it on (no recompute), the GPU holds three blocks' inputs instead of n_layers + 1 and two
+// blocks' attention outputs and other activations instead of n_layers, and a host that cannot
+// hold the rest refuses the run naming them.
 TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   TrainConfig c = account_run(1, 4096);
   c.model.n_layers = 6;
@@ -279,10 +295,14 @@ TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   const double kept = memory_account(c, Backend::cuda).peak_bytes();
   c.train.offload = Offload::on;
   const MemoryAccount on = memory_account(c, Backend::cuda);
-  // A block's input (batch 2, bf16) and its attention output (bf16) and LSE (fp32): four blocks'
-  // go to the host.
-  const double tokens = 2.0 * 4096, heads = c.model.n_heads;
-  const double block = tokens * (c.model.d_model * 2.0 + heads * (c.model.resolved_head_dim() * 2.0 + 4.0));
+  // A block's input (batch 2, bf16), its attention output (bf16) and LSE (fp32), and its other
+  // activations: h1, x_mid and h2 (bf16, d_model wide), qkv (bf16), the two norms' inverses
+  // (fp32), gate|up and swiglu (bf16, 3 x ffn_hidden wide). Four blocks' go to the host.
+  const double tokens = 2.0 * 4096, heads = c.model.n_heads, d = c.model.d_model;
+  const double head_dim = c.model.resolved_head_dim();
+  const double qkv = (heads + 2.0 * c.model.n_kv_heads) * head_dim;
+  const double block = tokens * (d * 2.0 + heads * (head_dim * 2.0 + 4.0) + 3.0 * d * 2.0 +
+                                 qkv * 2.0 + 2.0 * 4.0 + 3.0 * c.model.ffn_hidden * 2.0);
   EXPECT_EQ(kept - on.peak_bytes(), 4.0 * block);
   c.train.offload = Offload::off;
   EXPECT_EQ(on.host_bytes() - memory_account(c, Backend::cuda).host_bytes(), 4.0 * block);
@@ -300,10 +320,10 @@ TEST(MemoryAccount, OffloadMovesTheBlocksInputsToTheHost) {
   c.train.seq_len = 1 << 20;
   EXPECT_TRUE(throws_error_with(
       [&] { check_run_memory(c, Backend::cuda, 1e30); },
-      {" of host memory, more than the ", "for the blocks' inputs (and attention outputs) "
+      {" of host memory, more than the ", "for the blocks' inputs (and kept activations) "
                                           "offloaded to host memory (train.offload on: "
                                           "model.n_layers 6 - 2 blocks' inputs of model.d_model ",
-       " and attention outputs x "}));
+       ", attention outputs and other activations x "}));
 }
 
 // The components the issue names are all there, under names a person reads.

@@ -293,9 +293,10 @@ TEST(CudaModel, FeedForwardInChunks) {
                           "tiled against untiled: relative gradient difference");
 }
 
-// The blocks' inputs offloaded to pinned host memory (4 layers: 2 of them), deterministic: the
-// copies out and back on their own stream give bitwise the loss and gradients of the run that
-// keeps them, with and without recompute.
+// The blocks' inputs offloaded to pinned host memory (4 layers: 2 of them), without recompute
+// with their attention outputs and other activations, deterministic: the copies out and back on
+// their own stream give bitwise the loss and gradients of the run that keeps them, with and
+// without recompute.
 TEST(CudaModel, OffloadIsBitwiseTheRunWithout) {
   RINGATTN_REQUIRE_GPUS(1);
   if (world_rank() != 0) GTEST_SKIP() << "one rank suffices";

@@ -70,6 +70,8 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
       {"recompute, automatic chunk (all the tokens)", small_model(2, true, 2), true, false, 8192,
        0},
       {"offload, 4 layers", small_model(4, true, 2), false, false, 8192, 0, true},
+      {"offload, 5 layers, feed-forward in chunks of 4", small_model(5, false, 2), false, false,
+       8192, 4, true},
       {"offload, 2 layers (every input resident)", small_model(2, false, 4), true, false, 5, 0,
        true},
       {"offload, recompute attention, chunks of 3", small_model(5, true, 2), true, true, 8192, 3,

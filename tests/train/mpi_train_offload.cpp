@@ -1,11 +1,13 @@
 // ringattn-mpi-ranks: 1 2
-// The blocks' inputs offloaded to host memory (train.offload on): on the CPU backend the same
-// code path as on a GPU (the copies out during the forward, back one block ahead of the backward,
-// into two alternating buffers), with host-to-host copies. 12 steps of a 4-layer and a 5-layer
-// tiny model (2 and 3 of the blocks' inputs offloaded, the others resident) give bitwise the
-// losses without the offload, with and without recompute; the gradient of one step is bitwise the
-// same too; the first non-finite activation is found in the host copies; and a run stopped after
-// 6 steps and resumed with the offload on continues bitwise like the uninterrupted one.
+// The blocks' inputs offloaded to host memory (train.offload on), and without recompute their
+// attention outputs and other activations too: on the CPU backend the same code path as on a GPU
+// (the copies out during the forward, back one block ahead of the backward, into two alternating
+// buffers), with host-to-host copies. 12 steps of a 4-layer and a 5-layer tiny model (2 and 3
+// blocks offloaded, the others resident) give bitwise the losses without the offload, with
+// recompute and without (the feed-forward whole or in chunks); the gradient of one step is
+// bitwise the same too; the first non-finite activation is found in the host copies; and a run
+// stopped after 6 steps and resumed with the offload on continues bitwise like the uninterrupted
+// one.
 #include <mpi.h>
 
 #include <gtest/gtest.h>
@@ -38,25 +40,29 @@ TrainConfig tiny_config(int cp, int layers) {
 TEST(Offload, BitwiseTheLossesWithout) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   const int size = communicator_size(*world);
+  // (recompute, mlp_chunk_tokens): every block's activations kept, the feed-forward's whole or
+  // in chunks (their hidden activations then made again in the backward); recompute in chunks.
+  const std::pair<bool, int> modes[] = {{false, 0}, {false, 40}, {true, 50}};
   for (const int layers : {4, 5}) {
-    for (const bool recompute : {false, true}) {
+    for (const auto& [recompute, chunk] : modes) {
       TrainConfig config = tiny_config(size, layers);
       config.train.recompute = recompute;
-      config.train.mlp_chunk_tokens = recompute ? 50 : 0;
+      config.train.mlp_chunk_tokens = chunk;
       config.train.offload = Offload::off;
       const std::vector<double> kept = test::losses_of(config, world);
       config.train.offload = Offload::on;
       const std::vector<double> offloaded = test::losses_of(config, world);
       ASSERT_EQ(kept.size(), 12u);
-      EXPECT_EQ(offloaded, kept) << layers << " layers, recompute " << recompute << ", cp "
-                                 << size;
+      EXPECT_EQ(offloaded, kept) << layers << " layers, recompute " << recompute << ", chunk "
+                                 << chunk << ", cp " << size;
       EXPECT_LT(kept.back(), kept.front()) << "the loss did not fall";
     }
   }
 }
 
-// One step's gradients, bitwise, and the model's memory: the offloaded inputs and attention
-// outputs in host memory, three inputs and two attention outputs on the backend's side.
+// One step's gradients, bitwise, and the model's memory: the offloaded inputs, attention outputs
+// and other activations (no recompute) in host memory; three inputs, two attention outputs and
+// two blocks' other activations on the backend's side.
 TEST(Offload, BitwiseTheGradients) {
   std::shared_ptr<Communicator> world = mpi_world_communicator();
   const int size = communicator_size(*world), rank = communicator_rank(*world);
@@ -79,11 +85,15 @@ TEST(Offload, BitwiseTheGradients) {
     model.loss_and_gradients(shard);
     grads.emplace_back();
     model.export_gradients(grads.back());
-    // Three blocks' inputs [n, d_model], attention outputs [n, heads x head_dim] and LSEs.
-    const double n = static_cast<double>(local), d = config.model.d_model;
-    const double heads = config.model.n_heads, head_dim = config.model.resolved_head_dim();
+    // Three blocks' (5 - 2) of these floats a token: the input (d_model 32), the attention
+    // output (4 heads x 8) and LSE (4), h1 (32), qkv ((4 + 2 x 2) x 8), x_mid (32), the two
+    // norms' inverses (2), h2 (32), gate|up (2 x 64) and swiglu (64): 422.
+    ASSERT_EQ(config.model.d_model, 32);
+    ASSERT_EQ(config.model.ffn_hidden, 64);
+    ASSERT_EQ(config.model.resolved_head_dim(), 8);
+    const double n = static_cast<double>(local);
     EXPECT_EQ(model.allocated_memory()[ModelPart::offloaded],
-              offload ? 3.0 * n * (d + heads * head_dim + heads) * sizeof(float) : 0.0);
+              offload ? 3.0 * n * 422.0 * sizeof(float) : 0.0);
   }
   EXPECT_EQ(grads[0], grads[1]);
 }
