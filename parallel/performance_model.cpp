@@ -173,10 +173,12 @@ std::vector<std::int64_t> document_starts(std::string_view description, std::int
 }
 
 RingBalance ring_balance(SequenceLayoutKind layout, int ranks, std::int64_t seq, const Mask& mask) {
-  const SequenceLayout first(layout, ranks, 0, seq);
   RingBalance balance;
   Mask row = mask;
   row.documents.batch_stride = 0;  // one batch row: the first list
+  const SequenceLayout first = call_layout(layout, ranks, 0, seq, RingMask{row, 1});
+  balance.layout = first.describe();
+  balance.layout.erase(balance.layout.rfind(", rank 0"));
   balance.steps = ring_steps(first, RingMask{row, 1});
   const detail::MaskRule rule = detail::MaskRule::of(row);
   for (int rank = 0; rank < ranks; ++rank) {

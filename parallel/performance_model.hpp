@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -78,6 +79,7 @@ std::vector<std::int64_t> document_starts(std::string_view description, std::int
 // How a ring under a mask shares its work: the steps it runs (RingAttention runs as many) and
 // each rank's visible (query, key) pairs, the work of its local blocks up to their tile edges.
 struct RingBalance {
+  std::string layout;  // the layout, described (a balanced one with its chunk count)
   int steps = 1;
   std::vector<double> visible_pairs;  // by rank
   double mean = 0, max = 0;

@@ -450,6 +450,10 @@ PairedViews paired_views(const Slice& buffer, const AttentionShape& s, DType dty
 struct RingAttentionInternals {
   static void forward(RingAttention& ring, const RingForwardArgs& args, RingWork work);
   static void backward(RingAttention& ring, const RingBackwardArgs& args, RingWork work);
+  // The layout of a call on this rank: the ring's kind, or for balanced the one the call's mask
+  // gives (kept in the workspace for the calls after with the same mask).
+  static SequenceLayout layout_of_call(RingAttention& ring, std::int64_t total_length,
+                                       const CallMask& mask);
 };
 
 struct RingAttention::Workspace {
@@ -458,6 +462,14 @@ struct RingAttention::Workspace {
   OwnedBuffer dkv[2];     // backward: travelling dK|dV accumulators
   OwnedBuffer dkv_step;   // backward: this step's contribution
   OwnedBuffer delta;      // backward: rowsum(dO * O)
+  // The last balanced layout and what it was made from: the next call with the same sequence
+  // length and mask (every layer of a model) takes it as it is.
+  struct Balanced {
+    std::int64_t total_length = 0, batch = 0;
+    Mask mask{};
+    std::vector<std::int64_t> starts;
+    std::shared_ptr<const SequenceLayout::Assignment> assignment;
+  } balanced;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -466,9 +478,10 @@ struct RingAttention::Workspace {
 RingAttention::RingAttention(std::shared_ptr<Communicator> comm, SequenceLayoutKind layout)
     : comm_(std::move(comm)), layout_(layout), workspace_(std::make_unique<Workspace>()) {
   if (comm_ == nullptr) detail::fail("RingAttention", "the communicator is null");
-  if (layout != SequenceLayoutKind::contiguous && layout != SequenceLayoutKind::zigzag) {
+  if (layout != SequenceLayoutKind::contiguous && layout != SequenceLayoutKind::zigzag &&
+      layout != SequenceLayoutKind::balanced) {
     detail::fail("RingAttention", "layout kind ", static_cast<int>(layout),
-                 " is neither contiguous nor zigzag");
+                 " is none of contiguous (0), zigzag (1) and balanced (2)");
   }
 }
 
@@ -531,6 +544,40 @@ struct CallPlan {
   std::vector<std::vector<BlockPair>> pairs;  // [step]
 };
 
+}  // namespace
+
+SequenceLayout RingAttentionInternals::layout_of_call(RingAttention& ring,
+                                                      std::int64_t total_length,
+                                                      const CallMask& mask) {
+  const int ranks = ring.size(), rank = ring.rank();
+  if (ring.layout() != SequenceLayoutKind::balanced) {
+    return SequenceLayout(ring.layout(), ranks, rank, total_length);
+  }
+  if (ranks == 1) {
+    return SequenceLayout(rank, total_length, balanced_assignment(1, total_length, mask.plan));
+  }
+  RingAttention::Workspace::Balanced& kept = ring.workspace_->balanced;
+  const Mask& m = mask.plan.mask;
+  const bool same = kept.assignment != nullptr && kept.total_length == total_length &&
+                    kept.mask.causal == m.causal && kept.mask.window_left == m.window_left &&
+                    kept.mask.window_right == m.window_right &&
+                    kept.mask.documents.count == m.documents.count &&
+                    kept.mask.documents.batch_stride == m.documents.batch_stride &&
+                    (m.documents.batch_stride == 0 || kept.batch == mask.plan.batch) &&
+                    kept.starts == mask.host_starts;
+  if (!same) {
+    kept.assignment = balanced_assignment(ranks, total_length, mask.plan);
+    kept.total_length = total_length;
+    kept.batch = mask.plan.batch;
+    kept.mask = m;
+    kept.mask.documents.data = nullptr;
+    kept.starts = mask.host_starts;
+  }
+  return SequenceLayout(rank, total_length, kept.assignment);
+}
+
+namespace {
+
 CallPlan plan_call(const SequenceLayout& layout, const RingMask& mask) {
   CallPlan plan;
   plan.steps = ring_steps(layout, mask);
@@ -548,7 +595,7 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
                                      RingWork work) {
   constexpr const char* kWhere = "RingAttention::forward";
   Communicator& comm = *ring.comm_;
-  const int ranks = comm.size(), rank = comm.rank();
+  const int ranks = comm.size();
   RingAttention::Workspace& w = *ring.workspace_;
   const bool transfers = work != RingWork::compute, compute = work != RingWork::transfers;
   const std::string description =
@@ -571,13 +618,13 @@ void RingAttentionInternals::forward(RingAttention& ring, const RingForwardArgs&
          NamedViews{{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o}}) {
       detail::check_block_layout(*view, name, kWhere);
     }
-    layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
     check_scratch(args.scratch,
                   {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o},
                    {"lse", &args.lse}},
                   kWhere);
+    if (ranks > 1) mask = read_call_mask(call_mask, s.batch, comm.memory(), args.stream, kWhere);
+    layout.emplace(layout_of_call(ring, s.q_len * ranks, mask));
     if (ranks == 1) return;  // no plan and no workspace: see below
-    mask = read_call_mask(call_mask, s.batch, comm.memory(), args.stream, kWhere);
     plan = plan_call(*layout, mask.plan);
     Placement place(args.scratch, comm.memory());
     running_slice = place.take(w.running_o, static_cast<std::size_t>(args.o.numel()) *
@@ -642,7 +689,7 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
                                       RingWork work) {
   constexpr const char* kWhere = "RingAttention::backward";
   Communicator& comm = *ring.comm_;
-  const int ranks = comm.size(), rank = comm.rank();
+  const int ranks = comm.size();
   RingAttention::Workspace& w = *ring.workspace_;
   const bool transfers = work != RingWork::compute, compute = work != RingWork::transfers;
   const std::string description =
@@ -688,8 +735,8 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
                                                {"dv", &args.dv}}) {
       detail::check_block_layout(*view, name, kWhere);
     }
-    layout.emplace(ring.layout_, ranks, rank, s.q_len * ranks);
     if (ranks > 1) mask = read_call_mask(call_mask, s.batch, comm.memory(), args.stream, kWhere);
+    layout.emplace(layout_of_call(ring, s.q_len * ranks, mask));
     check_scratch(args.scratch,
                   {{"q", &args.q}, {"k", &args.k}, {"v", &args.v}, {"o", &args.o},
                    {"lse", &args.lse}, {"dout", &args.dout}, {"dq", &args.dq}, {"dk", &args.dk},
@@ -831,10 +878,6 @@ void RingAttentionInternals::backward(RingAttention& ring, const RingBackwardArg
   if (transfers) comm.exchange_finish(stream);
 }
 
-std::vector<std::int64_t> RingAttention::global_positions(std::int64_t total_length) const {
-  return SequenceLayout(layout_, comm_->size(), comm_->rank(), total_length).global_positions();
-}
-
 namespace {
 
 std::int64_t sequence_extent(const TensorView& full, const char* where) {
@@ -844,17 +887,59 @@ std::int64_t sequence_extent(const TensorView& full, const char* where) {
                "; expected 4 ([batch, S, heads, head_dim]) or 3 ([batch, heads, S])");
 }
 
+// This rank's layout of a sequence of `total_length` for calls under `mask` (host documents);
+// without one (nullptr) the balanced layout is an error.
+SequenceLayout ring_layout(const RingAttention& ring, std::int64_t total_length, const Mask* mask,
+                           std::int64_t batch, const char* where) {
+  if (ring.layout() != SequenceLayoutKind::balanced) {
+    return SequenceLayout(ring.layout(), ring.size(), ring.rank(), total_length);
+  }
+  if (mask == nullptr) {
+    detail::fail(where, "the ring's layout is balanced, which follows the mask of its calls: "
+                 "pass the calls' mask (causal, window, documents in host memory)");
+  }
+  if (mask->documents.active() && mask->documents.data == nullptr) {
+    detail::fail(where, "the mask's ", mask->documents.count,
+                 " document starts are null; expected them in host memory");
+  }
+  return balanced_layout(ring.size(), ring.rank(), total_length, RingMask{*mask, batch});
+}
+
 }  // namespace
 
+std::vector<std::int64_t> RingAttention::global_positions(std::int64_t total_length) const {
+  return ring_layout(*this, total_length, nullptr, 1, "RingAttention::global_positions")
+      .global_positions();
+}
+
 void RingAttention::shard(const TensorView& full, const TensorView& local) const {
-  SequenceLayout(layout_, comm_->size(), comm_->rank(),
-                 sequence_extent(full, "RingAttention::shard"))
-      .shard(full, local);
+  constexpr const char* kWhere = "RingAttention::shard";
+  ring_layout(*this, sequence_extent(full, kWhere), nullptr, 1, kWhere).shard(full, local);
 }
 
 void RingAttention::unshard(const TensorView& local, const TensorView& full) const {
-  SequenceLayout(layout_, comm_->size(), comm_->rank(),
-                 sequence_extent(full, "RingAttention::unshard"))
+  constexpr const char* kWhere = "RingAttention::unshard";
+  ring_layout(*this, sequence_extent(full, kWhere), nullptr, 1, kWhere).unshard(local, full);
+}
+
+std::vector<std::int64_t> RingAttention::global_positions(std::int64_t total_length,
+                                                          const Mask& mask,
+                                                          std::int64_t batch) const {
+  return ring_layout(*this, total_length, &mask, batch, "RingAttention::global_positions")
+      .global_positions();
+}
+
+void RingAttention::shard(const TensorView& full, const TensorView& local,
+                          const Mask& mask) const {
+  constexpr const char* kWhere = "RingAttention::shard";
+  ring_layout(*this, sequence_extent(full, kWhere), &mask, full.shape[0], kWhere)
+      .shard(full, local);
+}
+
+void RingAttention::unshard(const TensorView& local, const TensorView& full,
+                            const Mask& mask) const {
+  constexpr const char* kWhere = "RingAttention::unshard";
+  ring_layout(*this, sequence_extent(full, kWhere), &mask, full.shape[0], kWhere)
       .unshard(local, full);
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "parallel/sequence_layout.hpp"
@@ -35,6 +36,19 @@ struct RingMask {
   Mask mask{};
   std::int64_t batch = 1;
 };
+
+// The balanced layout (SequenceLayoutKind::balanced) of a sequence of `total_length` tokens over
+// `world` ranks for calls under `mask` (document starts in host memory): every rank's chunks,
+// made the same on every rank from the same mask (parallel/balanced_layout.cpp says how). Throws
+// Error unless S % 2N == 0.
+std::shared_ptr<const SequenceLayout::Assignment> balanced_assignment(int world,
+                                                                      std::int64_t total_length,
+                                                                      const RingMask& mask);
+SequenceLayout balanced_layout(int world, int rank, std::int64_t total_length,
+                               const RingMask& mask);
+// The layout of a call: `kind`'s, or for balanced the one `mask` gives.
+SequenceLayout call_layout(SequenceLayoutKind kind, int world, int rank,
+                           std::int64_t total_length, const RingMask& mask);
 
 // The block calls of a step where `queries` holds Q and `keys` is the layout of the rank whose
 // K/V visits: every (query chunk, key chunk) pair with visible work, the others skipped, fully

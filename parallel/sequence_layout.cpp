@@ -1,6 +1,8 @@
 #include "parallel/sequence_layout.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "ringattn/error.hpp"
 #include "src/attention_checks.hpp"
@@ -58,6 +60,8 @@ std::string_view sequence_layout_name(SequenceLayoutKind kind) {
       return "contiguous";
     case SequenceLayoutKind::zigzag:
       return "zigzag";
+    case SequenceLayoutKind::balanced:
+      return "balanced";
   }
   return "unknown";
 }
@@ -65,17 +69,22 @@ std::string_view sequence_layout_name(SequenceLayoutKind kind) {
 SequenceLayoutKind parse_sequence_layout(std::string_view name) {
   if (name == "contiguous") return SequenceLayoutKind::contiguous;
   if (name == "zigzag") return SequenceLayoutKind::zigzag;
+  if (name == "balanced") return SequenceLayoutKind::balanced;
   detail::fail("parse_sequence_layout", "unknown sequence layout '", name,
-               "'; expected contiguous or zigzag");
+               "'; expected contiguous, zigzag or balanced");
 }
 
 SequenceLayout::SequenceLayout(SequenceLayoutKind kind, int world, int rank,
                                std::int64_t total_length)
     : kind_(kind), world_(world), rank_(rank), total_length_(total_length) {
   constexpr const char* kWhere = "SequenceLayout";
+  if (kind == SequenceLayoutKind::balanced) {
+    detail::fail(kWhere, "the balanced layout follows a call's mask: make it with "
+                 "balanced_layout(world, rank, S, mask), not from its kind alone");
+  }
   if (kind != SequenceLayoutKind::contiguous && kind != SequenceLayoutKind::zigzag) {
     detail::fail(kWhere, "layout kind ", static_cast<int>(kind),
-                 " is neither contiguous nor zigzag");
+                 " is none of contiguous (0), zigzag (1) and balanced (2)");
   }
   if (world < 1) detail::fail(kWhere, "world size N = ", world, "; expected >= 1 ranks");
   if (rank < 0 || rank >= world) {
@@ -97,11 +106,67 @@ SequenceLayout::SequenceLayout(SequenceLayoutKind kind, int world, int rank,
   }
 }
 
+SequenceLayout::SequenceLayout(int rank, std::int64_t total_length,
+                               std::shared_ptr<const Assignment> chunks)
+    : kind_(SequenceLayoutKind::balanced),
+      world_(chunks ? static_cast<int>(chunks->size()) : 0),
+      rank_(rank),
+      total_length_(total_length),
+      assignment_(std::move(chunks)) {
+  constexpr const char* kWhere = "SequenceLayout (balanced)";
+  if (world_ < 1) detail::fail(kWhere, "no ranks' chunks given; expected N >= 1 lists");
+  if (rank < 0 || rank >= world_) {
+    detail::fail(kWhere, "rank ", rank, " is out of range for N = ", world_, " ranks (0 to ",
+                 world_ - 1, ")");
+  }
+  if (total_length < 1 || total_length % world_ != 0) {
+    detail::fail(kWhere, "total length S = ", total_length, "; expected a multiple of N = ",
+                 world_, " ranks, >= 1");
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;  // every chunk's [start, end)
+  for (int r = 0; r < world_; ++r) {
+    std::int64_t local = 0, previous_end = -1;
+    for (const SequenceChunk& c : (*assignment_)[r]) {
+      if (c.length < 1 || c.global_start < 0 || c.global_start + c.length > total_length ||
+          c.local_start != local || c.global_start < previous_end) {
+        detail::fail(kWhere, "rank ", r, "'s chunk (local ", c.local_start, ", global ",
+                     c.global_start, ", length ", c.length, ") is not the next of increasing, "
+                     "non-empty chunks inside S = ", total_length, " from local row ", local);
+      }
+      spans.emplace_back(c.global_start, c.global_start + c.length);
+      local += c.length;
+      previous_end = c.global_start + c.length;
+    }
+    if (local != total_length / world_) {
+      detail::fail(kWhere, "rank ", r, " holds ", local, " tokens; expected S/N = ",
+                   total_length / world_);
+    }
+  }
+  // N ranks of S/N tokens each: the chunks cover [0, S) once exactly when none overlaps another.
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) {
+      detail::fail(kWhere, "positions [", spans[i].first, ", ",
+                   std::min(spans[i].second, spans[i - 1].second), ") are held twice");
+    }
+  }
+}
+
 SequenceLayout SequenceLayout::for_rank(int rank) const {
+  if (kind_ == SequenceLayoutKind::balanced) {
+    SequenceLayout other = *this;
+    if (rank < 0 || rank >= world_) {
+      detail::fail("SequenceLayout", "rank ", rank, " is out of range for N = ", world_,
+                   " ranks (0 to ", world_ - 1, ")");
+    }
+    other.rank_ = rank;
+    return other;
+  }
   return SequenceLayout(kind_, world_, rank, total_length_);
 }
 
 std::vector<SequenceChunk> SequenceLayout::chunks() const {
+  if (kind_ == SequenceLayoutKind::balanced) return (*assignment_)[static_cast<std::size_t>(rank_)];
   if (kind_ == SequenceLayoutKind::contiguous) {
     const std::int64_t length = local_length();
     return {{0, rank_ * length, length}};
@@ -162,8 +227,14 @@ void SequenceLayout::unshard(const TensorView& local, const TensorView& full) co
 }
 
 std::string SequenceLayout::describe() const {
+  std::string chunks;
+  if (assignment_) {
+    std::size_t count = 0;
+    for (const auto& rank_chunks : *assignment_) count += rank_chunks.size();
+    chunks = detail::concat(" (", count, " chunks)");
+  }
   return detail::concat(sequence_layout_name(kind_), " layout of ", total_length_, " tokens over ",
-                        world_, " ranks, rank ", rank_);
+                        world_, " ranks", chunks, ", rank ", rank_);
 }
 
 }  // namespace ringattn

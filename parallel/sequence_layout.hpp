@@ -4,12 +4,15 @@
 //   zigzag      2N chunks of c = S/(2N) tokens; rank r holds chunk r, then    (S % 2N == 0)
 //               chunk 2N-1-r, so under a causal mask every rank does the same work at every ring
 //               step (DESIGN.md, "Causal load balance")
+//   balanced    an explicit list of chunks a rank, in the order of their positions, made from a
+//               call's mask by balanced_layout (parallel/ring_attention.hpp)
 //
 // Local rows are the rank's chunks one after the other. The layout gives the global position of
 // every local token (for RoPE and for the mask) and copies whole sequences to and from shards.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,8 +32,15 @@ struct SequenceChunk {
 
 class SequenceLayout {
  public:
-  // Throws Error naming S, N and what S must be a multiple of, or the rank out of range.
+  // Every rank's chunks, [rank][i], of a balanced layout.
+  using Assignment = std::vector<std::vector<SequenceChunk>>;
+
+  // Throws Error naming S, N and what S must be a multiple of, or the rank out of range; for
+  // the balanced kind, which needs its chunks (the constructor below).
   SequenceLayout(SequenceLayoutKind kind, int world, int rank, std::int64_t total_length);
+  // A balanced layout of these chunks: every rank S/N tokens, the chunks of all ranks covering
+  // [0, S) once, each rank's in increasing positions and local rows. Throws Error otherwise.
+  SequenceLayout(int rank, std::int64_t total_length, std::shared_ptr<const Assignment> chunks);
 
   SequenceLayoutKind kind() const { return kind_; }
   int world() const { return world_; }
@@ -40,7 +50,7 @@ class SequenceLayout {
 
   // The same layout seen from another rank (e.g. the owner of a visiting K/V shard).
   SequenceLayout for_rank(int rank) const;
-  // In local order: one chunk (contiguous) or two (zigzag).
+  // In local order: one chunk (contiguous), two (zigzag) or the assignment's (balanced).
   std::vector<SequenceChunk> chunks() const;
   // positions[i] = the global position of local token i.
   std::vector<std::int64_t> global_positions() const;
@@ -59,6 +69,7 @@ class SequenceLayout {
   int world_;
   int rank_;
   std::int64_t total_length_;
+  std::shared_ptr<const Assignment> assignment_;  // balanced only
 };
 
 }  // namespace ringattn

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   bool full = false;
   CLI::Option* causal = app.add_flag("--causal", in.causal, "causal mask (the default)");
   app.add_flag("--full", full, "full (non-causal) mask")->excludes(causal);
-  app.add_option("--layout", layout, "zigzag or contiguous")->check(CLI::IsMember({"zigzag", "contiguous"}));
+  app.add_option("--layout", layout, "zigzag, contiguous or balanced (by the mask's work)")
+      ->check(CLI::IsMember({"zigzag", "contiguous", "balanced"}));
   app.add_option("--tflops", in.attention_tflops, "achieved attention TFLOP/s of the local block")
       ->check(tools::positive_real());
   app.add_option("--link-gbps", in.link_gbytes_per_s, "link bandwidth per direction, GB/s")
@@ -148,8 +149,8 @@ int main(int argc, char** argv) {
   }
   if (app.count("--kv-heads") == 0) in.kv_heads = in.heads;
   if (full) in.causal = false;
-  in.zigzag = layout == "zigzag";
-  const std::int64_t parts = in.zigzag ? 2 * std::int64_t{in.ranks} : in.ranks;
+  in.zigzag = layout != "contiguous";  // balanced: zigzag's chunks under a causal mask alone
+  const std::int64_t parts = layout != "contiguous" ? 2 * std::int64_t{in.ranks} : in.ranks;
   if (in.heads % in.kv_heads != 0) {
     std::fprintf(stderr, "ringattn-plan: --kv-heads %lld does not divide --heads %lld\n",
                  (long long)in.kv_heads, (long long)in.heads);
@@ -190,6 +191,7 @@ int main(int argc, char** argv) {
                 in.causal ? "causal" : "full", (long long)window_left, (long long)window_right,
                 documents.empty() ? "none" : documents.c_str());
     if (!documents.empty()) std::printf(" (%zu starts)", starts.size());
+    std::printf("\nlayout: %s", balance.layout.c_str());
     std::printf("\nring steps: %d of %d (K/V hops: %d; the backward's dK/dV hops: %d)\n", balance.steps,
                 in.ranks, balance.steps - 1, balance.steps > 1 ? in.ranks : 0);
     std::printf("visible pairs by rank, over the mean:");

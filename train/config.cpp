@@ -37,7 +37,8 @@ struct EnumName {
 };
 
 constexpr EnumName<ShardLayout> kLayoutNames[] = {{"zigzag", ShardLayout::zigzag},
-                                                  {"contiguous", ShardLayout::contiguous}};
+                                                  {"contiguous", ShardLayout::contiguous},
+                                                  {"balanced", ShardLayout::balanced}};
 constexpr EnumName<DataSource> kSourceNames[] = {{"hdf5", DataSource::hdf5},
                                                  {"retrieval", DataSource::retrieval}};
 constexpr EnumName<Backend> kBackendNames[] = {
@@ -811,7 +812,7 @@ void add_sequence_problems(const TrainConfig& config, const std::string& prefix,
     const int chunks = chunk_count(par.cp, par.layout);
     if (t.seq_len % chunks != 0) {
       p.add(prefix, "train.seq_len (", t.seq_len, ") is not a multiple of ",
-            par.layout == ShardLayout::zigzag ? "2 * parallel.cp = " : "parallel.cp = ", chunks,
+            par.layout != ShardLayout::contiguous ? "2 * parallel.cp = " : "parallel.cp = ", chunks,
             ", which the ", layout_name(par.layout), " layout needs");
     }
   }

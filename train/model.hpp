@@ -57,6 +57,7 @@
 #include "parallel/communicator.hpp"
 #include "ringattn/ring.hpp"
 #include "train/config.hpp"
+#include "train/documents.hpp"
 #include "train/model_memory.hpp"
 #include "train/model_shapes.hpp"
 #include "train/op_adamw.hpp"
@@ -88,6 +89,10 @@ struct ShardBatch {
   std::span<const float> loss_mask;
   std::span<const std::int64_t> documents{};
   std::int64_t document_count = 0;
+  // The global position of every token of the rank (empty: not given). Where given, the model
+  // checks that they are its layout's for the batch (under the balanced layout, which follows
+  // the documents, the trainer lays the tokens out per batch).
+  std::span<const std::int64_t> positions{};
 };
 
 // One phase of the profile: its intervals and their total over every profiled step.
@@ -355,6 +360,11 @@ class Model final : public TrainModel {
   // backend's rotary positions are per row (document-relative) rather than positions_.
   DocumentStarts documents_{};
   bool row_positions_ = false;
+  // The balanced layout over more than one rank: positions_ follow each batch's documents.
+  bool balanced_ = false;
+  // The ring's mask of a batch: causal, model.attention_window and these documents (none where
+  // the count is 0), host starts that `documents` keeps.
+  Mask causal_mask(const DocumentBatch& documents) const;
   std::size_t emb_ = 0, final_norm_ = 0, head_ = 0;
   std::vector<LayerParams> lp_;
   // Block l's input (l = L: the final norm's): x_in_[l], or with ModelOptions::offload, where

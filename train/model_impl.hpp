@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/ring_attention.hpp"
 #include "parallel/sequence_layout.hpp"
 #include "ringattn/error.hpp"
 #include "train/documents.hpp"
@@ -111,9 +112,11 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     lp_.push_back({find(p + "attn_norm"), find(p + "wqkv"), find(p + "wo"), find(p + "mlp_norm"),
                    find(p + "w_gate_up"), find(p + "w_down")});
   }
-  // The tokens' positions in the whole sequence (throws when seq_len does not split).
-  positions_ =
-      SequenceLayout(layout, cp_->size(), cp_->rank(), seq_len).global_positions();
+  // The tokens' positions in the whole sequence (throws when seq_len does not split); balanced:
+  // those of a batch without documents until a batch brings its own (load_documents).
+  balanced_ = layout == SequenceLayoutKind::balanced && cp_->size() > 1;
+  positions_ = call_layout(layout, cp_->size(), cp_->rank(), seq_len, RingMask{causal_mask({}), 1})
+                   .global_positions();
   local_len_ = static_cast<std::int64_t>(positions_.size());
   backend_->set_rope(positions_, shape_.head_dim, config_.rope_theta);
   const std::int64_t n = local_tokens();
@@ -576,11 +579,6 @@ void Model<B>::load_documents(const ShardBatch& batch) {
                            " starts; expected batch * document_count = ", batch_, " * ", count);
   }
   documents_ = {};
-  if (count == 0) {
-    if (row_positions_) be.set_rope(positions_, shape_.head_dim, config_.rope_theta);
-    row_positions_ = false;
-    return;
-  }
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(batch_));
   for (std::int64_t b = 0; b < batch_; ++b) {
     const auto row = batch.documents.subspan(b * count, count);
@@ -592,6 +590,32 @@ void Model<B>::load_documents(const ShardBatch& batch) {
       }
       if (start < seq_len_) rows[b].push_back(start);
     }
+  }
+  // The balanced layout follows the batch's documents: this rank's tokens are the ones the ring
+  // lays out from the same mask (the documents of the whole sequence), and the batch must hold
+  // the tokens at those positions.
+  bool moved = false;
+  if (balanced_) {
+    const DocumentBatch global = pad_document_lists(rows, seq_len_);
+    std::vector<std::int64_t> positions =
+        balanced_layout(cp_->size(), cp_->rank(), seq_len_,
+                        RingMask{causal_mask(global), batch_})
+            .global_positions();
+    moved = positions != positions_;
+    positions_ = std::move(positions);
+  }
+  if (!batch.positions.empty() &&
+      !std::equal(batch.positions.begin(), batch.positions.end(), positions_.begin(),
+                  positions_.end())) {
+    ringattn::detail::fail("Model::forward", "the batch's ", batch.positions.size(),
+                           " tokens sit at other positions than the ", positions_.size(),
+                           " of this rank's ", sequence_layout_name(ring_.layout()),
+                           " layout for the batch's documents");
+  }
+  if (count == 0) {
+    if (row_positions_ || moved) be.set_rope(positions_, shape_.head_dim, config_.rope_theta);
+    row_positions_ = false;
+    return;
   }
   // The local-attention control sees its shard as a sequence of its own, indexed locally.
   DocumentBatch ring_list;
@@ -614,10 +638,21 @@ void Model<B>::load_documents(const ShardBatch& batch) {
     }
     be.set_rope(all, shape_.head_dim, config_.rope_theta);
     row_positions_ = true;
-  } else if (row_positions_) {
+  } else if (row_positions_ || moved) {
     be.set_rope(positions_, shape_.head_dim, config_.rope_theta);
     row_positions_ = false;
   }
+}
+
+template <class B>
+Mask Model<B>::causal_mask(const DocumentBatch& documents) const {
+  Mask mask;
+  mask.causal = true;
+  mask.window_left = config_.attention_window;
+  if (documents.count > 0) {
+    mask.documents = DocumentStarts{documents.starts.data(), documents.count, documents.count};
+  }
+  return mask;
 }
 
 template <class B>

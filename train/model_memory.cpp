@@ -69,6 +69,8 @@ std::pair<int, int> ring_of(const TrainConfig& config) {
   Mask mask;
   mask.causal = true;
   mask.window_left = config.model.attention_window;
+  // The balanced layout follows each batch's documents: any step count.
+  if (config.parallel.layout == ShardLayout::balanced) return {ranks, ranks};
   const SequenceLayout layout(config.parallel.layout == ShardLayout::zigzag
                                   ? SequenceLayoutKind::zigzag
                                   : SequenceLayoutKind::contiguous,

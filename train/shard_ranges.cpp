@@ -5,11 +5,19 @@
 namespace ringattn::train {
 
 std::string_view layout_name(ShardLayout layout) {
-  return layout == ShardLayout::zigzag ? "zigzag" : "contiguous";
+  switch (layout) {
+    case ShardLayout::contiguous:
+      return "contiguous";
+    case ShardLayout::zigzag:
+      return "zigzag";
+    case ShardLayout::balanced:
+      return "balanced";
+  }
+  return "unknown";
 }
 
 int chunk_count(int cp_size, ShardLayout layout) {
-  return layout == ShardLayout::zigzag ? 2 * cp_size : cp_size;
+  return layout == ShardLayout::contiguous ? cp_size : 2 * cp_size;
 }
 
 std::vector<TokenRange> shard_ranges(std::int64_t seq_len, int cp_size, int cp_rank,
@@ -17,6 +25,10 @@ std::vector<TokenRange> shard_ranges(std::int64_t seq_len, int cp_size, int cp_r
   if (cp_size < 1) detail::fail("shard_ranges", "cp_size is ", cp_size, "; expected at least 1");
   if (cp_rank < 0 || cp_rank >= cp_size) {
     detail::fail("shard_ranges", "cp_rank is ", cp_rank, "; expected 0 <= cp_rank < ", cp_size);
+  }
+  if (layout == ShardLayout::balanced) {
+    detail::fail("shard_ranges", "the balanced layout follows each batch's documents; expected "
+                 "contiguous or zigzag here");
   }
   const int chunks = chunk_count(cp_size, layout);
   if (seq_len < chunks || seq_len % chunks != 0) {

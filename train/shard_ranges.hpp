@@ -5,7 +5,9 @@
 // the rule down:
 //   contiguous: cp equal chunks, rank r holds chunk r;
 //   zigzag:     2 cp equal chunks, rank r holds chunks r and 2 cp - 1 - r, in that order, so that
-//               under a causal mask every rank does the same work.
+//               under a causal mask every rank does the same work;
+//   balanced:   follows each batch's mask (ringattn::balanced_assignment): the trainer lays out
+//               every micro-batch itself, and shard_ranges refuses it.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,7 @@ namespace ringattn::train {
 
 // The same values as ringattn::SequenceLayoutKind (include/ringattn/ring.hpp), which the trainer
 // passes to the ring.
-enum class ShardLayout : int { contiguous = 0, zigzag = 1 };
+enum class ShardLayout : int { contiguous = 0, zigzag = 1, balanced = 2 };
 
 std::string_view layout_name(ShardLayout layout);
 
@@ -36,7 +38,7 @@ struct TokenRange {
 std::vector<TokenRange> shard_ranges(std::int64_t seq_len, int cp_size, int cp_rank,
                                      ShardLayout layout);
 
-// The number of chunks a sequence is cut into: cp (contiguous) or 2 cp (zigzag).
+// What seq_len must be a multiple of: cp (contiguous) or 2 cp (zigzag, balanced).
 int chunk_count(int cp_size, ShardLayout layout);
 
 // The tokens, targets and loss weights one rank feeds the model for one sequence. `inputs[i]`

@@ -207,6 +207,14 @@ void TokenDataset::read_tokens(std::int64_t begin, std::span<std::int32_t> out) 
   std::copy(raw.begin(), raw.end(), out.begin());
 }
 
+std::vector<std::int64_t> TokenDataset::sequence_document_starts(std::int64_t sequence) const {
+  if (sequence < 0 || sequence >= num_sequences()) {
+    detail::fail(kWhere, "sequence ", sequence, " of '", name_, "' does not exist; it has ",
+                 num_sequences(), " of train.seq_len = ", seq_len_);
+  }
+  return window_document_starts(document_starts_, sequence * seq_len_, seq_len_);
+}
+
 TokenShard TokenDataset::read_shard(std::int64_t sequence, std::span<const TokenRange> ranges,
                                     bool documents) const {
   if (sequence < 0 || sequence >= num_sequences()) {
@@ -228,7 +236,7 @@ TokenShard TokenDataset::read_shard(std::int64_t sequence, std::span<const Token
   }
   shard.loss_mask.assign(shard.inputs.size(), 1.0f);
   if (documents) {
-    shard.document_starts = window_document_starts(document_starts_, start, seq_len_);
+    shard.document_starts = sequence_document_starts(sequence);
     std::vector<std::int64_t> positions;
     for (const TokenRange& range : ranges) {
       for (std::int64_t p = range.begin; p < range.end; ++p) positions.push_back(p);

@@ -68,6 +68,9 @@ class TokenDataset {
   // at every target that begins a document.
   TokenShard read_shard(std::int64_t sequence, std::span<const TokenRange> ranges,
                         bool documents = false) const;
+  // The document starts of sequence `sequence` (0 < s < seq_len, increasing), as read_shard gives
+  // them with `documents`: what a layout that follows the documents needs before the tokens.
+  std::vector<std::int64_t> sequence_document_starts(std::int64_t sequence) const;
 
  private:
   void read_document_starts();

@@ -26,6 +26,7 @@
 #include "train/documents.hpp"
 #include "parallel/device_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "parallel/ring_attention.hpp"
 #include "ringattn/runtime.hpp"
 #include "train/model_cpu.hpp"
 #include "train/model_memory.hpp"
@@ -61,8 +62,9 @@ struct MicroBatch {
   std::vector<float> mask;
   std::vector<std::int64_t> documents;  // [batch, document_count]: train/documents.hpp
   std::int64_t document_count = 0;
+  std::vector<std::int64_t> positions;  // of this rank's tokens, as the batch's layout gives them
   double weight = 0.0;
-  ShardBatch view() const { return {inputs, targets, mask, documents, document_count}; }
+  ShardBatch view() const { return {inputs, targets, mask, documents, document_count, positions}; }
 };
 
 // A JSON number: 9 significant digits, or `decimals` after the point where one is given (a Unix
@@ -415,7 +417,7 @@ struct Trainer::Impl {
     }
     stage = index;
     config = stage_config(base, index);
-    ranges = shard_ranges(config.train.seq_len, cp, cp_rank, config.parallel.layout);
+    ranges = layout_ranges({});  // balanced: the ranges of a micro-batch without documents
     flops_per_token = model_flops_per_token(model_shape(config.model), config.train.seq_len);
     // Each rank may read its own copy of the datasets (their paths may differ): the copies must
     // hold the same tokens, or the replicas and the ring's shards would train on different data.
@@ -452,6 +454,20 @@ struct Trainer::Impl {
   MicroBatch load(std::uint64_t first, bool held_out, std::vector<RetrievalSample>* samples) const {
     MicroBatch mb;
     const int batch = config.train.batch_size;
+    const TokenDataset* data = task ? nullptr : held_out ? &*val_data : &*train_data;
+    const auto sequence_of = [&](int b) {
+      const std::uint64_t n = first + static_cast<std::uint64_t>(b);
+      return held_out
+                 ? static_cast<std::int64_t>(n % static_cast<std::uint64_t>(data->num_sequences()))
+                 : sampler->sequence(n);
+    };
+    // The balanced layout follows the micro-batch's documents: its ranges come first.
+    std::vector<TokenRange> batch_ranges = ranges;
+    if (config.parallel.layout == ShardLayout::balanced && data != nullptr && documents) {
+      std::vector<std::vector<std::int64_t>> rows;
+      for (int b = 0; b < batch; ++b) rows.push_back(data->sequence_document_starts(sequence_of(b)));
+      batch_ranges = layout_ranges(pad_document_lists(rows, config.train.seq_len));
+    }
     std::vector<std::vector<std::int64_t>> document_rows;
     for (int b = 0; b < batch; ++b) {
       const std::uint64_t n = first + static_cast<std::uint64_t>(b);
@@ -459,15 +475,10 @@ struct Trainer::Impl {
       if (task) {
         RetrievalSample s =
             task->sample(held_out ? RetrievalSplit::held_out : RetrievalSplit::train, n);
-        shard = take_shard(s.tokens, s.loss_mask, ranges);
+        shard = take_shard(s.tokens, s.loss_mask, batch_ranges);
         if (samples != nullptr) samples->push_back(std::move(s));
       } else {
-        const TokenDataset& data = held_out ? *val_data : *train_data;
-        const std::int64_t sequence =
-            held_out
-                ? static_cast<std::int64_t>(n % static_cast<std::uint64_t>(data.num_sequences()))
-                : sampler->sequence(n);
-        shard = data.read_shard(sequence, ranges, documents);
+        shard = data->read_shard(sequence_of(b), batch_ranges, documents);
       }
       mb.inputs.insert(mb.inputs.end(), shard.inputs.begin(), shard.inputs.end());
       mb.targets.insert(mb.targets.end(), shard.targets.begin(), shard.targets.end());
@@ -477,8 +488,34 @@ struct Trainer::Impl {
     DocumentBatch padded = pad_document_lists(document_rows, config.train.seq_len);
     mb.documents = std::move(padded.starts);
     mb.document_count = padded.count;
+    for (const TokenRange& range : batch_ranges) {
+      for (std::int64_t p = range.begin; p < range.end; ++p) mb.positions.push_back(p);
+    }
     for (float w : mb.mask) mb.weight += w;
     return mb;
+  }
+
+  // This rank's ranges of a sequence in a micro-batch with these documents (padded rows, count 0:
+  // none): the layout's, or under the balanced layout the ones the ring lays out for the batch's
+  // mask (causal, model.attention_window, the documents), as the model checks.
+  std::vector<TokenRange> layout_ranges(const DocumentBatch& documents) const {
+    const int seq = config.train.seq_len;
+    if (config.parallel.layout != ShardLayout::balanced) {
+      return shard_ranges(seq, cp, cp_rank, config.parallel.layout);
+    }
+    Mask mask;
+    mask.causal = true;
+    mask.window_left = config.model.attention_window;
+    if (documents.count > 0) {
+      mask.documents = DocumentStarts{documents.starts.data(), documents.count, documents.count};
+    }
+    const auto assignment =
+        balanced_assignment(cp, seq, RingMask{mask, config.train.batch_size});
+    std::vector<TokenRange> out;
+    for (const SequenceChunk& c : (*assignment)[static_cast<std::size_t>(cp_rank)]) {
+      out.push_back({c.global_start, c.global_start + c.length});
+    }
+    return out;
   }
 
   // The end of run() on rank 0: what a person wants to see (the last loss and evaluation,
@@ -640,8 +677,12 @@ Trainer::Trainer(const TrainConfig& config, std::shared_ptr<Communicator> world,
   s.dp_rank = s.world_rank / s.cp;
   s.cp_rank = s.world_rank % s.cp;
   s.cp_comm = split_communicator(*s.world, s.dp_rank, s.cp_rank);
-  s.layout = config.parallel.layout == ShardLayout::zigzag ? SequenceLayoutKind::zigzag
-                                                           : SequenceLayoutKind::contiguous;
+  static_assert(static_cast<int>(ShardLayout::contiguous) ==
+                    static_cast<int>(SequenceLayoutKind::contiguous) &&
+                static_cast<int>(ShardLayout::zigzag) == static_cast<int>(SequenceLayoutKind::zigzag) &&
+                static_cast<int>(ShardLayout::balanced) ==
+                    static_cast<int>(SequenceLayoutKind::balanced));
+  s.layout = static_cast<SequenceLayoutKind>(config.parallel.layout);
   s.model_options.recompute = config.train.recompute;
   s.model_options.recompute_attention = config.train.recompute_attention;
   s.model_options.loss_chunk_tokens = config.train.loss_chunk_tokens;
@@ -881,11 +922,9 @@ EvalMetrics Trainer::evaluate() {
     full.assign(static_cast<std::size_t>(t.batch_size) * t.seq_len, 0.0);
     const std::int64_t sl = model.local_len();
     for (int b = 0; b < t.batch_size; ++b) {
-      std::int64_t local = 0;
-      for (const TokenRange& r : s.ranges) {
-        for (std::int64_t p = r.begin; p < r.end; ++p, ++local) {
-          full[static_cast<std::size_t>(b) * t.seq_len + p] = predictions[b * sl + local];
-        }
+      for (std::int64_t local = 0; local < sl; ++local) {
+        full[static_cast<std::size_t>(b) * t.seq_len + mb.positions[local]] =
+            predictions[b * sl + local];
       }
     }
     s.cp_comm->all_reduce_sum(full.data(), full.size(), DType::f64, nullptr);

@@ -73,9 +73,17 @@ int communicator_size(const Communicator& comm);
 //               has almost nothing to do and rank N-1 everything.
 //   zigzag:     2N chunks of S/(2N) tokens; rank r holds chunk r then chunk 2N-1-r; S % 2N == 0.
 //               Under a causal mask every rank does the same work at every step.
-enum class SequenceLayoutKind : int { contiguous = 0, zigzag = 1 };
+//   balanced:   S % 2N == 0. Contiguous where that split is already even under the call's mask
+//               (a sliding window); else cN equal chunks (c = 2, 4, 8, ...) given to the ranks, c
+//               each, so that each rank's visible work under the mask (causal, window, packed
+//               documents) is as even as the chunks allow, each rank's in the order of their
+//               positions. The layout follows the mask: every rank computes the same one from
+//               the same mask, and the caller shards with the mask too (global_positions, shard
+//               and unshard taking a Mask). A causal mask alone gives zigzag's chunks.
+enum class SequenceLayoutKind : int { contiguous = 0, zigzag = 1, balanced = 2 };
 std::string_view sequence_layout_name(SequenceLayoutKind kind);
-SequenceLayoutKind parse_sequence_layout(std::string_view name);  // "contiguous" or "zigzag"
+// "contiguous", "zigzag" or "balanced"
+SequenceLayoutKind parse_sequence_layout(std::string_view name);
 
 // The local shards of one forward call (Sl = S/N tokens on every rank):
 //   q     [batch, Sl, q_heads, head_dim]       k  [batch, Sl, kv_heads, head_dim]
@@ -174,10 +182,18 @@ class RingAttention {
   // copies between a whole host tensor and this rank's shard, for any dtype and strides. Rank 4:
   // [batch, S, heads, head_dim] <-> [batch, S/N, heads, head_dim]; rank 3: [batch, heads, S] <->
   // [batch, heads, S/N] (LSE). unshard writes only this rank's tokens of `full`. Throws Error
-  // when S is not a multiple of N (contiguous) or 2N (zigzag).
+  // when S is not a multiple of N (contiguous) or 2N (zigzag, balanced).
+  // The balanced layout follows the mask of the calls the shards go to: causal, window and
+  // documents as in RingForwardArgs, the document starts in host memory here (batch rows of
+  // their own when documents.batch_stride != 0). Without a mask it is an Error; the other
+  // layouts ignore the mask.
   std::vector<std::int64_t> global_positions(std::int64_t total_length) const;
   void shard(const TensorView& full, const TensorView& local) const;
   void unshard(const TensorView& local, const TensorView& full) const;
+  std::vector<std::int64_t> global_positions(std::int64_t total_length, const Mask& mask,
+                                             std::int64_t batch = 1) const;
+  void shard(const TensorView& full, const TensorView& local, const Mask& mask) const;
+  void unshard(const TensorView& local, const TensorView& full, const Mask& mask) const;
 
  private:
   // The schedule itself, also run in parts for benchmarks (parallel/ring_attention.hpp).

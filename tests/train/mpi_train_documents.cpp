@@ -9,7 +9,8 @@
 //   - the local-attention control with documents that stay within shards equals them run
 //     separately too;
 //   - the trainer on an HDF5 dataset with document_starts (and a sliding window) gives the same 20
-//     losses at cp = 1 and at cp = N (relative 1e-5), and a run stopped and resumed from its
+//     losses at cp = 1 and at cp = N (relative 1e-5), with the zigzag layout and with the
+//     balanced one (laid out per micro-batch by its documents), and a run stopped and resumed from its
 //     checkpoint continues bitwise, and recomputation changes no bit.
 #include <mpi.h>
 
@@ -281,9 +282,15 @@ TEST(TrainDocuments, SameLossesAtEveryCp) {
         test::losses_of(single, split_communicator(*world, rank, 0));
     ASSERT_EQ(reference.size(), 20u);
     EXPECT_LT(reference.back(), reference.front() - 0.5) << what << ": the loss did not fall";
-    TrainConfig ring = config;
-    ring.parallel.cp = size;
-    expect_close(reference, test::losses_of(ring, world), what + ", cp = " + std::to_string(size));
+    // zigzag, and the balanced layout, which lays every micro-batch out by its documents.
+    for (const ShardLayout layout : {ShardLayout::zigzag, ShardLayout::balanced}) {
+      TrainConfig ring = config;
+      ring.parallel.cp = size;
+      ring.parallel.layout = layout;
+      expect_close(reference, test::losses_of(ring, world),
+                   what + ", cp = " + std::to_string(size) + ", " +
+                       std::string(layout_name(layout)));
+    }
     references.push_back(reference);
   }
   // The window changes what the model sees (documents here are up to 40 tokens long): the loss
