@@ -151,7 +151,7 @@ TEST(SequenceLayout, ErrorsNameTheLengthTheRanksAndTheDivisor) {
   EXPECT_TRUE(ThrowsNaming([] { SequenceLayout(static_cast<SequenceLayoutKind>(7), 2, 0, 16); },
                            {"layout kind 7"}));
   EXPECT_TRUE(ThrowsNaming([] { parse_sequence_layout("diagonal"); },
-                           {"'diagonal'", "contiguous or zigzag"}));
+                           {"'diagonal'", "contiguous, zigzag or balanced"}));
   EXPECT_EQ(parse_sequence_layout("zigzag"), SequenceLayoutKind::zigzag);
   EXPECT_EQ(parse_sequence_layout(sequence_layout_name(SequenceLayoutKind::contiguous)),
             SequenceLayoutKind::contiguous);

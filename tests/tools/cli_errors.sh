@@ -215,7 +215,7 @@ case $case_name in
     run "$program" --element-bytes 3
     expect 2 "--element-bytes: 3 not in {2,4}"
     run "$program" --layout diagonal
-    expect 2 "--layout: diagonal not in {zigzag,contiguous}"
+    expect 2 "--layout: diagonal not in {zigzag,contiguous,balanced}"
     run "$program" --kv-heads 5
     expect 2 "--kv-heads 5 does not divide --heads 16"
     run "$program" --seq 1001
