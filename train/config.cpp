@@ -292,6 +292,7 @@ const std::vector<KeyInfo>& key_table() {
       RINGATTN_CONFIG_KEY(model.n_heads),
       RINGATTN_CONFIG_KEY(model.n_kv_heads),
       RINGATTN_CONFIG_KEY(model.head_dim),
+      RINGATTN_CONFIG_KEY(model.v_head_dim),
       RINGATTN_CONFIG_KEY(model.ffn_hidden),
       RINGATTN_CONFIG_KEY(model.tied_embeddings),
       RINGATTN_CONFIG_KEY(model.rope_theta),
@@ -793,6 +794,13 @@ void add_cuda_problems(const TrainConfig& config, Problems& p) {
           m.d_model / m.n_heads, "; ", takes,
           " (choose model.n_heads or set model.head_dim to one of them)");
   }
+  // The kernels hold one head dim for Q K^T and P V (kernels/block_checks.cpp).
+  if (m.v_head_dim && m.n_heads >= 1 && *m.v_head_dim != m.resolved_head_dim()) {
+    p.add("model.v_head_dim is ", *m.v_head_dim, " and the head dimension ",
+          m.head_dim ? "(model.head_dim) is " : "(model.d_model / model.n_heads) is ",
+          m.resolved_head_dim(), "; the CUDA block takes d_v = d_qk, one head dim for q, k and v",
+          " (a model.v_head_dim of its own runs on the cpu backend)");
+  }
   const auto multiple_of_8 = [&](const char* key, std::int64_t value) {
     if (value >= 1 && value % 8 != 0) {
       p.add(key, " is ", value, "; the cuda backend needs a multiple of 8");
@@ -873,6 +881,8 @@ void validate(const TrainConfig& config, int world_size) {
     p.add("model.d_model (", m.d_model, ") is not a multiple of model.n_heads (", m.n_heads,
           "); set model.head_dim or choose n_heads dividing d_model");
   }
+  // No evenness: RoPE rotates q and k alone.
+  if (m.v_head_dim) p.at_least("model.v_head_dim", *m.v_head_dim, 1);
   if (m.n_heads >= 1 && m.resolved_head_dim() >= 1 && m.resolved_head_dim() % 2 != 0) {
     p.add("the head dimension ", m.resolved_head_dim(),
           m.head_dim ? " (model.head_dim)" : " (model.d_model / model.n_heads)",

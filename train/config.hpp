@@ -5,8 +5,9 @@
 // configs/tiny-cpu.yaml, so `TrainConfig{}` is the embedded default), a file sets only what it
 // changes:
 //
-//   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim ffn_hidden tied_embeddings
-//             rope_theta norm_eps init_std attention_window rope_document_positions
+//   model:    vocab_size d_model n_layers n_heads n_kv_heads head_dim v_head_dim ffn_hidden
+//             tied_embeddings rope_theta norm_eps init_std attention_window
+//             rope_document_positions
 //   train:    seq_len batch_size grad_accum steps stages lr min_lr warmup_steps weight_decay beta1
 //             beta2 adam_eps grad_clip seed recompute recompute_attention loss_chunk_tokens
 //             mlp_chunk_tokens offload deterministic profile shard_optimizer log_every
@@ -41,6 +42,9 @@ struct ModelConfig {
   int n_heads = 4;
   int n_kv_heads = 2;           // grouped-query attention: n_heads % n_kv_heads == 0
   std::optional<int> head_dim;  // absent: d_model / n_heads
+  // The width of V's heads, and so of the attention output's (d_v; d_qk is head_dim), as in
+  // multi-head latent attention (192 / 128). Absent: the head dimension.
+  std::optional<int> v_head_dim;
   int ffn_hidden = 176;         // SwiGLU hidden width
   bool tied_embeddings = true;  // the output head reuses the token embedding
   double rope_theta = 10000.0;
@@ -55,6 +59,7 @@ struct ModelConfig {
   std::optional<bool> rope_document_positions;
 
   int resolved_head_dim() const { return head_dim ? *head_dim : d_model / n_heads; }
+  int resolved_v_head_dim() const { return v_head_dim ? *v_head_dim : resolved_head_dim(); }
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
@@ -225,12 +230,12 @@ TrainConfig stage_config(const TrainConfig& config, int index);
 int stage_of_step(const TrainingConfig& train, int step);
 
 // Checks ranges and combinations for a job of `world_size` ranks: positive sizes, n_heads %
-// n_kv_heads, d_model % n_heads (when head_dim is not given), an even head_dim (RoPE), seq_len a
-// multiple of the layout's chunk count (2 cp for zigzag, cp for contiguous), dp * cp ==
-// world_size, paths the data source needs, the retrieval task fitting in a sequence, ... With
-// train.stages, every stage is checked as the run will take it (its seq_len and batch_size), and its
-// problems name it ("train.stages[1] (seq_len 1000): ..."). Every problem is reported, one per
-// line, each naming its key(s) and value(s).
+// n_kv_heads, d_model % n_heads (when head_dim is not given), an even head_dim (RoPE; v_head_dim
+// may be odd: RoPE does not touch V), seq_len a multiple of the layout's chunk count (2 cp for
+// zigzag, cp for contiguous), dp * cp == world_size, paths the data source needs, the retrieval
+// task fitting in a sequence, ... With train.stages, every stage is checked as the run will take
+// it (its seq_len and batch_size), and its problems name it ("train.stages[1] (seq_len 1000):
+// ..."). Every problem is reported, one per line, each naming its key(s) and value(s).
 void validate(const TrainConfig& config, int world_size);
 
 // Every key, dotted, in file order.
@@ -253,8 +258,9 @@ TrainConfig default_gpu_config(int gpus);
 
 // The cuda backend's own limits (validate() applies them when run.backend is cuda; the trainer
 // when auto resolves to cuda, on every rank before anything is allocated): a head dimension the
-// CUDA block has kernels for (64 or 128, kernels/block_checks.hpp), d_model, ffn_hidden and
-// vocab_size multiples of 8. Throws ringattn::Error naming the keys and their values, e.g.
+// CUDA block has kernels for (64 or 128, kernels/block_checks.hpp) and no v_head_dim of its own
+// (the CUDA block takes d_v = d_qk), d_model, ffn_hidden and vocab_size multiples of 8. Throws
+// ringattn::Error naming the keys and their values, e.g.
 // "model.d_model 768 / model.n_heads 8 gives head_dim 96; the CUDA block takes 64 or 128 ...".
 void validate_for_cuda(const TrainConfig& config);
 

@@ -302,13 +302,16 @@ class Model final : public TrainModel {
   // The batch's documents for the attention (in the backend's memory) and the rotary positions
   // of its tokens (per row where they restart at documents, else positions_ for every row).
   void load_documents(const ShardBatch& batch);
-  // The width of a packed QKV row: q heads, then k heads, then v heads.
-  std::int64_t qkv_width() const { return (shape_.q_heads + 2 * shape_.kv_heads) * shape_.head_dim; }
+  // The width of a packed QKV row: q heads, then k heads (head_dim each), then v heads
+  // (v_head_dim each).
+  std::int64_t qkv_width() const { return shape_.qkv_width(); }
   const Master* master(std::size_t i) const { return params_.data() + offsets_[i]; }
   Master* grad(std::size_t i) { return grads_.data() + offsets_[i]; }
   const Act* weight(std::size_t i) const;  // what the GEMMs read
   void refresh_weights();                  // the bf16 copy after a change of the parameters
-  TensorView view(const void* data, DType dtype, std::int64_t heads, std::int64_t stride) const;
+  // [batch, Sl, heads, dim] at `data`, its tokens `stride` elements apart.
+  TensorView view(const void* data, DType dtype, std::int64_t heads, std::int64_t dim,
+                  std::int64_t stride) const;
   // Whether every block keeps its attention output and LSE (one pair is shared when recomputation
   // runs the ring attention again), and which pair is block l's.
   bool keeps_attention() const { return !options_.recompute || !options_.recompute_attention; }

@@ -17,6 +17,7 @@ ModelShape model_shape(const ModelConfig& c) {
   s.q_heads = c.n_heads;
   s.kv_heads = c.n_kv_heads;
   s.head_dim = c.resolved_head_dim();
+  s.v_head_dim = c.resolved_v_head_dim();
   s.ffn_hidden = c.ffn_hidden;
   s.tied_embeddings = c.tied_embeddings;
   return s;
@@ -37,7 +38,7 @@ double mlp_arena_elements(const ModelShape& s, double batch, double local_len, d
   ring.q_heads = s.q_heads;
   ring.kv_heads = s.kv_heads;
   ring.head_dim = s.head_dim;
-  ring.v_head_dim = s.head_dim;
+  ring.v_head_dim = s.v_head_dim;
   ring.dtype = act_dtype;
   return std::max(hidden, std::ceil(ring_workspace_bytes(ring) / act_bytes));
 }

@@ -120,8 +120,8 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
   local_len_ = static_cast<std::int64_t>(positions_.size());
   backend_->set_rope(positions_, shape_.head_dim, config_.rope_theta);
   const std::int64_t n = local_tokens();
-  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, f = shape_.ffn_hidden;
-  const std::int64_t row = qkv_width();
+  const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
+  const std::int64_t row = qkv_width(), o_width = shape_.attention_width();
   constexpr ModelPart kActivations = ModelPart::activations;
   if (options_.mlp_chunk_tokens < 0) {
     ringattn::detail::fail("Model", "mlp_chunk_tokens is ", options_.mlp_chunk_tokens,
@@ -144,12 +144,12 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
                                        : options_.offload ? std::min<std::int64_t>(2, shape_.layers)
                                                           : shape_.layers;
   for (std::int64_t l = 0; l < attention_pairs; ++l) {
-    attn_o_.push_back(allocate<Act>(n * shape_.q_heads * hd, kActivations));
+    attn_o_.push_back(allocate<Act>(n * o_width, kActivations));
     attn_lse_.push_back(allocate<Acc>(n * shape_.q_heads, kActivations));
   }
   for (std::int64_t l = 0; offloads_attention() && l + 2 < shape_.layers; ++l) {
     host_attn_o_.push_back(allocator_.allocate<HostBuffer<Act>>(
-        n * shape_.q_heads * hd, sizeof(Act), Memory::host, ModelPart::offloaded));
+        n * o_width, sizeof(Act), Memory::host, ModelPart::offloaded));
     host_attn_lse_.push_back(allocator_.allocate<HostBuffer<Acc>>(
         n * shape_.q_heads, sizeof(Acc), Memory::host, ModelPart::offloaded));
   }
@@ -182,7 +182,7 @@ Model<B>::Model(const ModelConfig& config, std::int64_t batch, std::int64_t seq_
     dgu_ = allocate<Act>(n * 2 * f, kActivations);
   }
   dqkv_ = allocate<Act>(n * row, kActivations);
-  dout_ = allocate<Act>(n * shape_.q_heads * hd, kActivations);
+  dout_ = allocate<Act>(n * o_width, kActivations);
   if constexpr (!std::is_same_v<Act, Acc>) dqkv_acc_ = allocate<Acc>(n * row, kActivations);
 }
 
@@ -345,23 +345,24 @@ void Model<B>::zero_grad() {
 }
 
 template <class B>
-TensorView Model<B>::view(const void* data, DType dtype, std::int64_t heads,
+TensorView Model<B>::view(const void* data, DType dtype, std::int64_t heads, std::int64_t dim,
                           std::int64_t stride) const {
-  return TensorView::contiguous(const_cast<void*>(data), dtype,
-                                {batch_, local_len_, heads, shape_.head_dim}, B::memory)
-      .with_strides({local_len_ * stride, stride, shape_.head_dim, 1});
+  return TensorView::contiguous(const_cast<void*>(data), dtype, {batch_, local_len_, heads, dim},
+                                B::memory)
+      .with_strides({local_len_ * stride, stride, dim, 1});
 }
 
 template <class B>
 RingForwardArgs Model<B>::ring_forward_args(std::size_t l, Layer& L) {
-  const std::int64_t hd = shape_.head_dim, hq = shape_.q_heads, hkv = shape_.kv_heads;
+  const std::int64_t hd = shape_.head_dim, vhd = shape_.v_head_dim, hq = shape_.q_heads,
+                     hkv = shape_.kv_heads;
   const std::int64_t row = qkv_width();
   const std::size_t a = attention_slot(l);
   RingForwardArgs args;
-  args.q = view(L.qkv.data(), B::act_dtype, hq, row);
-  args.k = view(L.qkv.data() + hq * hd, B::act_dtype, hkv, row);
-  args.v = view(L.qkv.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
-  args.o = view(attn_o_[a].data(), B::act_dtype, hq, hq * hd);
+  args.q = view(L.qkv.data(), B::act_dtype, hq, hd, row);
+  args.k = view(L.qkv.data() + hq * hd, B::act_dtype, hkv, hd, row);
+  args.v = view(L.qkv.data() + (hq + hkv) * hd, B::act_dtype, hkv, vhd, row);
+  args.o = view(attn_o_[a].data(), B::act_dtype, hq, vhd, hq * vhd);
   args.lse = TensorView::contiguous(attn_lse_[a].data(), B::acc_dtype, {batch_, hq, local_len_},
                                     B::memory);
   args.scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -434,7 +435,7 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   const std::int64_t n = local_tokens();
   const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
                      hkv = shape_.kv_heads;
-  const std::int64_t row = qkv_width();
+  const std::int64_t row = qkv_width(), o_width = shape_.attention_width();
   const LayerParams& P = lp_[l];
   const Act* x_in = block_input(l);
   timed("rmsnorm", [&] {
@@ -452,7 +453,7 @@ void Model<B>::layer_forward(std::size_t l, Layer& L, bool recomputing) {
   // x_mid = x_in + o W_o^T
   timed("matmul.wo", [&] {
     be.matmul_forward(L.x_mid.data(), attn_o_[attention_slot(l)].data(), weight(P.wo),
-                      {n, hq * hd, d}, Write::add, x_in);
+                      {n, o_width, d}, Write::add, x_in);
   });
   // Recomputing a tiled block leaves its feed-forward to the backward, chunk by chunk.
   if (recomputing && mlp_tiled()) return;
@@ -696,9 +697,9 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
   run_forward(batch, true);
   B& be = *backend_;
   const std::int64_t n = local_tokens();
-  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
-                     hkv = shape_.kv_heads, v = shape_.vocab;
-  const std::int64_t row = qkv_width();
+  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, vhd = shape_.v_head_dim,
+                     hq = shape_.q_heads, hkv = shape_.kv_heads, v = shape_.vocab;
+  const std::int64_t row = qkv_width(), o_width = shape_.attention_width();
   head_and_loss(true, grad_scale, predictions);
   timed("rmsnorm.backward", [&] {
     be.rmsnorm_backward(dx_.data(), grad(final_norm_), dh_.data(), block_input(lp_.size()),
@@ -745,8 +746,8 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     // x_mid = x_in + o W_o^T
     timed("matmul.wo.backward", [&] {
       be.matmul_backward_weight(grad(P.wo), dx_.data(), attn_o_[attention_slot(l)].data(),
-                                {n, hq * hd, d}, Write::add);
-      be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, hq * hd, d},
+                                {n, o_width, d}, Write::add);
+      be.matmul_backward_input(dout_.data(), dx_.data(), weight(P.wo), {n, o_width, d},
                                Write::overwrite);
     });
     const RingForwardArgs fwd = ring_forward_args(l, L);
@@ -762,8 +763,8 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     args.v = fwd.v;
     args.o = fwd.o;
     args.lse = fwd.lse;
-    args.dout = view(dout_.data(), B::act_dtype, hq, hq * hd);
-    args.dq = view(dqkv_acc, B::acc_dtype, hq, row);
+    args.dout = view(dout_.data(), B::act_dtype, hq, vhd, o_width);
+    args.dq = view(dqkv_acc, B::acc_dtype, hq, hd, row);
     // One cp rank where Act is narrower: the ring's one block call writes dK and dV rounded
     // straight into dqkv_, with k's rotation already undone, which spares the RoPE backward a
     // pass over dK and its fp32 copies.
@@ -771,12 +772,12 @@ cpu::CrossEntropySums Model<B>::forward_backward(const ShardBatch& batch, double
     const bool rounded_keys =
         !std::is_same_v<Act, Acc> && cp_->size() == 1 && (!row_positions_ || batch_ == 1);
     if (rounded_keys) {
-      args.dk = view(dqkv_.data() + hq * hd, B::act_dtype, hkv, row);
-      args.dv = view(dqkv_.data() + (hq + hkv) * hd, B::act_dtype, hkv, row);
+      args.dk = view(dqkv_.data() + hq * hd, B::act_dtype, hkv, hd, row);
+      args.dv = view(dqkv_.data() + (hq + hkv) * hd, B::act_dtype, hkv, vhd, row);
       if constexpr (!std::is_same_v<Act, Acc>) args.key_rotation = be.key_rotation();
     } else {
-      args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, row);
-      args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, row);
+      args.dk = view(dqkv_acc + hq * hd, B::acc_dtype, hkv, hd, row);
+      args.dv = view(dqkv_acc + (hq + hkv) * hd, B::acc_dtype, hkv, vhd, row);
     }
     args.scale = fwd.scale;
     args.causal = true;
@@ -856,9 +857,8 @@ std::string Model<B>::first_non_finite_tensor() {
     }
   }
   const std::int64_t n = local_tokens();
-  const std::int64_t d = shape_.d_model, hd = shape_.head_dim, hq = shape_.q_heads,
-                     f = shape_.ffn_hidden;
-  const std::int64_t row = qkv_width();
+  const std::int64_t d = shape_.d_model, f = shape_.ffn_hidden;
+  const std::int64_t row = qkv_width(), o_width = shape_.attention_width();
   const auto finite = [&](const Act* data, std::int64_t count) {
     return be.all_finite(data, count);
   };
@@ -872,9 +872,9 @@ std::string Model<B>::first_non_finite_tensor() {
   // Block l's attention output, likewise.
   const auto attention_finite = [&](std::size_t l) {
     if (offloads_attention() && !resident_input(l)) {
-      return be.host_all_finite(host_attn_o_[l].data(), n * hq * hd);
+      return be.host_all_finite(host_attn_o_[l].data(), n * o_width);
     }
-    return finite(attn_o_[attention_slot(l)].data(), n * hq * hd);
+    return finite(attn_o_[attention_slot(l)].data(), n * o_width);
   };
   if (!input_finite(0)) return "tok_embedding output";
   for (std::size_t l = 0; l < lp_.size(); ++l) {

@@ -26,9 +26,10 @@ namespace {
 // too long to build (2^31 layers) or whose count passes int64 (d_model 2^30). Exact below 2^53.
 double parameter_count_of(const ModelShape& s) {
   const double d = static_cast<double>(s.d_model);
-  const double qkv_rows = static_cast<double>(s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  const double qkv_rows = static_cast<double>(s.q_heads + s.kv_heads) * s.head_dim +
+                          static_cast<double>(s.kv_heads) * s.v_head_dim;
   const double per_layer = 2.0 * d + qkv_rows * d +
-                           d * static_cast<double>(s.q_heads) * s.head_dim +
+                           d * static_cast<double>(s.q_heads) * s.v_head_dim +
                            3.0 * static_cast<double>(s.ffn_hidden) * d;
   return static_cast<double>(s.vocab) * d * (s.tied_embeddings ? 1.0 : 2.0) + d +
          static_cast<double>(s.layers) * per_layer;
@@ -205,15 +206,17 @@ const char* model_part_keys(ModelPart part) {
   switch (part) {
     case ModelPart::parameters:
       return "model.vocab_size, model.d_model, model.n_layers, model.n_heads, model.n_kv_heads, "
-             "model.head_dim, model.ffn_hidden, model.tied_embeddings";
+             "model.head_dim, model.v_head_dim, model.ffn_hidden, model.tied_embeddings";
     case ModelPart::activations:
       return "train.batch_size, train.seq_len / parallel.cp, model.n_layers, model.d_model, "
-             "model.n_heads, model.n_kv_heads, model.head_dim, model.ffn_hidden, train.recompute";
+             "model.n_heads, model.n_kv_heads, model.head_dim, model.v_head_dim, "
+             "model.ffn_hidden, train.recompute";
     case ModelPart::logits:
       return "train.loss_chunk_tokens, model.vocab_size";
     case ModelPart::offloaded:
       return "train.offload, train.batch_size, train.seq_len / parallel.cp, model.n_layers, "
-             "model.d_model, model.n_heads, model.head_dim, model.ffn_hidden, train.recompute, "
+             "model.d_model, model.n_heads, model.head_dim, model.v_head_dim, model.ffn_hidden, "
+             "train.recompute, "
              "train.recompute_attention";
   }
   return "?";
@@ -224,8 +227,9 @@ ModelMemory model_memory(const ModelShape& s, double local_tokens, const ModelOp
                          int ring_ranks) {
   const double n = local_tokens, d = static_cast<double>(s.d_model);
   const double layers = static_cast<double>(s.layers), f = static_cast<double>(s.ffn_hidden);
-  const double heads_width = static_cast<double>(s.q_heads) * s.head_dim;  // attention output
-  const double qkv_width = static_cast<double>(s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  const double heads_width = static_cast<double>(s.q_heads) * s.v_head_dim;  // attention output
+  const double qkv_width = static_cast<double>(s.q_heads + s.kv_heads) * s.head_dim +
+                           static_cast<double>(s.kv_heads) * s.v_head_dim;
   const double act = element_bytes.act, acc = element_bytes.acc, master = element_bytes.master;
   const double parameters = parameter_count_of(s);
   ModelMemory m;
@@ -316,8 +320,9 @@ void check_run_memory(const TrainConfig& config, Backend backend, double device_
       std::to_string(mc.d_model) + ", model.n_layers " + std::to_string(mc.n_layers) +
       ", model.n_heads " + std::to_string(mc.n_heads) + ", model.n_kv_heads " +
       std::to_string(mc.n_kv_heads) + (mc.head_dim ? ", model.head_dim " : ", head_dim ") +
-      std::to_string(mc.resolved_head_dim()) + ", model.ffn_hidden " +
-      std::to_string(mc.ffn_hidden);
+      std::to_string(mc.resolved_head_dim()) +
+      (mc.v_head_dim ? ", model.v_head_dim " + std::to_string(*mc.v_head_dim) : std::string()) +
+      ", model.ffn_hidden " + std::to_string(mc.ffn_hidden);
   const MemoryLimit host = host_memory_limit();
   const std::vector<StageConfig> stages = run_stages(config.train);
   for (int i = 0; i < static_cast<int>(stages.size()); ++i) {
@@ -401,7 +406,8 @@ RingWorkspace ring_workspace(const ModelShape& s, double local_tokens, double ml
   const double act = element_bytes.act, acc = element_bytes.acc;
   const double d = static_cast<double>(s.d_model), f = static_cast<double>(s.ffn_hidden);
   const double q_heads = static_cast<double>(s.q_heads);
-  const double kv_width = static_cast<double>(s.kv_heads) * 2.0 * s.head_dim;  // K|V a token
+  const double kv_width =
+      static_cast<double>(s.kv_heads) * (static_cast<double>(s.head_dim) + s.v_head_dim);  // K|V
   // Model::ring_forward_args' scratch: in chunks the feed-forward arena alone; else, in its
   // order, dgu_, gate|up, dact_, swiglu, dh_ and h2.
   const std::vector<double> lent =
@@ -430,7 +436,7 @@ RingWorkspace ring_workspace(const ModelShape& s, double local_tokens, double ml
     }
   };
   if (ring_ranks > 1) {
-    call({{running_o, q_heads * s.head_dim * acc}, {kv0, kv_width * act}, {kv1, kv_width * act}});
+    call({{running_o, q_heads * s.v_head_dim * acc}, {kv0, kv_width * act}, {kv1, kv_width * act}});
     if (ring_steps > 2) {
       call({{dkv0, kv_width * acc},
             {dkv1, kv_width * acc},
@@ -477,8 +483,9 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   const double n = local_tokens_of(config);
   const double d = static_cast<double>(s.d_model), f = static_cast<double>(s.ffn_hidden);
   const double layers = static_cast<double>(s.layers), q_heads = static_cast<double>(s.q_heads);
-  const double heads_width = q_heads * s.head_dim;
-  const double qkv_width = static_cast<double>(s.q_heads + 2 * s.kv_heads) * s.head_dim;
+  const double heads_width = q_heads * s.v_head_dim;
+  const double qkv_width = static_cast<double>(s.q_heads + s.kv_heads) * s.head_dim +
+                           static_cast<double>(s.kv_heads) * s.v_head_dim;
   const double parameters = parameter_count_of(s);
   const auto [keeps_attention, device_inputs, attention_blocks, kept_blocks] =
       kept_blocks_of(options, layers);
@@ -514,17 +521,21 @@ MemoryAccount memory_account(const TrainConfig& config, Backend backend) {
   }
   add("kept attention outputs and LSE (" + blocks_text(attention_blocks) + ")",
       attention_blocks * (heads_width * act + q_heads * acc), 0.0,
-      "model.n_layers, model.n_heads, model.head_dim, train.recompute_attention");
+      "model.n_layers, model.n_heads, model.head_dim, model.v_head_dim, "
+      "train.recompute_attention");
   if (options.offload && keeps_attention) {
     add("kept attention outputs offloaded (host)",
         std::max(0.0, layers - 2.0) * (heads_width * act + q_heads * acc), 0.0,
-        "model.n_layers, model.n_heads, model.head_dim, train.offload");
+        "model.n_layers, model.n_heads, model.head_dim, model.v_head_dim, "
+        "train.offload");
     a.lines.back().host = backend != Backend::cpu;
   }
   add("attention working set (" + blocks_text(kept_blocks) + ")",
       kept_blocks * ((2.0 * d + qkv_width) * act + 2.0 * acc) + (qkv_width + heads_width) * act +
           (act != acc ? qkv_width * acc : 0.0),
-      0.0, "model.d_model, model.n_heads, model.n_kv_heads, model.head_dim, train.recompute");
+      0.0,
+      "model.d_model, model.n_heads, model.n_kv_heads, model.head_dim, model.v_head_dim, "
+      "train.recompute");
   if (options.offload && !options.recompute) {
     // Every block's other activations but the last two blocks': h1, qkv, x_mid, the norms'
     // inverses, and untiled the feed-forward's hidden activations.

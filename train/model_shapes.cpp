@@ -7,9 +7,9 @@ namespace ringattn::train {
 void validate(const ModelShape& s) {
   constexpr const char* kWhere = "train::validate(ModelShape)";
   const std::pair<const char*, std::int64_t> fields[] = {
-      {"vocab", s.vocab},          {"d_model", s.d_model},   {"layers", s.layers},
-      {"q_heads", s.q_heads},      {"kv_heads", s.kv_heads}, {"head_dim", s.head_dim},
-      {"ffn_hidden", s.ffn_hidden}};
+      {"vocab", s.vocab},           {"d_model", s.d_model},      {"layers", s.layers},
+      {"q_heads", s.q_heads},       {"kv_heads", s.kv_heads},    {"head_dim", s.head_dim},
+      {"v_head_dim", s.v_head_dim}, {"ffn_hidden", s.ffn_hidden}};
   for (const auto& [name, value] : fields) {
     if (value <= 0) ringattn::detail::fail(kWhere, name, " is ", value, "; expected > 0");
   }
@@ -31,8 +31,8 @@ std::vector<ParameterInfo> parameter_list(const ModelShape& s) {
   for (std::int64_t i = 0; i < s.layers; ++i) {
     const std::string prefix = "layers." + std::to_string(i) + ".";
     add(prefix + "attn_norm", {s.d_model}, false);
-    add(prefix + "wqkv", {(s.q_heads + 2 * s.kv_heads) * s.head_dim, s.d_model}, true);
-    add(prefix + "wo", {s.d_model, s.q_heads * s.head_dim}, true);
+    add(prefix + "wqkv", {s.qkv_width(), s.d_model}, true);
+    add(prefix + "wo", {s.d_model, s.attention_width()}, true);
     add(prefix + "mlp_norm", {s.d_model}, false);
     add(prefix + "w_gate_up", {2 * s.ffn_hidden, s.d_model}, true);
     add(prefix + "w_down", {s.d_model, s.ffn_hidden}, true);
@@ -49,14 +49,15 @@ std::int64_t parameter_count(const ModelShape& s) {
 }
 
 double model_flops_per_token(const ModelShape& s, std::int64_t seq_len) {
-  const double hd_q = static_cast<double>(s.q_heads * s.head_dim);
-  const double qkv = (s.q_heads + 2 * s.kv_heads) * s.head_dim;
-  const double per_layer = static_cast<double>(s.d_model) * (qkv + hd_q) +
+  const double o_width = static_cast<double>(s.attention_width());
+  const double qkv = static_cast<double>(s.qkv_width());
+  const double per_layer = static_cast<double>(s.d_model) * (qkv + o_width) +
                            3.0 * static_cast<double>(s.d_model) * static_cast<double>(s.ffn_hidden);
   const double matrices =
       static_cast<double>(s.layers) * per_layer + static_cast<double>(s.vocab * s.d_model);
+  const double heads_widths = static_cast<double>(s.q_heads * (s.head_dim + s.v_head_dim));
   return 6.0 * matrices +
-         6.0 * static_cast<double>(s.layers) * hd_q * static_cast<double>(seq_len);
+         3.0 * static_cast<double>(s.layers) * heads_widths * static_cast<double>(seq_len);
 }
 
 }  // namespace ringattn::train

@@ -2,7 +2,8 @@
 //
 // Layout: element (t, h, i) of a [tokens, heads, head_dim] view is x[t * token_stride +
 // h * head_dim + i], so q and k can be rotated where they sit inside a packed QKV row
-// (token_stride = (q_heads + 2 kv_heads) * head_dim).
+// (token_stride = (q_heads + kv_heads) * head_dim + kv_heads * v_head_dim: V's heads may be of
+// another width, which the rotation never reads).
 //
 // Pairs are half-split (the GPT-NeoX / Llama convention): dimension i is rotated with dimension
 // i + head_dim / 2, for i < head_dim / 2, by the angle

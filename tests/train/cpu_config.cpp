@@ -31,12 +31,12 @@ TEST(Config, DefaultsAreValidOnTwoRanks) {
 
 TEST(Config, EveryKeyIsListedOnce) {
   const std::vector<std::string>& keys = config_keys();
-  EXPECT_EQ(keys.size(), 55u);
+  EXPECT_EQ(keys.size(), 56u);
   for (const char* key :
-       {"model.head_dim", "train.lr", "train.shard_optimizer", "train.loss_chunk_tokens",
-        "train.mlp_chunk_tokens", "train.offload", "parallel.layout", "data.retrieval.pairs",
-        "run.resume", "train.stages", "model.attention_window", "model.rope_document_positions",
-        "data.documents"}) {
+       {"model.head_dim", "model.v_head_dim", "train.lr", "train.shard_optimizer",
+        "train.loss_chunk_tokens", "train.mlp_chunk_tokens", "train.offload", "parallel.layout",
+        "data.retrieval.pairs", "run.resume", "train.stages", "model.attention_window",
+        "model.rope_document_positions", "data.documents"}) {
     EXPECT_EQ(std::count(keys.begin(), keys.end(), key), 1) << key;
   }
 }
@@ -48,11 +48,9 @@ TrainConfig random_config(std::mt19937_64& rng) {
   auto real = [&](double scale) { return scale * (0.5 + unit(rng)); };
   auto integer = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   TrainConfig c;
-  c.model = {integer(300, 5000), integer(65, 999), integer(3, 9),     integer(5, 9),
-             integer(3, 4),      integer(17, 99),  integer(177, 999), false,
-             real(1e5),          real(1e-6),       real(1e-2)};
-  c.model.attention_window = integer(1, 9999);
-  c.model.rope_document_positions = false;
+  c.model = {integer(300, 5000), integer(65, 999), integer(3, 9),     integer(5, 9), integer(3, 4),
+             integer(17, 99),    integer(17, 99),  integer(177, 999), false,         real(1e5),
+             real(1e-6),         real(1e-2),       integer(1, 9999),  false};
   c.train.seq_len = integer(257, 9999);
   c.train.batch_size = integer(9, 99);
   c.train.grad_accum = integer(2, 9);
@@ -115,6 +113,7 @@ TEST(Config, DumpOmitsAnUnsetHeadDimAndKeepsEmptyStrings) {
   EXPECT_NE(yaml.find("min_lr: 3.0e-04"), std::string::npos) << yaml;
   const TrainConfig loaded = load_config_string(yaml, "<dump>");
   EXPECT_FALSE(loaded.model.head_dim.has_value());
+  EXPECT_FALSE(loaded.model.v_head_dim.has_value());
   EXPECT_EQ(loaded.run.resume, "");
   EXPECT_TRUE(loaded == defaults) << yaml;
 }
@@ -374,6 +373,10 @@ INSTANTIATE_TEST_SUITE_P(
                      [](TrainConfig& c) { c.model.head_dim = 15; },
                      2,
                      {"head dimension 15 (model.head_dim) is odd", "RoPE"}},
+        ValidateCase{"v_head_dim",
+                     [](TrainConfig& c) { c.model.v_head_dim = 0; },
+                     2,
+                     {"model.v_head_dim is 0; expected at least 1"}},
         ValidateCase{"zigzag_seq_len",
                      [](TrainConfig& c) { c.train.seq_len = 250; },
                      2,
@@ -582,6 +585,65 @@ TEST(Config, CudaBackendRefusesHeadDimsWithoutKernels) {
     c.model.head_dim = head_dim;
     EXPECT_NO_THROW(validate(c, 2)) << "model.head_dim " << head_dim;
   }
+}
+
+// model.v_head_dim: absent, the head dimension (d_model / n_heads or model.head_dim); given, from
+// a file or --set, V's own width, which may be odd (RoPE rotates q and k alone), and a dump keeps
+// it.
+TEST(Config, VHeadDimFollowsTheHeadDimUnlessGiven) {
+  EXPECT_EQ(TrainConfig{}.model.resolved_v_head_dim(), 16);  // 64 / 4
+  EXPECT_EQ(load_config_string("model:\n  head_dim: 32\n", "<yaml>").model.resolved_v_head_dim(),
+            32);
+  const TrainConfig file =
+      load_config_string("model:\n  head_dim: 8\n  v_head_dim: 13\n", "<yaml>");
+  EXPECT_EQ(file.model.v_head_dim, 13);
+  EXPECT_EQ(file.model.resolved_head_dim(), 8);
+  EXPECT_EQ(file.model.resolved_v_head_dim(), 13);
+  EXPECT_NO_THROW(validate(file, 2));
+  const std::string yaml = dump_config(file);
+  EXPECT_NE(yaml.find("v_head_dim: 13"), std::string::npos) << yaml;
+  EXPECT_TRUE(load_config_string(yaml, "<dump>") == file) << yaml;
+  TrainConfig set;
+  apply_overrides(set, std::vector<std::string>{"model.head_dim=8", "model.v_head_dim=13"});
+  EXPECT_TRUE(set == file);
+  EXPECT_NE(config_items(set).find("model.v_head_dim 13"), std::string::npos);
+  EXPECT_TRUE(throws_error_with([&] { apply_override(set, "model.v_head_dim=wide"); },
+                                {"model.v_head_dim", "wide"}));
+}
+
+// The CUDA block holds one head dim for Q K^T and P V: on the cuda backend a model.v_head_dim
+// other than the head dimension is refused naming both values, whether the head dimension is
+// given or derived; the same v_head_dim as the head dim passes, and the cpu backend takes any.
+TEST(Config, CudaBackendRefusesAVHeadDimOfItsOwn) {
+  const std::int64_t head_dim = test::kBuiltCudaHeadDims[0];
+  const std::string takes = "; the CUDA block takes d_v = d_qk";
+  TrainConfig c;
+  c.model.n_heads = 4;
+  c.model.n_kv_heads = 2;
+  c.model.d_model = static_cast<int>(4 * head_dim);
+  c.model.v_head_dim = static_cast<int>(head_dim + 8);
+  EXPECT_NO_THROW(validate(c, 2));
+  const std::string derived = "model.v_head_dim is " + std::to_string(head_dim + 8) +
+                              " and the head dimension (model.d_model / model.n_heads) is " +
+                              std::to_string(head_dim) + takes;
+  EXPECT_TRUE(
+      throws_error_with([&] { validate_for_cuda(c); }, {derived}, ErrorKind::invalid_argument));
+  c.run.backend = Backend::cuda;
+  EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"validate_config: ", derived},
+                                ErrorKind::invalid_argument));
+  c.model.d_model = 512;
+  c.model.head_dim = static_cast<int>(head_dim);
+  c.model.v_head_dim = 12;
+  EXPECT_TRUE(
+      throws_error_with([&] { validate(c, 2); },
+                        {"model.v_head_dim is 12 and the head dimension (model.head_dim) is " +
+                         std::to_string(head_dim) + takes}));
+  c.model.v_head_dim = static_cast<int>(head_dim);
+  EXPECT_NO_THROW(validate(c, 2));
+  EXPECT_NO_THROW(validate_for_cuda(c));
+  c.model.v_head_dim = 12;
+  c.run.backend = Backend::cpu;
+  EXPECT_NO_THROW(validate(c, 2));
 }
 
 // train.stages: a YAML list in a file, the same list through --set, read back from a dump; given

@@ -154,7 +154,8 @@ struct AccountCase {
 };
 
 // Untiled and tiled feed-forward blocks, each recomputation mode, 1, 2 and 4 ranks, sharded
-// moments, the zigzag layout and a window that shortens the ring.
+// moments, the zigzag layout, a window that shortens the ring, and V heads wider and narrower than
+// the head dimension (model.v_head_dim).
 std::vector<AccountCase> account_cases() {
   std::vector<AccountCase> cases;
   for (const int cp : {1, 2, 4}) {
@@ -189,6 +190,19 @@ std::vector<AccountCase> account_cases() {
   offload_chunks.train.offload = Offload::on;
   offload_chunks.train.mlp_chunk_tokens = 40;
   cases.push_back({"offload in chunks", offload_chunks});
+  TrainConfig wide_v = account_run(2, 320);  // d_qk 16, d_v 24
+  wide_v.model.v_head_dim = 24;
+  cases.push_back({"v_head_dim 24", wide_v});
+  TrainConfig narrow_v = account_run(4, 512);  // d_v 8, the ring's workspace in the arena
+  narrow_v.model.v_head_dim = 8;
+  narrow_v.train.recompute = true;
+  narrow_v.train.mlp_chunk_tokens = 16;
+  cases.push_back({"v_head_dim 8 in chunks", narrow_v});
+  TrainConfig offload_v = account_run(2, 320);
+  offload_v.model.n_layers = 4;
+  offload_v.model.v_head_dim = 12;
+  offload_v.train.offload = Offload::on;
+  cases.push_back({"offload, v_head_dim 12", offload_v});
   return cases;
 }
 
@@ -227,24 +241,27 @@ double model_and_ring_bytes(const TrainConfig& c, ModelElementBytes e) {
 
 // What the offload keeps in host memory: max(0, n_layers - 2) blocks' inputs ([tokens a rank,
 // d_model] activations); where every block keeps its attention output, their attention outputs
-// ([tokens, heads x head_dim] activations) and LSEs ([heads, tokens] statistics); and without
+// ([tokens, heads x v_head_dim] activations) and LSEs ([heads, tokens] statistics); and without
 // recompute their other activations: h1 and x_mid ([tokens, d_model]), qkv ([tokens, (heads +
-// 2 kv_heads) x head_dim]), the two norms' inverses (statistics) and, where the feed-forward is
-// not in chunks, h2 ([tokens, d_model]), gate|up ([tokens, 2 ffn_hidden]) and swiglu ([tokens,
-// ffn_hidden]).
+// kv_heads) x head_dim + kv_heads x v_head_dim]), the two norms' inverses (statistics) and, where
+// the feed-forward is not in chunks, h2 ([tokens, d_model]), gate|up ([tokens, 2 ffn_hidden]) and
+// swiglu ([tokens, ffn_hidden]).
 double offloaded_bytes(const TrainConfig& c, ModelElementBytes e) {
   if (c.train.offload != Offload::on) return 0.0;
   const double n = static_cast<double>(c.train.batch_size) * c.train.seq_len / c.parallel.cp;
-  const double heads = c.model.n_heads, head_dim = c.model.resolved_head_dim();
+  const double heads = c.model.n_heads, kv_heads = c.model.n_kv_heads;
+  const double head_dim = c.model.resolved_head_dim();
+  const double v_head_dim = c.model.v_head_dim.value_or(c.model.resolved_head_dim());
   const double d = c.model.d_model, f = c.model.ffn_hidden;
   const bool keeps_attention = !c.train.recompute || !c.train.recompute_attention;
   double other = 0.0;
   if (!c.train.recompute) {
-    other = (2.0 * d + (heads + 2.0 * c.model.n_kv_heads) * head_dim) * e.act + 2.0 * e.acc;
+    const double qkv = (heads + kv_heads) * head_dim + kv_heads * v_head_dim;
+    other = (2.0 * d + qkv) * e.act + 2.0 * e.acc;
     if (c.train.mlp_chunk_tokens == 0) other += (d + 3.0 * f) * e.act;
   }
   return std::max(0, c.model.n_layers - 2) * n *
-         (d * e.act + (keeps_attention ? heads * (head_dim * e.act + e.acc) : 0.0) + other);
+         (d * e.act + (keeps_attention ? heads * (v_head_dim * e.act + e.acc) : 0.0) + other);
 }
 
 // The lines sum to model_memory() plus the ring's own workspace (on the cuda backend plus its
@@ -392,6 +409,7 @@ TEST(MemoryAccount, RingWorkspaceMirrorsThePlacement) {
   shape.q_heads = 4;
   shape.kv_heads = 2;
   shape.head_dim = 16;
+  shape.v_head_dim = 16;
   shape.ffn_hidden = 8;
   const RingWorkspace three = ring_workspace(shape, 64, 64, 3, 3, kCudaModelElements);
   EXPECT_EQ(three.bytes, 65536.0);
@@ -408,8 +426,30 @@ TEST(MemoryAccount, RingWorkspaceMirrorsThePlacement) {
   EXPECT_EQ(ring_workspace(shape, 64, 64, 3, 3, kCudaModelElements).bytes, 0.0);
 }
 
-// Every buffer of the small CPU model below on one rank, its bytes written out from
-// train/model_impl.hpp's constructor: 4 bytes an element (fp32 everywhere). In chunks, the
+// The same by hand with V heads of 8 (d_model 64 again): K|V is 2 x (16 + 8) x 2 = 96 bytes a
+// token (6144), dK|dV 192 (12288), the running output 4 x 8 x 4 = 128 (8192). Forward: the
+// running output fills dh, K|V 0 takes h2, K|V 1 fits nowhere: its own. Backward over 3 steps:
+// dK|dV 0, 1 and the step buffer fit none; K|V 0 and 1 take dh and h2; delta takes dgu. Own:
+// 96 + 3 x 192 = 672 bytes a token; over 2 steps 192 fewer.
+TEST(MemoryAccount, RingWorkspaceMirrorsThePlacementWithNarrowV) {
+  ModelShape shape;
+  shape.vocab = 256;
+  shape.d_model = 64;
+  shape.layers = 2;
+  shape.q_heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 16;
+  shape.v_head_dim = 8;
+  shape.ffn_hidden = 8;
+  const RingWorkspace three = ring_workspace(shape, 64, 64, 3, 3, kCudaModelElements);
+  EXPECT_EQ(three.bytes_per_token, 672.0);
+  EXPECT_EQ(three.bytes, 672.0 * 64);
+  EXPECT_EQ(ring_workspace(shape, 64, 64, 3, 2, kCudaModelElements).bytes, 480.0 * 64);
+}
+
+// Every buffer of the small CPU model below on one rank (V heads of model.v_head_dim where given),
+// its bytes written out from train/model_impl.hpp's constructor: 4 bytes an element (fp32
+// everywhere). In chunks, the
 // feed-forward arena holds a chunk's h2, gate|up, swiglu, dact and dgu, each from a 256-byte
 // boundary, or the ring's workspace (delta: tokens x 4 heads x 4 bytes, rounded up to 256 bytes,
 // and 256 more for its start) where that is more. Untiled, the lent dh (tokens x 64 x 4 bytes)
@@ -417,7 +457,8 @@ TEST(MemoryAccount, RingWorkspaceMirrorsThePlacement) {
 double brute_force_bytes(const TrainConfig& c) {
   const std::int64_t n = std::int64_t{c.train.batch_size} * c.train.seq_len;  // one rank
   const std::int64_t d = 64, layers = 3, hq = 4, hkv = 2, hd = 16, f = 176, vocab = 256;
-  const std::int64_t row = (hq + 2 * hkv) * hd;
+  const std::int64_t vhd = c.model.v_head_dim.value_or(hd);
+  const std::int64_t row = (hq + hkv) * hd + hkv * vhd;
   const std::int64_t key = c.train.mlp_chunk_tokens;
   const std::int64_t chunk = std::min(n, key > 0 ? key : c.train.recompute ? 16384 : n);
   const bool tiled = chunk < n;
@@ -426,7 +467,7 @@ double brute_force_bytes(const TrainConfig& c) {
   std::vector<std::int64_t> elements = {p, p, p, p};  // weights, gradients, two moments
   for (std::int64_t l = 0; l <= layers; ++l) elements.push_back(n * d);  // x_in
   for (std::int64_t l = 0; l < layers; ++l) {                            // attn_o, attn_lse
-    elements.push_back(n * hq * hd);
+    elements.push_back(n * hq * vhd);
     elements.push_back(n * hq);
   }
   for (std::int64_t l = 0; l < kept; ++l) {  // inv1, inv2, h1, qkv, x_mid (h2, gu, act)
@@ -446,7 +487,7 @@ double brute_force_bytes(const TrainConfig& c) {
     elements.push_back(n * 2 * f);  // dgu
   }
   const std::int64_t logits = std::min<std::int64_t>(n, c.train.loss_chunk_tokens) * vocab;
-  for (const std::int64_t e : {n, n * d, logits, n * d, n * d, n * row, n * hq * hd}) {
+  for (const std::int64_t e : {n, n * d, logits, n * d, n * d, n * row, n * hq * vhd}) {
     elements.push_back(e);  // inv_f, hf, logits, dh, dx, dqkv, dout
   }
   double bytes = 0.0;
@@ -482,6 +523,15 @@ TEST(MemoryAccount, LongestFittingSeqLenIsTheLast) {
   EXPECT_LE(brute_force_bytes(untiled), 8 * 0x1p20);
   untiled.train.seq_len += 2;
   EXPECT_GT(brute_force_bytes(untiled), 8 * 0x1p20);
+  for (const int v_head_dim : {8, 24, 33}) {  // V of its own width, tiled and not
+    TrainConfig v = brute;
+    v.model.v_head_dim = v_head_dim;
+    v.train.seq_len = 256;
+    EXPECT_EQ(memory_account(v, Backend::cpu).peak_bytes(), brute_force_bytes(v)) << v_head_dim;
+    v.train.recompute = false;
+    v.train.mlp_chunk_tokens = 0;
+    EXPECT_EQ(memory_account(v, Backend::cpu).peak_bytes(), brute_force_bytes(v)) << v_head_dim;
+  }
 
   for (const AccountCase& k : account_cases()) {
     for (const int gpus : {1, 2, 4, 8}) {

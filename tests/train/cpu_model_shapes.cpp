@@ -1,5 +1,7 @@
 // The transformer's parameter list (train/model_shapes): names, shapes and order; the parameter
-// count of the 188M shape against the formula written out here; validation.
+// count of the 188M shape against the formula written out here; a V head width of its own
+// (v_head_dim, as in multi-head latent attention) in the shapes, the count and the FLOPs, counted
+// by hand; validation.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -23,19 +25,21 @@ ModelShape shape_188m(bool tied) {
           .q_heads = 8,
           .kv_heads = 8,
           .head_dim = 128,
+          .v_head_dim = 128,
           .ffn_hidden = 2816,
           .tied_embeddings = tied};
 }
 
 // The count written out term by term.
 std::int64_t formula(const ModelShape& s) {
-  const std::int64_t d = s.d_model, hd = s.head_dim;
-  const std::int64_t per_layer = d                                        // attn_norm
-                                 + (s.q_heads + 2 * s.kv_heads) * hd * d  // wqkv
-                                 + d * s.q_heads * hd                     // wo
-                                 + d                                      // mlp_norm
-                                 + 2 * s.ffn_hidden * d                   // w_gate_up
-                                 + d * s.ffn_hidden;                      // w_down
+  const std::int64_t d = s.d_model, hd = s.head_dim, vhd = s.v_head_dim;
+  const std::int64_t qkv_rows = (s.q_heads + s.kv_heads) * hd + s.kv_heads * vhd;
+  const std::int64_t per_layer = d                       // attn_norm
+                                 + qkv_rows * d          // wqkv
+                                 + d * s.q_heads * vhd   // wo
+                                 + d                     // mlp_norm
+                                 + 2 * s.ffn_hidden * d  // w_gate_up
+                                 + d * s.ffn_hidden;     // w_down
   const std::int64_t embeddings = s.vocab * d * (s.tied_embeddings ? 1 : 2);
   return embeddings + s.layers * per_layer + d;  // + final_norm
 }
@@ -62,6 +66,7 @@ TEST(ModelShapes, ListsEveryTensorInOrder) {
                      .q_heads = 4,
                      .kv_heads = 2,
                      .head_dim = 3,
+                     .v_head_dim = 3,
                      .ffn_hidden = 5};
   const std::vector<ParameterInfo> list = parameter_list(s);
   struct Expected {
@@ -108,6 +113,50 @@ TEST(ModelShapes, RejectsBadShapes) {
   s.kv_heads = 8;
   s.ffn_hidden = 0;
   EXPECT_TRUE(test::ThrowsNaming([&] { validate(s); }, {"ffn_hidden is 0", "expected > 0"}));
+  s.ffn_hidden = 2816;
+  s.v_head_dim = 0;
+  EXPECT_TRUE(test::ThrowsNaming([&] { validate(s); }, {"v_head_dim is 0", "expected > 0"}));
+}
+
+// d_qk 4, d_v 6 (4 query heads on 2 K/V heads): wqkv's rows are q's 4 x 4, k's 2 x 4 and v's
+// 2 x 6 = 36, wo takes the 4 x 6 = 24 wide attention output. Counted by hand: the embedding
+// 11 x 6 = 66; a layer 6 + 36 x 6 + 6 x 24 + 6 + 10 x 6 + 6 x 5 = 462, two of them; the final
+// norm 6; the untied head 66: 1062 (996 tied). FLOPs a token at seq 10: 6 x the matrices (2 x
+// (216 + 144 + 60 + 30) + the head's 66 = 966) = 5796, and the causal attention products, QK^T
+// over d_qk and PV over d_v at 2 FLOPs a multiply-add, forward and backward (x3), half the
+// square: 2 x (4 + 6) x 3 x 0.5 x 2 layers x 4 heads x 10 = 2400.
+TEST(ModelShapes, OwnVHeadDimWidensVAndTheOutputProjection) {
+  const ModelShape s{.vocab = 11,
+                     .d_model = 6,
+                     .layers = 2,
+                     .q_heads = 4,
+                     .kv_heads = 2,
+                     .head_dim = 4,
+                     .v_head_dim = 6,
+                     .ffn_hidden = 5};
+  EXPECT_EQ(s.qkv_width(), 36);
+  EXPECT_EQ(s.attention_width(), 24);
+  const std::vector<ParameterInfo> list = parameter_list(s);
+  ASSERT_EQ(list.size(), 15u);
+  for (const int layer : {0, 1}) {
+    const ParameterInfo& wqkv = list[2 + 6 * layer];
+    const ParameterInfo& wo = list[3 + 6 * layer];
+    EXPECT_EQ(wqkv.name, "layers." + std::to_string(layer) + ".wqkv");
+    EXPECT_EQ(wqkv.shape, (std::vector<std::int64_t>{36, 6}));
+    EXPECT_EQ(wo.name, "layers." + std::to_string(layer) + ".wo");
+    EXPECT_EQ(wo.shape, (std::vector<std::int64_t>{6, 24}));
+  }
+  EXPECT_EQ(parameter_count(s), 1062);
+  EXPECT_EQ(parameter_count(s), formula(s));
+  ModelShape tied = s;
+  tied.tied_embeddings = true;
+  EXPECT_EQ(parameter_count(tied), 996);
+  EXPECT_EQ(model_flops_per_token(s, 10), 5796.0 + 2400.0);
+  // d_v = d_qk gives the formula of one head dim, 6 x layers x heads x d x seq.
+  ModelShape same = s;
+  same.v_head_dim = 4;
+  const double matrices = 2.0 * (32 * 6 + 6 * 16 + 60 + 30) + 66;  // 822
+  EXPECT_EQ(model_flops_per_token(same, 10), 6.0 * matrices + 6.0 * 2 * 4 * 4 * 10);
 }
 
 // The FLOPs per token against a count made from the parameter list (every matrix's elements, the

@@ -1,13 +1,15 @@
 // ringattn-mpi-ranks: 1 2
 // What a Model allocates is what model_memory() predicts, part by part, for the shapes and options
-// that change its buffers (GQA, untied embeddings, loss chunks, recomputation with and without the
-// attention, the feed-forward block in chunks, the blocks' inputs offloaded, cp ranks, fp32 and
-// fp64): the trainer's check before step 1 is then the model's own account. And an allocation that cannot be made is an Error naming the part, its bytes and the
-// config keys that size it, not a bare std::bad_alloc or max_size() message.
+// that change its buffers (GQA, untied embeddings, V heads of their own width, loss chunks,
+// recomputation with and without the attention, the feed-forward block in chunks, the blocks'
+// inputs offloaded, cp ranks, fp32 and fp64): the trainer's check before step 1 is then the
+// model's own account. And an allocation that cannot be made is an Error naming the part, its
+// bytes and the config keys that size it, not a bare std::bad_alloc or max_size() message.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "parallel/communicator.hpp"
@@ -21,8 +23,11 @@ namespace {
 
 using test::throws_error_with;
 
-ModelConfig small_model(int layers, bool tied, int kv_heads) {
+// Heads of 16 / 4 = 4; V's of v_head_dim where given.
+ModelConfig small_model(int layers, bool tied, int kv_heads,
+                        std::optional<int> v_head_dim = std::nullopt) {
   ModelConfig m;
+  m.v_head_dim = v_head_dim;
   m.vocab_size = 40;
   m.d_model = 16;
   m.n_layers = layers;
@@ -76,6 +81,12 @@ TEST(ModelAllocation, WhatTheModelAllocatesIsPredicted) {
        true},
       {"offload, recompute attention, chunks of 3", small_model(5, true, 2), true, true, 8192, 3,
        true},
+      {"v_head_dim 6, GQA", small_model(2, true, 2, 6), false, false, 8192},
+      {"v_head_dim 3, untied, recompute, chunks of 5", small_model(3, false, 4, 3), true, false, 5,
+       0},
+      {"v_head_dim 10, recompute attention, feed-forward in chunks of 2",
+       small_model(2, true, 1, 10), true, true, 8192, 2},
+      {"v_head_dim 6, offload, 4 layers", small_model(4, false, 2, 6), false, false, 8192, 0, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
