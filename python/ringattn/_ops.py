@@ -256,14 +256,18 @@ def _functorch_active():
     return active is None or active()
 
 
+def plain_eager(q, k, v):
+    """Whether a call is plain eager on real tensors: not under torch.compile or a torch.func
+    transform, exact torch.Tensor inputs (no fake, meta or subclass tensors) on CPU or CUDA. Such
+    a call may skip the custom op's dispatch for one autograd.Function of the same code."""
+    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and q.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
+            and not _functorch_active())
+
+
 def eager_attention(q, k, v, document_starts, *args):
     """(O, LSE) of attention_forward's arguments: through _EagerAttention where the call is plain
-    eager on real tensors (not under torch.compile or a torch.func transform, exact
-    torch.Tensor inputs: no fake, meta or subclass tensors), else through the custom op, which
-    handles those."""
-    plain = (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-             and q.device.type in ("cpu", "cuda") and not torch.compiler.is_compiling()
-             and not _functorch_active())
-    if plain:
+    eager (plain_eager), else through the custom op, which handles the rest."""
+    if plain_eager(q, k, v):
         return _EagerAttention.apply(q, k, v, document_starts, *args)
     return attention_forward(q, k, v, document_starts, *args)

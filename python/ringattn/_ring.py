@@ -5,7 +5,8 @@ _destroy).
 The forward and backward are the custom ops ringattn::ring_forward and ringattn::ring_backward:
 a ring handle is no tensor, so the ops take the ring's id, an int, and look the ring up in a
 registry of the live ones. Each op has a fake implementation, so torch.compile traces through a
-ring call as one opaque node, like ringattn.attention's.
+ring call as one opaque node, like ringattn.attention's. A plain eager call skips the ops'
+dispatch: _EagerRing runs the same two implementations as one autograd node.
 
 Every ring call is collective. A failure the library finds (a bad shape on any rank, ranks that
 disagree) is agreed between the ranks before any transfer, so every rank raises the same
@@ -26,7 +27,7 @@ from ringattn import _capi
 from ringattn._capi import RingattnError
 from ringattn._layout import check_layout, positions, shard, unshard
 from ringattn._ops import (_accumulator_dtype, _device, _stream, _viewable, check_documents,
-                           documents_for_c, window_pair)
+                           documents_for_c, plain_eager, window_pair)
 
 DEVICES = {"cpu": _capi.HOST, "cuda": _capi.DEVICE}
 
@@ -172,8 +173,12 @@ class RingAttention:
             scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if q.dim() else 1.0
         window_left, window_right = window_pair(window, "ringattn.RingAttention")
         check_documents(document_starts, q, "ringattn.RingAttention")  # before the op's schema
-        o, lse = ring_forward(q, k, v, document_starts, self.ring_id, bool(causal), float(scale),
-                              window_left, window_right, bool(return_lse), bool(deterministic))
+        args = (self.ring_id, bool(causal), float(scale), window_left, window_right,
+                bool(return_lse), bool(deterministic))
+        if plain_eager(q, k, v):
+            o, lse = _EagerRing.apply(q, k, v, document_starts, *args)
+        else:
+            o, lse = ring_forward(q, k, v, document_starts, *args)
         return (o, lse) if return_lse else o
 
     def positions(self, seq_len, *, device=None):
@@ -250,10 +255,8 @@ def _output_shapes(q, v):
     return (batch, local_len, q_heads, v.shape[-1]), (batch, q_heads, local_len)
 
 
-@torch.library.custom_op("ringattn::ring_forward", mutates_args=())
-def ring_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tensor],
-                 ring_id: int, causal: bool, scale: float, window_left: int, window_right: int,
-                 lse_grad: bool, deterministic: bool) -> tuple[Tensor, Tensor]:
+def _ring_forward_impl(q, k, v, document_starts, ring_id, causal, scale, window_left,
+                       window_right, lse_grad, deterministic):
     """This rank's O [B, Sl, Hq, Dv] in q's dtype and LSE [B, Hq, Sl] in the accumulator dtype.
     lse_grad and deterministic are the backward's (kept with the forward's arguments for it)."""
     ring = _ring(ring_id)
@@ -270,6 +273,15 @@ def ring_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tens
     with _device(q):
         ring._lib.ring_forward(ring._handle, params, _stream(q))
     return o, lse
+
+
+@torch.library.custom_op("ringattn::ring_forward", mutates_args=())
+def ring_forward(q: Tensor, k: Tensor, v: Tensor, document_starts: Optional[Tensor],
+                 ring_id: int, causal: bool, scale: float, window_left: int, window_right: int,
+                 lse_grad: bool, deterministic: bool) -> tuple[Tensor, Tensor]:
+    """This rank's O [B, Sl, Hq, Dv] in q's dtype and LSE [B, Hq, Sl] in the accumulator dtype."""
+    return _ring_forward_impl(q, k, v, document_starts, ring_id, causal, scale, window_left,
+                              window_right, lse_grad, deterministic)
 
 
 @ring_forward.register_fake
@@ -295,11 +307,8 @@ def _with_lse_gradient(v, o, dout, dlse):
             torch.cat([dout, ones], -1))
 
 
-@torch.library.custom_op("ringattn::ring_backward", mutates_args=())
-def ring_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
-                  v: Tensor, o: Tensor, lse: Tensor, document_starts: Optional[Tensor],
-                  ring_id: int, causal: bool, scale: float, window_left: int, window_right: int,
-                  lse_grad: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _ring_backward_impl(dout, dlse, q, k, v, o, lse, document_starts, ring_id, causal, scale,
+                        window_left, window_right, lse_grad, deterministic):
     """dQ, dK, dV of this rank's shards, in the inputs' dtype, from the forward's saved O and
     LSE. dout (of O) and dlse (of LSE) may be None: no gradient reached them. With lse_grad (the
     forward's return_lse) the CPU ring takes dlse through an extra column (_with_lse_gradient),
@@ -336,6 +345,16 @@ def ring_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: 
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+@torch.library.custom_op("ringattn::ring_backward", mutates_args=())
+def ring_backward(dout: Optional[Tensor], dlse: Optional[Tensor], q: Tensor, k: Tensor,
+                  v: Tensor, o: Tensor, lse: Tensor, document_starts: Optional[Tensor],
+                  ring_id: int, causal: bool, scale: float, window_left: int, window_right: int,
+                  lse_grad: bool, deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """dQ, dK, dV of this rank's shards, in the inputs' dtype (_ring_backward_impl)."""
+    return _ring_backward_impl(dout, dlse, q, k, v, o, lse, document_starts, ring_id, causal,
+                               scale, window_left, window_right, lse_grad, deterministic)
+
+
 @ring_backward.register_fake
 def _(dout, dlse, q, k, v, o, lse, document_starts, ring_id, causal, scale, window_left,
       window_right, lse_grad, deterministic):
@@ -361,3 +380,24 @@ def _backward(ctx, dout, dlse):
 
 
 ring_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerRing(torch.autograd.Function):
+    """The ring's two implementations as one autograd node, for plain eager calls (plain_eager).
+    Gradients that did not reach O or LSE arrive as None; the node holds its ring open until the
+    backward has run, like the custom op's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, document_starts, ring_id, *args):
+        ctx.set_materialize_grads(False)
+        o, lse = _ring_forward_impl(q, k, v, document_starts, ring_id, *args)
+        ctx.save_for_backward(q, k, v, o, lse, document_starts)
+        ctx.args = (ring_id,) + args
+        ctx.ring = _ring(ring_id)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, o, lse, document_starts = ctx.saved_tensors
+        dq, dk, dv = _ring_backward_impl(dout, dlse, q, k, v, o, lse, document_starts, *ctx.args)
+        return (dq, dk, dv, None) + (None,) * len(ctx.args)

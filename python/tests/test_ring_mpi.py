@@ -186,6 +186,35 @@ def test_two_identical_calls_are_bitwise_equal_and_views_are_taken(gen, layout):
     agree(failures)
 
 
+def test_eager_path_is_bitwise_the_custom_op(gen):
+    """A plain eager ring call goes through one autograd.Function (no custom-op dispatch): the
+    same O, LSE and gradients, bitwise, as the custom op that torch.compile and fake tensors
+    use, with documents, a window and a gradient reaching the LSE (the CPU ring's extra column)."""
+    problem = Problem(gen, (2, 48, 4, 2, 8, 6), torch.float64, True)
+    starts = torch.tensor([5, 17, 30])
+    results = []
+    with ringattn.RingAttention(COMM, "zigzag") as ring:
+        q, k, v, do = (ring.shard(t) for t in (problem.q, problem.k, problem.v, problem.do))
+        dlse = ring.shard(problem.dlse, dim=2)
+        for eager in (True, False):
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            if eager:
+                o, lse = ring(*leaves, causal=True, window=(9, None), document_starts=starts,
+                              return_lse=True)
+            else:
+                o, lse = torch.ops.ringattn.ring_forward(*leaves, starts, ring.ring_id, True,
+                                                         1.0 / math.sqrt(8), 9, 0, True, False)
+            torch.autograd.backward((o, lse), (do, dlse))
+            results.append([o.detach(), lse.detach()] + [t.grad for t in leaves]
+                           + [type(o.grad_fn).__name__])
+    eager, op = results
+    failures = [] if "EagerRing" in eager[5] and "EagerRing" not in op[5] else [
+        f"graph nodes {eager[5]} (eager) and {op[5]} (custom op)"]
+    failures += [f"{name} of the eager path differs from the custom op's"
+                 for name, a, b in zip(NAMES, eager[:5], op[:5]) if not torch.equal(a, b)]
+    agree(failures)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_positions_are_the_library_layout(layout):
     """The library's own positions, read from its output: with q = k = 0 every visible key
