@@ -6,7 +6,9 @@
 #include <mpi.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "parallel/communicator.hpp"
@@ -43,6 +45,61 @@ inline Outputs broadcast_from_rank0(const Outputs& mine, const AttentionShape& s
               MPI_SUCCESS);
   }
   return out;
+}
+
+// A ring call's outputs on the host: O and LSE (NaN until written), dQ, dK and dV (filled with
+// `gradient_fill`), for the shape `s` (a rank's shard, or the whole sequence).
+template <typename T>
+struct OutputTensors {
+  HostTensor<T> o, lse, dq, dk, dv;
+
+  explicit OutputTensors(const AttentionShape& s,
+                         T gradient_fill = std::numeric_limits<T>::quiet_NaN())
+      : o({s.batch, s.q_len, s.q_heads, s.value_dim()}),
+        lse({s.batch, s.q_heads, s.q_len}),
+        dq({s.batch, s.q_len, s.q_heads, s.head_dim}, gradient_fill),
+        dk({s.batch, s.k_len, s.kv_heads, s.head_dim}, gradient_fill),
+        dv({s.batch, s.k_len, s.kv_heads, s.value_dim()}, gradient_fill) {}
+
+  std::array<HostTensor<T>*, 5> all() { return {&o, &lse, &dq, &dk, &dv}; }
+  Outputs values() const {
+    return {o.values(), lse.values(), dq.values(), dk.values(), dv.values()};
+  }
+};
+
+// The ring's forward and backward of this rank's shards under `mask` (its causal flag, window
+// and documents; q_start and k_start unused) into `out`.
+template <typename T>
+void run_ring(RingAttention& ring, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& dout, OutputTensors<T>& out, double scale, const Mask& mask) {
+  RingForwardArgs forward;
+  forward.q = q;
+  forward.k = k;
+  forward.v = v;
+  forward.o = out.o.view;
+  forward.lse = out.lse.view;
+  forward.scale = scale;
+  forward.causal = mask.causal;
+  forward.window_left = mask.window_left;
+  forward.window_right = mask.window_right;
+  forward.documents = mask.documents;
+  ring.forward(forward);
+  RingBackwardArgs backward;
+  backward.q = q;
+  backward.k = k;
+  backward.v = v;
+  backward.o = out.o.view;
+  backward.lse = out.lse.view;
+  backward.dout = dout;
+  backward.dq = out.dq.view;
+  backward.dk = out.dk.view;
+  backward.dv = out.dv.view;
+  backward.scale = scale;
+  backward.causal = mask.causal;
+  backward.window_left = mask.window_left;
+  backward.window_right = mask.window_right;
+  backward.documents = mask.documents;
+  ring.backward(backward);
 }
 
 // Every rank's shard of a contiguous local tensor, gathered and unsharded into `whole`.

@@ -58,31 +58,12 @@ using test::gather_whole;
 using test::kFields;
 using test::kNames;
 using test::Outputs;
+using test::OutputTensors;
 
 using test::HostTensor;
 
 // fp32's unit roundoff 2^-24: the largest relative error of one rounding to nearest.
 constexpr double kUnitRoundoff = 0x1p-24;
-
-// The five outputs of a problem of shape `s` as tensors (O and dV of d_v, dQ and dK of d_qk), in
-// the order of kFields; O and LSE poisoned, the gradients filled with `gradient_fill`.
-template <typename T>
-struct OutputTensors {
-  HostTensor<T> o, lse, dq, dk, dv;
-
-  explicit OutputTensors(const AttentionShape& s,
-                         T gradient_fill = std::numeric_limits<T>::quiet_NaN())
-      : o({s.batch, s.q_len, s.q_heads, s.value_dim()}),
-        lse({s.batch, s.q_heads, s.q_len}),
-        dq({s.batch, s.q_len, s.q_heads, s.head_dim}, gradient_fill),
-        dk({s.batch, s.k_len, s.kv_heads, s.head_dim}, gradient_fill),
-        dv({s.batch, s.k_len, s.kv_heads, s.value_dim()}, gradient_fill) {}
-
-  std::array<const HostTensor<T>*, 5> all() const { return {&o, &lse, &dq, &dk, &dv}; }
-  Outputs values() const {
-    return {o.values(), lse.values(), dq.values(), dk.values(), dv.values()};
-  }
-};
 
 // The whole problem, the same on every rank.
 template <typename T>

@@ -55,6 +55,7 @@ using test::HostTensor;
 using test::kFields;
 using test::kNames;
 using test::Outputs;
+using test::OutputTensors;
 
 constexpr double kUnitRoundoff = 0x1p-24;  // fp32
 constexpr double kErrorFactor = 1.2;       // mpi_ring_masks.cpp's zigzag factor (see there)
@@ -182,23 +183,6 @@ struct Documents {
   }
 };
 
-template <typename T>
-struct OutputTensors {
-  HostTensor<T> o, lse, dq, dk, dv;
-
-  OutputTensors(const AttentionShape& s, T fill)
-      : o({s.batch, s.q_len, s.q_heads, s.head_dim}, fill),
-        lse({s.batch, s.q_heads, s.q_len}, fill),
-        dq({s.batch, s.q_len, s.q_heads, s.head_dim}, fill),
-        dk({s.batch, s.k_len, s.kv_heads, s.head_dim}, fill),
-        dv({s.batch, s.k_len, s.kv_heads, s.head_dim}, fill) {}
-
-  std::array<HostTensor<T>*, 5> all() { return {&o, &lse, &dq, &dk, &dv}; }
-  Outputs values() const {
-    return {o.values(), lse.values(), dq.values(), dk.values(), dv.values()};
-  }
-};
-
 // The whole problem, the same on every rank (the mpi main gives every rank rank 0's seed).
 template <typename T>
 struct Problem {
@@ -288,32 +272,7 @@ Outputs run_ring(RingAttention& ring, const Communicator& comm, const Problem<T>
   ring.shard(problem.dout.view, dout.view, mask);
 
   OutputTensors<T> local(ls, nan);
-  RingForwardArgs forward;
-  forward.q = q.view;
-  forward.k = k.view;
-  forward.v = v.view;
-  forward.o = local.o.view;
-  forward.lse = local.lse.view;
-  forward.scale = problem.scale;
-  forward.causal = mask.causal;
-  forward.window_left = mask.window_left;
-  forward.documents = mask.documents;
-  ring.forward(forward);
-  RingBackwardArgs backward;
-  backward.q = q.view;
-  backward.k = k.view;
-  backward.v = v.view;
-  backward.o = local.o.view;
-  backward.lse = local.lse.view;
-  backward.dout = dout.view;
-  backward.dq = local.dq.view;
-  backward.dk = local.dk.view;
-  backward.dv = local.dv.view;
-  backward.scale = problem.scale;
-  backward.causal = mask.causal;
-  backward.window_left = mask.window_left;
-  backward.documents = mask.documents;
-  ring.backward(backward);
+  test::run_ring(ring, q.view, k.view, v.view, dout.view, local, problem.scale, mask);
 
   const std::vector<std::int64_t> positions = ring.global_positions(s.q_len, mask, s.batch);
   const std::vector<std::int64_t> value_shape = {s.batch, s.q_len, s.q_heads, s.head_dim},

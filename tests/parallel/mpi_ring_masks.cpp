@@ -52,6 +52,7 @@ using test::gather_whole;
 using test::kFields;
 using test::kNames;
 using test::Outputs;
+using test::OutputTensors;
 
 using test::HostTensor;
 
@@ -117,23 +118,6 @@ struct Documents {
   Documents& operator=(const Documents&) = delete;
 };
 
-template <typename T>
-struct OutputTensors {
-  HostTensor<T> o, lse, dq, dk, dv;
-
-  OutputTensors(const AttentionShape& s, T gradient_fill)
-      : o({s.batch, s.q_len, s.q_heads, s.head_dim}),
-        lse({s.batch, s.q_heads, s.q_len}),
-        dq({s.batch, s.q_len, s.q_heads, s.head_dim}, gradient_fill),
-        dk({s.batch, s.k_len, s.kv_heads, s.head_dim}, gradient_fill),
-        dv({s.batch, s.k_len, s.kv_heads, s.head_dim}, gradient_fill) {}
-
-  std::array<HostTensor<T>*, 5> all() { return {&o, &lse, &dq, &dk, &dv}; }
-  Outputs values() const {
-    return {o.values(), lse.values(), dq.values(), dk.values(), dv.values()};
-  }
-};
-
 // The whole problem, the same on every rank (the mpi main gives every rank rank 0's seed).
 template <typename T>
 struct Problem {
@@ -185,34 +169,12 @@ Outputs run_ring(RingAttention& ring, const Communicator& comm, const Problem<T>
   ring.shard(problem.dout.view, dout.view);
 
   OutputTensors<T> local(ls, std::numeric_limits<T>::quiet_NaN());
-  RingForwardArgs forward;
-  forward.q = qkv.q;
-  forward.k = qkv.k;
-  forward.v = qkv.v;
-  forward.o = local.o.view;
-  forward.lse = local.lse.view;
-  forward.scale = problem.scale;
-  forward.causal = c.causal;
-  forward.window_left = c.window_left;
-  forward.window_right = c.window_right;
-  forward.documents = documents.starts;
-  ring.forward(forward);
-  RingBackwardArgs backward;
-  backward.q = qkv.q;
-  backward.k = qkv.k;
-  backward.v = qkv.v;
-  backward.o = local.o.view;
-  backward.lse = local.lse.view;
-  backward.dout = dout.view;
-  backward.dq = local.dq.view;
-  backward.dk = local.dk.view;
-  backward.dv = local.dv.view;
-  backward.scale = problem.scale;
-  backward.causal = c.causal;
-  backward.window_left = c.window_left;
-  backward.window_right = c.window_right;
-  backward.documents = documents.starts;
-  ring.backward(backward);
+  Mask mask;
+  mask.causal = c.causal;
+  mask.window_left = c.window_left;
+  mask.window_right = c.window_right;
+  mask.documents = documents.starts;
+  test::run_ring(ring, qkv.q, qkv.k, qkv.v, dout.view, local, problem.scale, mask);
 
   OutputTensors<T> whole(s, std::numeric_limits<T>::quiet_NaN());
   for (int i = 0; i < 5; ++i) {
