@@ -121,8 +121,12 @@ def main():
                   revision=args.revision, torch=torch.__version__,
                   configuration=dict(dtype="bf16", batch="16384/seq", hidden=2048,
                                      flops="4*b*h*s^2*d forward (half when causal), backward 2.5x",
-                                     timing="CUDA events, median; backward includes zeroing the fp32 "
-                                            "gradients and the rowsum(dO*O) pass"),
+                                     timing="CUDA events, median; every backward returns bf16 dQ, dK "
+                                            "and dV (SDPA: torch.autograd.grad; ringattn: the "
+                                            "rowsum(dO*O) pass zeroing the fp32 dQ accumulator, the "
+                                            "block writing dK and dV rounded, dQ rounded); "
+                                            "backward_add_ms: ringattn's ring contract, fp32 "
+                                            "gradients zeroed and added into"),
                   rows=rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

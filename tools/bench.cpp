@@ -9,7 +9,10 @@
 //
 // attention: the CUDA local block, forward and backward, on FlashAttention's benchmark grid
 // (bf16, batch = 16384 / seq, hidden 2048 so heads = 2048 / head_dim, causal and not). The
-// backward time includes zeroing the fp32 gradient buffers and the rowsum(dO * O) pass.
+// backward gives what SDPA's gives, dQ, dK and dV in bf16: its time includes the rowsum(dO * O)
+// pass with zeroing the fp32 dQ accumulator, the block writing dK and dV rounded to bf16
+// (overwrite_key_gradients), and rounding dQ to bf16. `bwd add ms` times the ring's contract on
+// the same problem: fp32 dQ, dK and dV zeroed first and added into.
 //
 // ring: ring attention over the N ranks of mpirun, one GPU each, over the NCCL communicator (its
 // exchanges by the copy engines where they reach: the header line and the JSON's "exchanges" say
@@ -80,6 +83,7 @@
 
 #include "kernels/block_checks.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/local_block.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/performance_model.hpp"
 #include "parallel/ring_attention.hpp"
@@ -381,12 +385,14 @@ std::size_t elements(const Shape& s, std::int64_t heads) {
 }
 
 // One attention problem in this GPU's memory, contiguous: bf16 q, o, dout [batch, seq, heads, d]
-// and k, v [batch, seq, kv_heads, d]; fp32 lse and delta [batch, heads, seq], dq, dk and dv. The
-// inputs q, k, v and dout hold random values unless `fill` is false. A ring shard is the same set
-// of tensors for S/N tokens, without delta (the ring makes its own).
+// and k, v [batch, seq, kv_heads, d]; fp32 lse and delta [batch, heads, seq], dq, dk and dv; with
+// `rounded`, bf16 dq, dk and dv too (the gradients as SDPA returns them). The inputs q, k, v and
+// dout hold random values unless `fill` is false. A ring shard is the same set of tensors for S/N
+// tokens, without delta (the ring makes its own).
 class BlockProblem {
  public:
-  BlockProblem(const Shape& s, bool causal_mask, std::uint32_t seed, bool with_delta = true, bool fill = true)
+  BlockProblem(const Shape& s, bool causal_mask, std::uint32_t seed, bool with_delta = true, bool fill = true,
+               bool rounded = false)
       : shape(s),
         causal(causal_mask),
         q(elements(s, s.heads) * 2),
@@ -398,7 +404,10 @@ class BlockProblem {
         delta(with_delta ? static_cast<std::size_t>(s.batch * s.heads * s.seq) * 4 : 0),
         dq(elements(s, s.heads) * 4),
         dk(elements(s, s.kv_heads) * 4),
-        dv(elements(s, s.kv_heads) * 4) {
+        dv(elements(s, s.kv_heads) * 4),
+        dq_bf16(rounded ? elements(s, s.heads) * 2 : 0),
+        dk_bf16(rounded ? elements(s, s.kv_heads) * 2 : 0),
+        dv_bf16(rounded ? elements(s, s.kv_heads) * 2 : 0) {
     if (fill) {
       fill_random_bf16(q.data(), elements(s, s.heads), seed);
       fill_random_bf16(k.data(), elements(s, s.kv_heads), seed + 1);
@@ -410,6 +419,7 @@ class BlockProblem {
   const Shape shape;
   const bool causal;
   DeviceBuffer q, k, v, o, dout, lse, delta, dq, dk, dv;
+  DeviceBuffer dq_bf16, dk_bf16, dv_bf16;  // empty unless `rounded`
 
   double scale() const { return ringattn::default_scale(shape.head_dim); }
 
@@ -435,6 +445,17 @@ class BlockProblem {
     RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv.data(), 0, dv.bytes()));
     ringattn::cuda::flash_backward_prepare(forward_args().o, b.dout, b.delta, nullptr, &b.dq);
     ringattn::cuda::flash_backward(b);
+  }
+  // The same backward with bf16 gradients, as SDPA returns them (needs `rounded`): dQ added into
+  // the fp32 accumulator the delta pass zeroes, then rounded; dK and dV written rounded.
+  void backward_rounded() const {
+    ringattn::BackwardArgs b = backward_args();
+    b.dk = tokens(dk_bf16, DType::bf16, shape.kv_heads);
+    b.dv = tokens(dv_bf16, DType::bf16, shape.kv_heads);
+    b.overwrite_key_gradients = true;
+    ringattn::cuda::flash_backward_prepare(forward_args().o, b.dout, b.delta, nullptr, &b.dq);
+    ringattn::cuda::flash_backward(b);
+    ringattn::detail::copy(b.dq, tokens(dq_bf16, DType::bf16, shape.heads), nullptr);
   }
 
   // The problem as this rank's shard of a ring.
@@ -481,13 +502,14 @@ struct AttentionRow {
   int seq = 0, batch = 0, heads = 0, head_dim = 0;
   bool causal = false;
   double forward_ms = 0, backward_ms = 0, forward_tflops = 0, backward_tflops = 0, total_tflops = 0;
+  double backward_add_ms = 0;  // the ring's contract: fp32 gradients zeroed, then added into
   double workspace_mib = 0;
 };
 
 AttentionRow bench_attention(int seq, int head_dim, bool causal) {
   const int batch = std::max(1, 16384 / seq), heads = 2048 / head_dim;
   const BlockProblem p({batch, seq, heads, heads, head_dim}, causal,
-                       static_cast<std::uint32_t>(seq * 131 + head_dim));
+                       static_cast<std::uint32_t>(seq * 131 + head_dim), true, true, true);
   const int repeats = seq >= 8192 ? 10 : 20;
   AttentionRow row{};
   row.seq = seq;
@@ -496,15 +518,16 @@ AttentionRow bench_attention(int seq, int head_dim, bool causal) {
   row.head_dim = head_dim;
   row.causal = causal;
   row.forward_ms = median_ms([&] { p.forward(); }, 3, repeats);
-  row.backward_ms = median_ms([&] { p.backward(); }, 3, repeats);
+  row.backward_ms = median_ms([&] { p.backward_rounded(); }, 3, repeats);
+  row.backward_add_ms = median_ms([&] { p.backward(); }, 3, repeats);
   const double flop = ringattn::attention_forward_flops(batch, heads, seq, head_dim, causal);
   row.forward_tflops = flop / (row.forward_ms * 1e-3) * 1e-12;
   row.backward_tflops = ringattn::kBackwardFlopFactor * flop / (row.backward_ms * 1e-3) * 1e-12;
   row.total_tflops =
       (1.0 + ringattn::kBackwardFlopFactor) * flop / ((row.forward_ms + row.backward_ms) * 1e-3) * 1e-12;
-  // Beyond inputs and outputs the block needs LSE and delta (fp32 per row); the fp32 gradient
-  // accumulators are the outputs of its add-into contract.
-  row.workspace_mib = double(p.lse.bytes() + p.delta.bytes()) / (1 << 20);
+  // Beyond inputs and outputs the block needs LSE and delta (fp32 per row) and, for bf16
+  // gradients, the fp32 dQ accumulator.
+  row.workspace_mib = double(p.lse.bytes() + p.delta.bytes() + p.dq.bytes()) / (1 << 20);
   return row;
 }
 
@@ -1066,16 +1089,16 @@ int run_attention(const std::string& seqlens, const std::string& head_dims, cons
   cudaDeviceProp prop{};
   RINGATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::vector<AttentionRow> rows;
-  std::printf("%-5s %-6s %6s %5s %5s %10s %10s %9s %9s %9s\n", "d", "mask", "seq", "batch",
-              "heads", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "f+b TF/s");
+  std::printf("%-5s %-6s %6s %5s %5s %10s %10s %9s %9s %9s %11s\n", "d", "mask", "seq", "batch",
+              "heads", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "f+b TF/s", "bwd add ms");
   for (const std::int64_t d : parse_list(head_dims)) {
     for (bool causal : {false, true}) {
       for (const std::int64_t seq : parse_list(seqlens)) {
         const AttentionRow r = bench_attention(static_cast<int>(seq), static_cast<int>(d), causal);
         rows.push_back(r);
-        std::printf("%-5d %-6s %6d %5d %5d %10.3f %10.3f %9.1f %9.1f %9.1f\n", r.head_dim,
+        std::printf("%-5d %-6s %6d %5d %5d %10.3f %10.3f %9.1f %9.1f %9.1f %11.3f\n", r.head_dim,
                     causal ? "causal" : "none", r.seq, r.batch, r.heads, r.forward_ms, r.backward_ms,
-                    r.forward_tflops, r.backward_tflops, r.total_tflops);
+                    r.forward_tflops, r.backward_tflops, r.total_tflops, r.backward_add_ms);
         std::fflush(stdout);
       }
     }
@@ -1089,6 +1112,7 @@ int run_attention(const std::string& seqlens, const std::string& head_dims, cons
       out << "    {\"head_dim\": " << r.head_dim << ", \"causal\": " << (r.causal ? "true" : "false")
           << ", \"seq\": " << r.seq << ", \"batch\": " << r.batch << ", \"heads\": " << r.heads
           << ", \"forward_ms\": " << r.forward_ms << ", \"backward_ms\": " << r.backward_ms
+          << ", \"backward_add_ms\": " << r.backward_add_ms
           << ", \"forward_tflops\": " << r.forward_tflops << ", \"backward_tflops\": " << r.backward_tflops
           << ", \"total_tflops\": " << r.total_tflops << ", \"workspace_mib\": " << r.workspace_mib << "}"
           << (i + 1 < rows.size() ? "," : "") << "\n";
