@@ -1,6 +1,7 @@
 // Helpers of the ring tests on CPU ranks (tests/parallel/mpi_ring_*.cpp): the five outputs of a
-// whole problem, rank 0's copy of them on every rank, and a rank's shards gathered into a whole
-// tensor.
+// whole problem, rank 0's copy of them on every rank, the whole problem with its two references
+// (the fp64 oracle and the CPU flash block in one process), and a rank's shards gathered into a
+// whole tensor.
 #pragma once
 
 #include <mpi.h>
@@ -9,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "parallel/communicator.hpp"
@@ -16,6 +18,7 @@
 #include "ringattn/attention.hpp"
 #include "ringattn/ring.hpp"
 #include "tests/common/attention_testing.hpp"
+#include "tests/common/random.hpp"
 
 namespace ringattn::test {
 
@@ -64,6 +67,47 @@ struct OutputTensors {
   std::array<HostTensor<T>*, 5> all() { return {&o, &lse, &dq, &dk, &dv}; }
   Outputs values() const {
     return {o.values(), lse.values(), dq.values(), dk.values(), dv.values()};
+  }
+};
+
+// The whole problem of a ring test: random Q, K, V and dO of shape `s` (V and dO of d_v), the
+// same on every rank (the mpi main gives every rank rank 0's seed), and its two references under
+// a mask.
+template <typename T>
+struct WholeProblem {
+  AttentionShape s;
+  double scale;
+  HostTensor<T> q, k, v, dout;
+
+  WholeProblem(const AttentionShape& shape, std::mt19937_64& rng)
+      : s(shape),
+        scale(default_scale(shape.head_dim)),
+        q({s.batch, s.q_len, s.q_heads, s.head_dim}),
+        k({s.batch, s.k_len, s.kv_heads, s.head_dim}),
+        v({s.batch, s.k_len, s.kv_heads, s.value_dim()}),
+        dout({s.batch, s.q_len, s.q_heads, s.value_dim()}) {
+    for (HostTensor<T>* t : {&q, &k, &v, &dout}) fill_normal(t->storage, rng);
+  }
+
+  // The fp64 oracle on the same (rounded) inputs; its backward overwrites dQ, dK and dV.
+  Outputs oracle(const Mask& mask) const {
+    OutputTensors<double> out(s);
+    reference::attention_forward(q.view, k.view, v.view, mask, scale, out.o.view, out.lse.view);
+    reference::attention_backward(q.view, k.view, v.view, dout.view, mask, scale, out.dq.view,
+                                  out.dk.view, out.dv.view);
+    return out.values();
+  }
+
+  // The CPU flash block on the whole problem in this process (the ring over one rank), whose
+  // error bounds the f32 ring's; its backward adds into dQ, dK and dV, so they start at zero.
+  Outputs one_process(const Mask& mask) const {
+    OutputTensors<T> out(s, T(0));
+    HostTensor<T> delta({s.batch, s.q_heads, s.q_len});
+    cpu::flash_forward({q.view, k.view, v.view, out.o.view, out.lse.view, scale, mask, false});
+    cpu::flash_backward_prepare(out.o.view, dout.view, delta.view);
+    cpu::flash_backward({q.view, k.view, v.view, dout.view, out.lse.view, delta.view, out.dq.view,
+                         out.dk.view, out.dv.view, scale, mask, false});
+    return out.values();
   }
 };
 

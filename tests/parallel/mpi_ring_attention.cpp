@@ -59,59 +59,19 @@ using test::kFields;
 using test::kNames;
 using test::Outputs;
 using test::OutputTensors;
+using test::WholeProblem;
 
 using test::HostTensor;
 
 // fp32's unit roundoff 2^-24: the largest relative error of one rounding to nearest.
 constexpr double kUnitRoundoff = 0x1p-24;
 
-// The whole problem, the same on every rank.
+// Runs the ring forward and backward on this rank's shards of `problem`, causal or not; returns
+// the whole outputs, gathered from all ranks. Zigzag shards of Q, K and V are strided views of one
+// packed [B, Sl, Hq D + Hkv D + Hkv Dv] buffer.
 template <typename T>
-struct Problem {
-  AttentionShape s;
-  bool causal;
-  double scale;
-  HostTensor<T> q, k, v, dout;
-
-  Problem(const AttentionShape& shape, bool causal_mask, std::mt19937_64& rng)
-      : s(shape),
-        causal(causal_mask),
-        scale(default_scale(shape.head_dim)),
-        q({s.batch, s.q_len, s.q_heads, s.head_dim}),
-        k({s.batch, s.k_len, s.kv_heads, s.head_dim}),
-        v({s.batch, s.k_len, s.kv_heads, s.value_dim()}),
-        dout({s.batch, s.q_len, s.q_heads, s.value_dim()}) {
-    for (HostTensor<T>* t : {&q, &k, &v, &dout}) test::fill_normal(t->storage, rng);
-  }
-
-  // The fp64 oracle on the same (rounded) inputs.
-  Outputs oracle() const {
-    OutputTensors<double> out(s);
-    const Mask mask{causal, 0, 0};
-    reference::attention_forward(q.view, k.view, v.view, mask, scale, out.o.view, out.lse.view);
-    reference::attention_backward(q.view, k.view, v.view, dout.view, mask, scale, out.dq.view,
-                                  out.dk.view, out.dv.view);
-    return out.values();
-  }
-
-  // The CPU flash block on the whole problem in this process.
-  Outputs one_process() const {
-    OutputTensors<T> out(s, T(0));
-    HostTensor<T> delta({s.batch, s.q_heads, s.q_len});
-    const Mask mask{causal, 0, 0};
-    cpu::flash_forward({q.view, k.view, v.view, out.o.view, out.lse.view, scale, mask, false});
-    cpu::flash_backward_prepare(out.o.view, dout.view, delta.view);
-    cpu::flash_backward({q.view, k.view, v.view, dout.view, out.lse.view, delta.view, out.dq.view,
-                         out.dk.view, out.dv.view, scale, mask, false});
-    return out.values();
-  }
-};
-
-// Runs the ring forward and backward on this rank's shards of `problem`; returns the whole
-// outputs, gathered from all ranks. Zigzag shards of Q, K and V are strided views of one packed
-// [B, Sl, Hq D + Hkv D + Hkv Dv] buffer.
-template <typename T>
-Outputs run_ring(RingAttention& ring, const Communicator& comm, const Problem<T>& problem) {
+Outputs run_ring(RingAttention& ring, const Communicator& comm, const WholeProblem<T>& problem,
+                 bool causal) {
   const AttentionShape& s = problem.s;
   AttentionShape ls = s;
   ls.q_len = ls.k_len = s.q_len / comm.size();
@@ -125,10 +85,10 @@ Outputs run_ring(RingAttention& ring, const Communicator& comm, const Problem<T>
   ring.shard(problem.dout.view, dout.view);
 
   OutputTensors<T> local(ls);
-  ring.forward({qkv.q, qkv.k, qkv.v, local.o.view, local.lse.view, problem.scale, problem.causal,
-                nullptr, {}});
+  ring.forward(
+      {qkv.q, qkv.k, qkv.v, local.o.view, local.lse.view, problem.scale, causal, nullptr, {}});
   ring.backward({qkv.q, qkv.k, qkv.v, local.o.view, local.lse.view, dout.view, local.dq.view,
-                 local.dk.view, local.dv.view, problem.scale, problem.causal, false, nullptr, {}});
+                 local.dk.view, local.dv.view, problem.scale, causal, false, nullptr, {}});
 
   OutputTensors<T> whole(s);
   for (int i = 0; i < 5; ++i) {
@@ -176,21 +136,22 @@ void check_against_oracle(const Case& c) {
   auto comm = std::shared_ptr<Communicator>(MpiCommunicator::world());
   const int ranks = comm->size();
   std::mt19937_64 rng = test::make_rng(c.causal ? 41 : 40);
-  const Problem<T> problem(c.s, c.causal, rng);
+  const WholeProblem<T> problem(c.s, rng);
+  const Mask mask{c.causal, 0, 0};
   const bool root = comm->rank() == 0;
-  const Outputs oracle = broadcast_from_rank0(root ? problem.oracle() : Outputs{}, problem.s);
+  const Outputs oracle = broadcast_from_rank0(root ? problem.oracle(mask) : Outputs{}, problem.s);
   const Outputs single =
       std::is_same_v<T, float>
-          ? broadcast_from_rank0(root ? problem.one_process() : Outputs{}, problem.s)
+          ? broadcast_from_rank0(root ? problem.one_process(mask) : Outputs{}, problem.s)
           : Outputs{};
 
   for (SequenceLayoutKind kind : {SequenceLayoutKind::contiguous, SequenceLayoutKind::zigzag}) {
     SCOPED_TRACE(std::string(sequence_layout_name(kind)) + " layout over " + std::to_string(ranks) +
                  " ranks");
     RingAttention ring(comm, kind);
-    const Outputs out = run_ring(ring, *comm, problem);
+    const Outputs out = run_ring(ring, *comm, problem, c.causal);
     // A second call reuses the workspaces and gives bitwise the same outputs.
-    const Outputs again = run_ring(ring, *comm, problem);
+    const Outputs again = run_ring(ring, *comm, problem, c.causal);
 
     for (int i = 0; i < 5; ++i) {
       const std::vector<double>& got = out.*kFields[i];
@@ -259,10 +220,10 @@ TEST(MpiRingMesh, SplitGroupsRunIndependentRings) {
   ASSERT_EQ(ring_comm->rank(), world->rank() % cp);
 
   std::mt19937_64 rng = test::make_rng(50 + static_cast<std::uint64_t>(group));
-  const Problem<double> problem({1, 16 * cp, 16 * cp, 2, 1, 16}, true, rng);
+  const WholeProblem<double> problem({1, 16 * cp, 16 * cp, 2, 1, 16}, rng);
   RingAttention ring(ring_comm, SequenceLayoutKind::zigzag);
-  const Outputs out = run_ring(ring, *ring_comm, problem);
-  const Outputs oracle = problem.oracle();
+  const Outputs out = run_ring(ring, *ring_comm, problem, true);
+  const Outputs oracle = problem.oracle(Mask{.causal = true});
   for (int i = 0; i < 5; ++i) {
     EXPECT_TRUE(test::Close(kNames[i], out.*kFields[i], oracle.*kFields[i], 1e-12))
         << "group " << group;

@@ -56,6 +56,7 @@ using test::kFields;
 using test::kNames;
 using test::Outputs;
 using test::OutputTensors;
+using test::WholeProblem;
 
 constexpr double kUnitRoundoff = 0x1p-24;  // fp32
 constexpr double kErrorFactor = 1.2;       // mpi_ring_masks.cpp's zigzag factor (see there)
@@ -183,42 +184,6 @@ struct Documents {
   }
 };
 
-// The whole problem, the same on every rank (the mpi main gives every rank rank 0's seed).
-template <typename T>
-struct Problem {
-  AttentionShape s;
-  double scale;
-  HostTensor<T> q, k, v, dout;
-
-  Problem(const AttentionShape& shape, std::mt19937_64& rng)
-      : s(shape),
-        scale(default_scale(shape.head_dim)),
-        q({s.batch, s.q_len, s.q_heads, s.head_dim}),
-        k({s.batch, s.k_len, s.kv_heads, s.head_dim}),
-        v({s.batch, s.k_len, s.kv_heads, s.head_dim}),
-        dout({s.batch, s.q_len, s.q_heads, s.head_dim}) {
-    for (HostTensor<T>* t : {&q, &k, &v, &dout}) test::fill_normal(t->storage, rng);
-  }
-
-  Outputs oracle(const Mask& mask) const {
-    OutputTensors<double> out(s, 0.0);
-    reference::attention_forward(q.view, k.view, v.view, mask, scale, out.o.view, out.lse.view);
-    reference::attention_backward(q.view, k.view, v.view, dout.view, mask, scale, out.dq.view,
-                                  out.dk.view, out.dv.view);
-    return out.values();
-  }
-
-  Outputs one_process(const Mask& mask) const {
-    OutputTensors<T> out(s, T(0));
-    HostTensor<T> delta({s.batch, s.q_heads, s.q_len});
-    cpu::flash_forward({q.view, k.view, v.view, out.o.view, out.lse.view, scale, mask, false});
-    cpu::flash_backward_prepare(out.o.view, dout.view, delta.view);
-    cpu::flash_backward({q.view, k.view, v.view, dout.view, out.lse.view, delta.view, out.dq.view,
-                         out.dk.view, out.dv.view, scale, mask, false});
-    return out.values();
-  }
-};
-
 // Every rank's local values (logical order) placed at the positions that rank's ring gave:
 // [B, Sl, H, D] into [B, S, H, D] (`lse` false) or [B, H, Sl] into [B, H, S]. NaN where no rank
 // wrote.
@@ -256,7 +221,7 @@ std::vector<double> gather_by_positions(const Communicator& comm, const std::vec
 // The ring forward and backward on this rank's shards of `problem` under `mask`; the whole
 // outputs, put together from every rank's.
 template <typename T>
-Outputs run_ring(RingAttention& ring, const Communicator& comm, const Problem<T>& problem,
+Outputs run_ring(RingAttention& ring, const Communicator& comm, const WholeProblem<T>& problem,
                  const Mask& mask) {
   const AttentionShape& s = problem.s;
   AttentionShape ls = s;
@@ -340,13 +305,13 @@ void check_against_oracle(const MaskCase& c) {
   auto comm = std::shared_ptr<Communicator>(MpiCommunicator::world());
   const int ranks = comm->size();
   std::mt19937_64 rng = test::make_rng(80);
-  const Problem<T> problem(std::is_same_v<T, double> ? kF64Shape : kF32Shape, rng);
+  const WholeProblem<T> problem(std::is_same_v<T, double> ? kF64Shape : kF32Shape, rng);
   const AttentionShape s = problem.s;
   const Documents documents(case_documents(c, s.q_len, ranks, rng));
   // Per-batch documents need batch rows of their own.
-  const Problem<T> batched(AttentionShape{2, s.q_len, s.k_len, s.q_heads, s.kv_heads, s.head_dim},
-                           rng);
-  const Problem<T>& p = c.documents == DocumentKind::per_batch ? batched : problem;
+  const WholeProblem<T> batched(
+      AttentionShape{2, s.q_len, s.k_len, s.q_heads, s.kv_heads, s.head_dim}, rng);
+  const WholeProblem<T>& p = c.documents == DocumentKind::per_batch ? batched : problem;
   const Mask mask = documents.mask(c.window_left);
   const std::string where = std::string(c.name) + " over " + std::to_string(ranks) +
                             " ranks, S = " + std::to_string(p.s.q_len) + ", batch " +
@@ -400,7 +365,7 @@ TEST(MpiRingBalancedCalls, FollowTheMaskOfEachCall) {
   auto comm = std::shared_ptr<Communicator>(MpiCommunicator::world());
   const int ranks = comm->size();
   std::mt19937_64 rng = test::make_rng(81);
-  const Problem<double> problem(AttentionShape{1, 1536, 1536, 4, 1, 8}, rng);
+  const WholeProblem<double> problem(AttentionShape{1, 1536, 1536, 4, 1, 8}, rng);
   const std::int64_t total = problem.s.q_len;
   const auto layout_of = [&](const Lists& lists) {
     const Documents documents(lists);

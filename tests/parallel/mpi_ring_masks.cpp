@@ -53,6 +53,7 @@ using test::kFields;
 using test::kNames;
 using test::Outputs;
 using test::OutputTensors;
+using test::WholeProblem;
 
 using test::HostTensor;
 
@@ -118,43 +119,9 @@ struct Documents {
   Documents& operator=(const Documents&) = delete;
 };
 
-// The whole problem, the same on every rank (the mpi main gives every rank rank 0's seed).
-template <typename T>
-struct Problem {
-  AttentionShape s = std::is_same_v<T, double> ? kF64Shape : kF32Shape;
-  double scale = default_scale(s.head_dim);
-  HostTensor<T> q, k, v, dout;
-
-  explicit Problem(std::mt19937_64& rng)
-      : q({s.batch, s.q_len, s.q_heads, s.head_dim}),
-        k({s.batch, s.k_len, s.kv_heads, s.head_dim}),
-        v({s.batch, s.k_len, s.kv_heads, s.head_dim}),
-        dout({s.batch, s.q_len, s.q_heads, s.head_dim}) {
-    for (HostTensor<T>* t : {&q, &k, &v, &dout}) test::fill_normal(t->storage, rng);
-  }
-
-  Outputs oracle(const Mask& mask) const {
-    OutputTensors<double> out(s, 0.0);
-    reference::attention_forward(q.view, k.view, v.view, mask, scale, out.o.view, out.lse.view);
-    reference::attention_backward(q.view, k.view, v.view, dout.view, mask, scale, out.dq.view,
-                                  out.dk.view, out.dv.view);
-    return out.values();
-  }
-
-  Outputs one_process(const Mask& mask) const {
-    OutputTensors<T> out(s, T(0));
-    HostTensor<T> delta({s.batch, s.q_heads, s.q_len});
-    cpu::flash_forward({q.view, k.view, v.view, out.o.view, out.lse.view, scale, mask, false});
-    cpu::flash_backward_prepare(out.o.view, dout.view, delta.view);
-    cpu::flash_backward({q.view, k.view, v.view, dout.view, out.lse.view, delta.view, out.dq.view,
-                         out.dk.view, out.dv.view, scale, mask, false});
-    return out.values();
-  }
-};
-
 // The ring forward and backward on this rank's shards; the whole outputs, gathered.
 template <typename T>
-Outputs run_ring(RingAttention& ring, const Communicator& comm, const Problem<T>& problem,
+Outputs run_ring(RingAttention& ring, const Communicator& comm, const WholeProblem<T>& problem,
                  const MaskCase& c, const Documents& documents) {
   const AttentionShape& s = problem.s;
   AttentionShape ls = s;
@@ -188,7 +155,7 @@ void check_against_oracle(const MaskCase& c) {
   auto comm = std::shared_ptr<Communicator>(MpiCommunicator::world());
   const int ranks = comm->size();
   std::mt19937_64 rng = test::make_rng(70);
-  const Problem<T> problem(rng);
+  const WholeProblem<T> problem(std::is_same_v<T, double> ? kF64Shape : kF32Shape, rng);
   const Documents documents(c, problem.s.q_len);
   const Mask mask{c.causal, 0, 0, c.window_left, c.window_right, documents.starts};
   // The references once, on rank 0, not by each of 4 ranks sharing 2 cores.
