@@ -1,6 +1,7 @@
 // The ring part of the C API: a handle owning a RingAttention over an MPI communicator (MPI for
 // host tensors, NCCL for device tensors) or over NCCL from a unique id the caller distributes,
-// and its forward and backward.
+// and its forward and backward. A balanced ring needs nothing of its own here: RingAttention
+// makes each call's layout from that call's mask, which the parameter structs carry.
 #include <mpi.h>
 
 #include <cstddef>
@@ -32,9 +33,16 @@ constexpr StructVersion kRingBackwardVersions[] = {
     {offsetof(ringattn_ring_backward_params_t, window_left), "0.1 to 0.3"},
     {sizeof(ringattn_ring_backward_params_t), "0.4"}};
 
+// The C codes are the C++ kinds: ringattn_ring_create and ringattn_layout_chunks cast one to the
+// other.
+static_assert(RINGATTN_CONTIGUOUS == static_cast<int>(SequenceLayoutKind::contiguous) &&
+              RINGATTN_ZIGZAG == static_cast<int>(SequenceLayoutKind::zigzag) &&
+              RINGATTN_BALANCED == static_cast<int>(SequenceLayoutKind::balanced));
+
 void check_layout(int32_t layout, const char* where) {
-  if (layout != RINGATTN_CONTIGUOUS && layout != RINGATTN_ZIGZAG) {
-    detail::fail(where, "layout is ", layout, "; expected 0 (contiguous) or 1 (zigzag)");
+  if (layout != RINGATTN_CONTIGUOUS && layout != RINGATTN_ZIGZAG && layout != RINGATTN_BALANCED) {
+    detail::fail(where, "layout is ", layout,
+                 "; expected 0 (contiguous), 1 (zigzag) or 2 (balanced)");
   }
 }
 

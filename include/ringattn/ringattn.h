@@ -154,9 +154,18 @@ ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* 
 
 typedef struct ringattn_ring* ringattn_ring_t;
 
+/* How the S tokens of the whole sequence are split over the N ranks; a rank's local rows are its
+ * chunks one after the other (ringattn_layout_chunks lists them). */
 typedef enum ringattn_layout {
-  RINGATTN_CONTIGUOUS = 0, /* rank r holds tokens [r S/N, (r+1) S/N) */
-  RINGATTN_ZIGZAG = 1      /* rank r holds chunks r and 2N-1-r of 2N: balanced causal work */
+  RINGATTN_CONTIGUOUS = 0, /* rank r holds tokens [r S/N, (r+1) S/N); S % N == 0 */
+  RINGATTN_ZIGZAG = 1,     /* chunks r and 2N-1-r of 2N: even causal work; S % 2N == 0 */
+  /* Since 0.6: chunks that make each rank's visible work even under the mask of the ring's calls
+   * (causal, window, documents); S % 2N == 0. The contiguous split where that is already even (a
+   * sliding window), else c of cN equal chunks a rank (c = 2 to 64), dealt by their visible work;
+   * zigzag's chunks under a causal mask alone. Every ring call takes its layout from its own
+   * causal, window and documents (a rank's shards must follow them: ringattn_layout_chunks with
+   * the same mask), the same on every rank. */
+  RINGATTN_BALANCED = 2
 } ringattn_layout_t;
 
 typedef struct ringattn_ring_forward_params {
@@ -194,7 +203,8 @@ typedef struct ringattn_ring_backward_params {
 /* A ring over the ranks of an MPI communicator. `mpi_comm` points to an MPI_Comm (C: &comm;
  * mpi4py: MPI._addressof(comm)), so this header needs no mpi.h; MPI must be initialised and
  * outlive the ring. memory RINGATTN_HOST: host tensors (f32, f64) over MPI; RINGATTN_DEVICE:
- * device tensors (bf16, f16) over NCCL, each rank using the GPU of its node-local rank. */
+ * device tensors (bf16, f16) over NCCL, each rank using the GPU of its node-local rank. layout:
+ * ringattn_layout_t (RINGATTN_BALANCED since 0.6). */
 ringattn_status_t ringattn_ring_create(const void* mpi_comm, int32_t memory, int32_t layout,
                                        ringattn_ring_t* ring);
 /* Since 0.5: a ring without MPI, for callers that bring their own process group (a
@@ -215,6 +225,39 @@ ringattn_status_t ringattn_ring_forward(ringattn_ring_t ring,
 ringattn_status_t ringattn_ring_backward(ringattn_ring_t ring,
                                          const ringattn_ring_backward_params_t* params,
                                          void* stream);
+
+/* ---- Since 0.6: which tokens a rank holds. The one description of the layouts for callers that
+ * shard, unshard or rotate (RoPE) by global position themselves: rank `rank` of `size` under
+ * `layout`, for a sequence of seq_len tokens and ring calls under the mask given. The balanced
+ * layout follows the mask (pass exactly the causal, window and documents of the ring calls the
+ * shards go to); contiguous and zigzag ignore it (it is still checked). Host memory, no MPI: any
+ * process may ask for any rank. */
+typedef struct ringattn_layout_params {
+  size_t struct_size; /* sizeof(ringattn_layout_params_t) */
+  int32_t layout;     /* ringattn_layout_t */
+  int32_t size;       /* N, the ranks of the ring, >= 1 */
+  int32_t rank;       /* 0 <= rank < size */
+  int32_t causal;     /* the ring calls' */
+  int64_t seq_len;    /* S of the whole sequence: a multiple of N (contiguous) or 2N (the others) */
+  int64_t batch;      /* the ring calls' batch (>= 1), read for per-batch lists of documents */
+  /* The ring calls' window and documents as in ringattn_ring_forward_params_t, the starts in host
+   * memory: [batch, num_documents] document_batch_stride apart, or one list (stride 0). */
+  int64_t window_left, window_right;
+  const int64_t* document_starts;
+  int64_t num_documents;
+  int64_t document_batch_stride;
+} ringattn_layout_params_t;
+
+/* The rank's chunks, in local order: chunk i holds the global positions [starts[i], starts[i] +
+ * lengths[i]), at the local rows that follow chunk i - 1's (from row 0). *count is the number of
+ * chunks (1 for contiguous, 2 for zigzag, up to 64 for balanced), set also when it exceeds
+ * capacity, which fails naming the count needed (starts and lengths may be null only with
+ * capacity 0); 0 after any other failure. Failures (RINGATTN_ERROR_INVALID_ARGUMENT) name the
+ * field, its value and what was expected: a layout code, size, rank or batch out of range, a
+ * seq_len that is not a positive multiple of N (contiguous) or 2N, a negative window, a null or
+ * decreasing list of starts, a struct_size that is not this struct's. */
+ringattn_status_t ringattn_layout_chunks(const ringattn_layout_params_t* params, int64_t* starts,
+                                         int64_t* lengths, int64_t capacity, int64_t* count);
 
 #ifdef __cplusplus
 }

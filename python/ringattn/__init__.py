@@ -9,6 +9,10 @@ and ring attention over the ranks of an mpi4py communicator.
     ring = ringattn.RingAttention(MPI.COMM_WORLD, layout="zigzag")
     o = ring(q, k, v, causal=True)                  # this rank's shards [batch, seq/N, ...]
 
+    ring = ringattn.RingAttention(MPI.COMM_WORLD, layout="balanced")  # follows each call's mask
+    q = ring.shard(q_whole, causal=True, document_starts=starts)
+    o = ring(q, k, v, causal=True, document_starts=starts)
+
 See docs/python.md.
 """
 import math

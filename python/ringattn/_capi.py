@@ -23,7 +23,7 @@ STATUS_NAMES = {0: "success", 1: "invalid argument", 2: "unsupported", 3: "libra
 # ringattn_dtype_t, ringattn_memory_t and ringattn_layout_t
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 HOST, DEVICE = 0, 1
-LAYOUT_CODES = {"contiguous": 0, "zigzag": 1}
+LAYOUT_CODES = {"contiguous": 0, "zigzag": 1, "balanced": 2}
 # RINGATTN_NCCL_UNIQUE_ID_BYTES: the id ringattn_nccl_unique_id makes and ringattn_ring_create_nccl takes.
 NCCL_UNIQUE_ID_BYTES = 128
 
@@ -121,6 +121,18 @@ class RingBackwardParams(ctypes.Structure):
         super().__init__(*args, **fields)
 
 
+class LayoutParams(ctypes.Structure):
+    """ringattn_layout_params_t (0.6): a rank's chunks under a layout and the ring calls' mask."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("layout", ctypes.c_int32),
+                ("size", ctypes.c_int32), ("rank", ctypes.c_int32), ("causal", ctypes.c_int32),
+                ("seq_len", ctypes.c_int64), ("batch", ctypes.c_int64)] + MASK_FIELDS
+
+    def __init__(self, *args, **fields):
+        if not args:  # fields by name: struct_size is this struct's sizeof unless given
+            fields.setdefault("struct_size", ctypes.sizeof(type(self)))
+        super().__init__(*args, **fields)
+
+
 # ringattn_tensor_t's bytes as struct packs them (native alignment, as ctypes lays it out):
 # one pack and one copy a descriptor, the cheapest way to one from Python.
 _TENSOR_BYTES = struct.Struct("@Piii4q4q")
@@ -191,12 +203,24 @@ class Library:
         except OSError as e:
             raise RingattnError(f"cannot load {self.path}: {e}") from e
         lib = self.lib
+        # The version first: a library of another minor version may lack entry points bound below.
         lib.ringattn_version.restype = ctypes.c_int
         lib.ringattn_version.argtypes = []
         # char* results: ctypes' default restype (C int) would cut a 64-bit pointer.
         for name in ("ringattn_version_string", "ringattn_last_error"):
             getattr(lib, name).restype = ctypes.c_char_p
             getattr(lib, name).argtypes = []
+        code = lib.ringattn_version()
+        self.version = lib.ringattn_version_string().decode()
+        self.version_code = code
+        library = (code // 10000, code // 100 % 100)
+        package = _version_tuple(__version__)
+        if library != package:
+            raise RingattnError(
+                f"{self.path} is ringattn {self.version} (version code {code}) but the Python "
+                f"package ringattn is {__version__}; they must share major.minor "
+                f"({package[0]}.{package[1]}.x). Build the matching library or set "
+                f"{LIBRARY_ENV} to one")
         lib.ringattn_status_string.restype = ctypes.c_char_p
         lib.ringattn_status_string.argtypes = [ctypes.c_int]
         lib.ringattn_cuda_device_count.restype = ctypes.c_int
@@ -221,18 +245,10 @@ class Library:
         for name in ("ringattn_ring_forward", "ringattn_ring_backward"):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = [ctypes.c_void_p] * 3
-
-        code = lib.ringattn_version()
-        self.version = lib.ringattn_version_string().decode()
-        self.version_code = code
-        library = (code // 10000, code // 100 % 100)
-        package = _version_tuple(__version__)
-        if library != package:
-            raise RingattnError(
-                f"{self.path} is ringattn {self.version} (version code {code}) but the Python "
-                f"package ringattn is {__version__}; they must share major.minor "
-                f"({package[0]}.{package[1]}.x). Build the matching library or set "
-                f"{LIBRARY_ENV} to one")
+        lib.ringattn_layout_chunks.restype = ctypes.c_int
+        lib.ringattn_layout_chunks.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+                                               ctypes.POINTER(ctypes.c_int64), ctypes.c_int64,
+                                               ctypes.POINTER(ctypes.c_int64)]
 
     def check(self, status):
         """Raises RingattnError with the library's message when status is not success."""
@@ -279,6 +295,21 @@ class Library:
 
     def ring_backward(self, handle, params, stream):
         self.check(self.lib.ringattn_ring_backward(handle, ctypes.byref(params), stream))
+
+    def layout_chunks(self, params):
+        """[(global_start, length)] of a rank's chunks in local order (ringattn_layout_chunks);
+        RingattnError with the library's message for arguments it refuses."""
+        capacity = 8
+        while True:
+            starts, lengths = (ctypes.c_int64 * capacity)(), (ctypes.c_int64 * capacity)()
+            count = ctypes.c_int64(0)
+            status = self.lib.ringattn_layout_chunks(ctypes.byref(params), starts, lengths,
+                                                     capacity, ctypes.byref(count))
+            if status != SUCCESS and count.value > capacity:  # room for the count it named
+                capacity = count.value
+                continue
+            self.check(status)
+            return [(starts[i], lengths[i]) for i in range(count.value)]
 
     def cuda_device_count(self):
         return self.lib.ringattn_cuda_device_count()

@@ -96,8 +96,11 @@ class RingAttention:
         ring = ringattn.RingAttention(torch.distributed.group.WORLD)
 
     layout: how the S tokens are split over the N ranks ("zigzag": rank r holds chunks r and
-    2N-1-r of 2N; "contiguous": tokens [r S/N, (r+1) S/N)); shard(), unshard() and positions()
-    follow it. The ranks and their order are the communicator's or the group's.
+    2N-1-r of 2N; "contiguous": tokens [r S/N, (r+1) S/N); "balanced": chunks that even out the
+    ranks' visible work under each call's mask, so that every call takes its layout from its own
+    causal, window and document_starts); shard(), unshard() and positions() follow it (for
+    "balanced", given the calls' mask). The ranks and their order are the communicator's or the
+    group's.
 
     From an mpi4py communicator, device "cpu" (the default): f32 or f64 CPU tensors over MPI;
     "cuda": bf16 or f16 CUDA tensors over NCCL, each rank on the GPU of its node-local rank. The
@@ -181,17 +184,24 @@ class RingAttention:
             o, lse = ring_forward(q, k, v, document_starts, *args)
         return (o, lse) if return_lse else o
 
-    def positions(self, seq_len, *, device=None):
-        """This rank's global token positions in a sequence of seq_len tokens."""
-        return positions(seq_len, self.rank, self.size, self.layout, device=device)
+    def positions(self, seq_len, *, causal=None, window=None, document_starts=None, device=None):
+        """This rank's global token positions in a sequence of seq_len tokens. A balanced ring
+        needs the mask of its calls (causal given, True or False; window and document_starts as
+        the calls take them); the other layouts ignore it."""
+        return positions(seq_len, self.rank, self.size, self.layout, causal=causal, window=window,
+                         document_starts=document_starts, device=device)
 
-    def shard(self, x, dim=1):
-        """This rank's tokens of the whole sequence x."""
-        return shard(x, self.rank, self.size, self.layout, dim)
+    def shard(self, x, dim=1, *, causal=None, window=None, document_starts=None):
+        """This rank's tokens of the whole sequence x (the mask as in positions())."""
+        return shard(x, self.rank, self.size, self.layout, dim, causal=causal, window=window,
+                     document_starts=document_starts)
 
-    def unshard(self, shards_or_gathered, dim=1):
-        """The whole sequence from every rank's shard, in rank order."""
-        return unshard(shards_or_gathered, self.size, self.layout, dim)
+    def unshard(self, shards_or_gathered, dim=1, *, causal=None, window=None,
+                document_starts=None):
+        """The whole sequence from every rank's shard, in rank order (the mask as in
+        positions())."""
+        return unshard(shards_or_gathered, self.size, self.layout, dim, causal=causal,
+                       window=window, document_starts=document_starts)
 
     @property
     def closed(self):

@@ -25,8 +25,9 @@ def no_env(monkeypatch):
     monkeypatch.delenv(_capi.LIBRARY_ENV, raising=False)
 
 
-def fake_library(tmp_path, version_code, version_string):
-    """A shared library with the C API's entry points that reports the given version."""
+def fake_library(tmp_path, version_code, version_string, without=()):
+    """A shared library with the C API's entry points (but those named in `without`) that
+    reports the given version."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler to build a library of another version")
@@ -46,7 +47,10 @@ int ringattn_ring_create_nccl(const void* id, unsigned long n, int r, int s, int
 int ringattn_ring_destroy(void* r) {{ return 5; }}
 int ringattn_ring_forward(void* r, const void* p, void* s) {{ return 5; }}
 int ringattn_ring_backward(void* r, const void* p, void* s) {{ return 5; }}
+int ringattn_layout_chunks(const void* p, long* s, long* l, long c, long* n) {{ return 5; }}
 """)
+    source.write_text("\n".join(line for line in source.read_text().split("\n")
+                                if not any(f" {name}(" in line for name in without)))
     library = tmp_path / "libringattn.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     return library
@@ -73,6 +77,17 @@ def test_version_mismatch_names_both(tmp_path, minor_step):
     assert str(library) in message
     assert f"ringattn {other}" in message and f"ringattn is {ringattn.__version__}" in message
     assert "major.minor" in message and _capi.LIBRARY_ENV in message
+
+
+def test_an_older_library_without_the_newer_entry_points_is_named(tmp_path):
+    """A library of the previous minor version, which lacks ringattn_layout_chunks (0.6), is
+    refused by its version, not by the missing symbol."""
+    major, minor, _ = (int(x) for x in ringattn.__version__.split("."))
+    library = fake_library(tmp_path, major * 10000 + (minor - 1) * 100, f"{major}.{minor - 1}.0",
+                           without=("ringattn_layout_chunks",))
+    with pytest.raises(ringattn.RingattnError, match=f"is ringattn {major}.{minor - 1}.0 .* must "
+                                                     "share major.minor"):
+        _capi.Library(library)
 
 
 def test_a_patch_release_of_the_same_minor_is_taken(tmp_path):
@@ -165,7 +180,8 @@ STRUCTS = [(_capi.Tensor, "ringattn_tensor_t"),
            (_capi.ForwardParams, "ringattn_forward_params_t"),
            (_capi.BackwardParams, "ringattn_backward_params_t"),
            (_capi.RingForwardParams, "ringattn_ring_forward_params_t"),
-           (_capi.RingBackwardParams, "ringattn_ring_backward_params_t")]
+           (_capi.RingBackwardParams, "ringattn_ring_backward_params_t"),
+           (_capi.LayoutParams, "ringattn_layout_params_t")]
 
 
 @pytest.mark.skipif(not HEADER.is_file(), reason="not in the source tree")

@@ -271,15 +271,20 @@ def test_positions_shard_and_unshard(gen):
 
 
 def test_layout_errors_name_what_is_wrong():
-    with pytest.raises(ValueError, match=r"zigzag layout: sequence length S = 10 is not a "
-                                         r"multiple of 2N = 4"):
+    """The library's refusals (ringattn_layout_chunks) with its message; the package's own checks
+    of the layout's name and of the shards given to unshard()."""
+    with pytest.raises(ringattn.RingattnError, match=r"params->seq_len is 10; expected a positive "
+                                                     r"multiple of 2 \* size = 4 \(the zigzag "
+                                                     r"layout"):
         ringattn.positions(10, 0, 2, "zigzag")
-    with pytest.raises(ValueError, match="contiguous layout: sequence length S = 10 is not a "
-                                         "multiple of N = 3"):
+    with pytest.raises(ringattn.RingattnError, match=r"params->seq_len is 10; expected a positive "
+                                                     r"multiple of size = 3 \(the contiguous"):
         ringattn.shard(torch.zeros(1, 10, 1, 1), 0, 3, "contiguous")
-    with pytest.raises(ValueError, match="rank 2 is out of range for N = 2 ranks"):
+    with pytest.raises(ringattn.RingattnError, match=r"params->rank is 2; expected 0 <= rank < "
+                                                     r"size \(2\)"):
         ringattn.positions(8, 2, 2, "zigzag")
-    with pytest.raises(ValueError, match="layout is 'ring'; expected 'zigzag' or 'contiguous'"):
+    with pytest.raises(ValueError, match="layout is 'ring'; expected 'zigzag', 'contiguous' or "
+                                         "'balanced'"):
         ringattn.positions(8, 0, 2, "ring")
     with pytest.raises(ValueError, match="3 shards for N = 2 ranks"):
         ringattn.unshard([torch.zeros(1, 4, 1, 1)] * 3, 2, "zigzag")

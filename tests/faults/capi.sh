@@ -94,13 +94,13 @@ define_case() {
       capi_case "$1" 1 "$r mpi_comm is a null pointer; pass the address of an MPI_Comm" ;;
     ring_create_memory_code)
       capi_case "$1" 1 "$r memory is 7; expected 0 (host, MPI) or 1 (device, NCCL)" ;;
-    ring_create_layout_code) capi_case "$1" 1 "$r layout is 2; expected 0 (contiguous) or 1 (zigzag)" ;;
+    ring_create_layout_code) capi_case "$1" 1 "$r layout is 5; expected 0 (contiguous), 1 (zigzag) or 2 (balanced)" ;;
     ring_create_nccl_null_id) capi_case "$1" 1 "$n id is a null pointer" ;;
     ring_create_nccl_id_bytes)
       capi_case "$1" 1 "$n bytes is 64; an NCCL unique id is RINGATTN_NCCL_UNIQUE_ID_BYTES (128) bytes" ;;
     ring_create_nccl_rank) capi_case "$1" 1 "$n rank is 2; expected 0 <= rank < size (2)" ;;
     ring_create_nccl_size) capi_case "$1" 1 "$n size is 0; expected the number of ranks, >= 1" ;;
-    ring_create_nccl_layout) capi_case "$1" 1 "$n layout is 3; expected 0 (contiguous) or 1 (zigzag)" ;;
+    ring_create_nccl_layout) capi_case "$1" 1 "$n layout is 3; expected 0 (contiguous), 1 (zigzag) or 2 (balanced)" ;;
     ring_create_nccl_null_out) capi_case "$1" 1 "$n ring (the output) is a null pointer" ;;
     ring_nccl_unique_id_bytes)
       capi_case "$1" 1 "ringattn_nccl_unique_id: status 1 (invalid argument): ringattn_nccl_unique_id: bytes is 127; an NCCL unique id is RINGATTN_NCCL_UNIQUE_ID_BYTES (128) bytes" ;;

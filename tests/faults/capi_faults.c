@@ -227,7 +227,7 @@ static int ring_case(const char* name) {
   } else if (strcmp(name, "ring_create_memory_code") == 0) {
     return report("ringattn_ring_create", ringattn_ring_create(&comm, 7, RINGATTN_ZIGZAG, &ring));
   } else if (strcmp(name, "ring_create_layout_code") == 0) {
-    return report("ringattn_ring_create", ringattn_ring_create(&comm, RINGATTN_HOST, 2, &ring));
+    return report("ringattn_ring_create", ringattn_ring_create(&comm, RINGATTN_HOST, 5, &ring));
   } else if (strcmp(name, "ring_create_nccl_null_id") == 0) {
     return report("ringattn_ring_create_nccl",
                   ringattn_ring_create_nccl(NULL, RINGATTN_NCCL_UNIQUE_ID_BYTES, 0, 1, RINGATTN_ZIGZAG, &ring));
