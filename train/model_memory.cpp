@@ -93,7 +93,8 @@ double gemm_workspace_bytes_of_environment() {
 
 // The cuda backend's buffers beside the model's: the batch's token ids, targets, loss mask,
 // losses and predictions (4 bytes a token each), and the RoPE tables (cos and sin, fp32, head_dim
-// / 2 each a row: a row a token where RoPE restarts at packed documents, else a row a position).
+// / 2 each a row, and the row's position, int64: a row a token where RoPE restarts at packed
+// documents, else a row a position) with their frequencies (head_dim / 2 doubles).
 struct BackendBuffers {
   double bytes_per_token = 0.0, fixed_bytes = 0.0, bytes = 0.0;
 };
@@ -104,11 +105,12 @@ BackendBuffers cuda_backend_buffers(const TrainConfig& config, double local_toke
       config.model.rope_document_positions.value_or(true);
   const double rows_per_token = documents ? 1.0 : 1.0 / std::max(1, config.train.batch_size);
   BackendBuffers b;
-  b.bytes_per_token = 20.0 + rows_per_token * head_dim * 4.0;
-  b.fixed_bytes = gemm_workspace_bytes_of_environment();
+  const double row_bytes = head_dim * 4.0 + 8.0;
+  b.bytes_per_token = 20.0 + rows_per_token * row_bytes;
+  b.fixed_bytes = gemm_workspace_bytes_of_environment() + head_dim / 2.0 * 8.0;
   const double rows =
       documents ? local_tokens : local_tokens / std::max(1, config.train.batch_size);
-  b.bytes = 20.0 * local_tokens + rows * head_dim * 4.0 + b.fixed_bytes;
+  b.bytes = 20.0 * local_tokens + rows * row_bytes + b.fixed_bytes;
   return b;
 }
 

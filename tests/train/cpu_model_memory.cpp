@@ -265,7 +265,8 @@ double offloaded_bytes(const TrainConfig& c, ModelElementBytes e) {
 }
 
 // The lines sum to model_memory() plus the ring's own workspace (on the cuda backend plus its
-// 32 MiB cuBLASLt workspace, 20 bytes a token of batch buffers and the RoPE tables), and each line
+// 32 MiB cuBLASLt workspace, 20 bytes a token of batch buffers and the RoPE tables: cos and sin,
+// a row's position, the frequencies), and each line
 // is its bytes a token times the tokens plus its fixed bytes.
 TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
   for (const AccountCase& k : account_cases()) {
@@ -296,7 +297,7 @@ TEST(MemoryAccount, LinesSumToTheModelAndTheRing) {
     const double n = cuda.local_tokens;
     const double rope_rows = n / c.train.batch_size;  // retrieval: no documents, a row a position
     EXPECT_EQ(cuda.peak_bytes(), model_and_ring_bytes(c, kCudaModelElements) + 32.0 * (1 << 20) +
-                                     20.0 * n + rope_rows * 16 * 4);
+                                     20.0 * n + rope_rows * (16 * 4 + 8) + 8 * 8);
     EXPECT_EQ(cuda.host_bytes(), offloaded_bytes(c, kCudaModelElements) + beside);
   }
 }

@@ -4,7 +4,8 @@
 // (deterministic mode, which also repeats itself); RMSNorm, RoPE (inside packed QKV rows, positions
 // near 1e6, one table shared by a batch; the backward from fp32 gradients, which also converts v)
 // and SwiGLU within the bf16 rounding of their outputs;
-// RMSNorm's dg repeating itself bitwise; rope_table against a long-double table; the argument
+// RMSNorm's dg repeating itself bitwise; rope_table against a long-double table, the device's
+// table against it and the host's; the argument
 // checks. Odd sizes take the kernels' scalar paths, sizes of multiples of 8 their vector paths.
 //
 // Tolerance of a bf16 output: the GPU computes r in fp32 and stores bf16(r), within 2^-8 |r| (the
@@ -554,6 +555,60 @@ std::vector<RopeCase> rope_cases() {
 }
 
 // The positions of a table's rows, drawn from [first, first + span): not contiguous, in no order.
+// The table made on the device from positions (document-relative ones, small and large, and
+// positions near 3e6): every element within the long-double bound of RopeTableMatchesLongDouble,
+// and within one fp32 ulp of the host's table (both form the angle and its cos and sin in double
+// from the same frequencies; only the last bits of the double results may differ).
+TEST(CudaLayerOps, RopeTableOnTheDeviceMatchesTheHosts) {
+  RINGATTN_REQUIRE_GPUS(1);
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(12);
+  CudaStream stream;
+  std::vector<std::int64_t> positions;
+  for (std::int64_t p = 0; p < 300; ++p) positions.push_back(p % 77);  // documents of 77 tokens
+  for (const std::int64_t p : {999'999, 1'000'000, 1'048'575, 3'000'017}) positions.push_back(p);
+  std::uniform_int_distribution<std::int64_t> far(0, 3'000'000);
+  for (int i = 0; i < 1000; ++i) positions.push_back(far(rng));
+  for (const double theta : {10000.0, 500000.0}) {
+    for (const std::int64_t head_dim : {2, 6, 64, 128}) {
+      SCOPED_TRACE("theta " + std::to_string(theta) + ", head_dim " + std::to_string(head_dim));
+      const std::int64_t half = head_dim / 2, rows = static_cast<std::int64_t>(positions.size());
+      const cuda::RopeTable host = cuda::rope_table(positions, head_dim, theta);
+      const DeviceBuffer d_positions = to_device(positions, stream.get());
+      const DeviceBuffer d_frequencies =
+          to_device(cuda::rope_inverse_frequencies(head_dim, theta), stream.get());
+      const DeviceBuffer d_cos(host.cos.size() * sizeof(float)), d_sin(host.sin.size() * sizeof(float));
+      cuda::rope_table(d_cos.as<float>(), d_sin.as<float>(), d_positions.as<std::int64_t>(), rows,
+                       d_frequencies.as<double>(), head_dim, stream.get());
+      const std::vector<float> cos = download<float>(d_cos.data(), host.cos.size(), stream.get());
+      const std::vector<float> sin = download<float>(d_sin.data(), host.sin.size(), stream.get());
+      const double tolerance = 0x1p-25 + 4.0 * 3.1e6 * 0x1p-52;
+      std::size_t bad = 0;
+      for (std::int64_t t = 0; t < rows; ++t) {
+        for (std::int64_t i = 0; i < half; ++i) {
+          const long double angle =
+              (long double)positions[t] *
+              std::pow((long double)theta, -2.0L * (long double)i / (long double)head_dim);
+          const std::size_t at = t * half + i;
+          const bool near_host =
+              std::fabs(cos[at] - host.cos[at]) <=
+                  std::nextafter(std::fabs(host.cos[at]), 2.0f) - std::fabs(host.cos[at]) &&
+              std::fabs(sin[at] - host.sin[at]) <=
+                  std::nextafter(std::fabs(host.sin[at]), 2.0f) - std::fabs(host.sin[at]);
+          const bool near_exact = std::fabs(double(cos[at]) - double(std::cos(angle))) <= tolerance &&
+                                  std::fabs(double(sin[at]) - double(std::sin(angle))) <= tolerance;
+          if (!(near_host && near_exact) && bad++ < 5) {
+            ADD_FAILURE() << "position " << positions[t] << ", pair " << i << ": device cos "
+                          << cos[at] << " sin " << sin[at] << ", host cos " << host.cos[at]
+                          << " sin " << host.sin[at];
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0u);
+    }
+  }
+}
+
 std::vector<std::int64_t> random_positions(std::int64_t table_rows, std::int64_t first,
                                            std::int64_t span, std::mt19937_64& rng) {
   std::uniform_int_distribution<std::int64_t> position(first, first + span - 1);

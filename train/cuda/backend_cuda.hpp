@@ -158,6 +158,13 @@ class CudaBackend {
   DeviceArray<std::int64_t> documents_;
   PinnedArray<std::int64_t> host_documents_;
   CudaEvent documents_copied_;
+  // RoPE: the positions of the table's rows (staged like the documents) and the frequencies of
+  // rope_head_dim_ and rope_theta_, from which the table is made on the device.
+  DeviceArray<std::int64_t> rope_positions_;
+  PinnedArray<std::int64_t> host_rope_positions_;
+  CudaEvent rope_positions_copied_;
+  DeviceArray<double> rope_frequencies_;
+  double rope_theta_ = 0.0;
   PinnedArray<float> host_losses_;
   // sum_of_squares's partials, kept: the gradient norm is summed every step.
   DeviceArray<double> norm_partials_;

@@ -200,15 +200,35 @@ void CudaBackend::matmul_backward_weight(float* dw, const Act* dy, const Act* x,
 
 void CudaBackend::set_rope(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
                            double theta) {
-  const cuda::RopeTable table = cuda::rope_table(positions, head_dim, theta);
-  rope_rows_ = static_cast<std::int64_t>(positions.size());
-  rope_head_dim_ = head_dim;
-  // Document-relative positions change the table every step: the arrays are kept where they fit.
-  // upload() waits for the stream, so no kernel still reads the table it overwrites.
-  ensure(rope_cos_, static_cast<std::int64_t>(table.cos.size()));
-  ensure(rope_sin_, static_cast<std::int64_t>(table.sin.size()));
-  upload(rope_cos_.data(), table.cos.data(), static_cast<std::int64_t>(table.cos.size()));
-  upload(rope_sin_.data(), table.sin.data(), static_cast<std::int64_t>(table.sin.size()));
+  cuda::check_rope_arguments(positions, head_dim, theta, "train::cuda::rope_table");
+  const auto rows = static_cast<std::int64_t>(positions.size());
+  const std::int64_t half = head_dim / 2;
+  if (head_dim != rope_head_dim_ || theta != rope_theta_) {
+    const std::vector<double> inv_freq = cuda::rope_inverse_frequencies(head_dim, theta);
+    ensure(rope_frequencies_, half);
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));  // no kernel reads the old ones
+    RINGATTN_CUDA_CHECK(cudaMemcpy(rope_frequencies_.data(), inv_freq.data(),
+                                   half * sizeof(double), cudaMemcpyHostToDevice));
+    rope_head_dim_ = head_dim;
+    rope_theta_ = theta;
+  }
+  // Document-relative positions change every step: only they travel, through a staging buffer
+  // whose last copy is done before it is overwritten, and the table is made on the stream.
+  ensure(rope_positions_, rows);
+  ensure(rope_cos_, rows * half);
+  ensure(rope_sin_, rows * half);
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(rope_positions_copied_.get()));
+  if (static_cast<std::int64_t>(host_rope_positions_.size()) < rows) {
+    host_rope_positions_ = PinnedArray<std::int64_t>(static_cast<std::size_t>(rows));
+  }
+  std::copy(positions.begin(), positions.end(), host_rope_positions_.data());
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(rope_positions_.data(), host_rope_positions_.data(),
+                                      rows * sizeof(std::int64_t), cudaMemcpyHostToDevice,
+                                      stream_.get()));
+  rope_positions_copied_.record(stream_.get());
+  cuda::rope_table(rope_cos_.data(), rope_sin_.data(), rope_positions_.data(), rows,
+                   rope_frequencies_.data(), head_dim, stream_.get());
+  rope_rows_ = rows;
 }
 
 KeyRotation CudaBackend::key_rotation() const {

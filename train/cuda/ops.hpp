@@ -74,6 +74,20 @@ struct RopeTable {
 };
 RopeTable rope_table(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
                      double theta);
+// What rope_table checks (at least one position, none negative; an even head_dim; a finite theta
+// > 0), failing with `where` in the message.
+void check_rope_arguments(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
+                          double theta, const char* where);
+// theta^(-2 i / head_dim) for i < head_dim / 2, in double: the frequencies of both tables.
+std::vector<double> rope_inverse_frequencies(std::int64_t head_dim, double theta);
+// The same table made on the device: cos and sin [rows, head_dim / 2] from positions [rows] and
+// inverse_frequencies [head_dim / 2] (rope_inverse_frequencies), all device memory, queued on
+// `stream`. The angle and its cos and sin are formed in double as on the host; only the last
+// bits of the double results may differ from the host's, so an element of fp32 rarely does, by
+// one fp32 ulp. For positions that change every step (RoPE restarting at packed documents) it
+// replaces the host's trigonometry and the copy of the table with a copy of the positions.
+void rope_table(float* cos, float* sin, const std::int64_t* positions, std::int64_t rows,
+                const double* inverse_frequencies, std::int64_t head_dim, cudaStream_t stream);
 
 // In place on x [tokens, heads, head_dim] with token stride shape.token_stride (q or k inside a
 // packed QKV row). Token t uses row (t % table_rows) of cos / sin [table_rows, head_dim / 2]

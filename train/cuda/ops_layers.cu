@@ -1037,29 +1037,40 @@ void rmsnorm_backward(bf16* dx, float* dg, const bf16* dy, const bf16* x, const 
 
 // ---- RoPE ------------------------------------------------------------------------------------
 
-RopeTable rope_table(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
-                     double theta) {
-  constexpr const char* kWhere = "train::cuda::rope_table";
-  detail::check_positive(kWhere, "positions.size()", static_cast<std::int64_t>(positions.size()));
-  detail::check_positive(kWhere, "head_dim", head_dim);
+void check_rope_arguments(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
+                          double theta, const char* where) {
+  detail::check_positive(where, "positions.size()", static_cast<std::int64_t>(positions.size()));
+  detail::check_positive(where, "head_dim", head_dim);
   if (head_dim % 2 != 0) {
-    ringattn::detail::fail(kWhere, "head_dim is ", head_dim, "; expected an even number");
+    ringattn::detail::fail(where, "head_dim is ", head_dim, "; expected an even number");
   }
   if (!(theta > 0.0) || !std::isfinite(theta)) {
-    ringattn::detail::fail(kWhere, "theta is ", theta, "; expected a finite value > 0");
+    ringattn::detail::fail(where, "theta is ", theta, "; expected a finite value > 0");
   }
-  const std::int64_t half = head_dim / 2;
-  std::vector<double> inv_freq(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i) {
+  for (std::size_t t = 0; t < positions.size(); ++t) {
+    if (positions[t] < 0) {
+      ringattn::detail::fail(where, "positions[", t, "] is ", positions[t], "; expected >= 0");
+    }
+  }
+}
+
+std::vector<double> rope_inverse_frequencies(std::int64_t head_dim, double theta) {
+  std::vector<double> inv_freq(static_cast<std::size_t>(head_dim / 2));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) {
     inv_freq[i] = std::pow(theta, -2.0 * double(i) / double(head_dim));
   }
+  return inv_freq;
+}
+
+RopeTable rope_table(const std::vector<std::int64_t>& positions, std::int64_t head_dim,
+                     double theta) {
+  check_rope_arguments(positions, head_dim, theta, "train::cuda::rope_table");
+  const std::int64_t half = head_dim / 2;
+  const std::vector<double> inv_freq = rope_inverse_frequencies(head_dim, theta);
   RopeTable table;
   table.cos.resize(positions.size() * static_cast<std::size_t>(half));
   table.sin.resize(table.cos.size());
   for (std::size_t t = 0; t < positions.size(); ++t) {
-    if (positions[t] < 0) {
-      ringattn::detail::fail(kWhere, "positions[", t, "] is ", positions[t], "; expected >= 0");
-    }
     for (std::int64_t i = 0; i < half; ++i) {
       const double angle = double(positions[t]) * inv_freq[i];
       table.cos[t * half + i] = static_cast<float>(std::cos(angle));
@@ -1067,6 +1078,42 @@ RopeTable rope_table(const std::vector<std::int64_t>& positions, std::int64_t he
     }
   }
   return table;
+}
+
+namespace {
+
+// Element (t, i) of the table: the angle positions[t] * inv_freq[i] formed and rotated in double,
+// then rounded to fp32, as rope_table does on the host.
+__global__ void rope_table_kernel(float* cos_table, float* sin_table,
+                                  const std::int64_t* positions, const double* inv_freq,
+                                  std::int64_t rows, std::int64_t half) {
+  for (std::int64_t i = global_thread(); i < rows * half; i += grid_threads()) {
+    const std::int64_t t = i / half;
+    double sine, cosine;
+    sincos(double(positions[t]) * inv_freq[i - t * half], &sine, &cosine);
+    cos_table[i] = static_cast<float>(cosine);
+    sin_table[i] = static_cast<float>(sine);
+  }
+}
+
+}  // namespace
+
+void rope_table(float* cos, float* sin, const std::int64_t* positions, std::int64_t rows,
+                const double* inverse_frequencies, std::int64_t head_dim, cudaStream_t stream) {
+  constexpr const char* kWhere = "train::cuda::rope_table";
+  check_pointer(kWhere, "cos", cos);
+  check_pointer(kWhere, "sin", sin);
+  check_pointer(kWhere, "positions", positions);
+  check_pointer(kWhere, "inverse_frequencies", inverse_frequencies);
+  detail::check_positive(kWhere, "rows", rows);
+  detail::check_positive(kWhere, "head_dim", head_dim);
+  if (head_dim % 2 != 0) {
+    ringattn::detail::fail(kWhere, "head_dim is ", head_dim, "; expected an even number");
+  }
+  const std::int64_t half = head_dim / 2;
+  rope_table_kernel<<<blocks_for(rows * half), kThreads, 0, stream>>>(
+      cos, sin, positions, inverse_frequencies, rows, half);
+  RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
 void rope_forward(bf16* x, const float* cos, const float* sin, std::int64_t table_rows,
