@@ -1,0 +1,118 @@
+"""Where the host time of a small ringattn.attention call on a GPU goes: each step of the call
+timed alone, back to back on the host (time.perf_counter, no sync between calls, best of 5 rounds
+after warm-up), at the small shape of bench/python_op.py (batch 1, 128 tokens, 4 heads of 64,
+causal, bf16). The steps are those of python/ringattn/_ops.py: the whole op (forward, and forward
++ backward), then its parts one by one: the output allocations, the current stream, the device
+guard, the descriptors, the parameter struct, the C API call alone with prepared parameters
+(its checks, tensor maps and launch), and the backward's zero fill, allocations, delta pass, C
+call and dQ rounding. SDPA's cuDNN forward the same way, for reference. A GPU whose work is shorter
+than these host times runs them back to back, so each time is host time.
+
+    RINGATTN_LIBRARY=build-gpu/libringattn.so PYTHONPATH=python \\
+        python3 bench/python_op_parts.py [--json FILE]
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def best_us(fn, calls=2000, rounds=5):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/python_op_parts.py: no CUDA GPU", file=sys.stderr)
+        return 1
+    import ringattn
+    from ringattn import _capi, _ops
+
+    dev = torch.device("cuda")
+    q, k, v = (torch.randn(1, 128, 4, 64, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    lib = _capi.library()
+    scale = 64 ** -0.5
+    o, lse = _ops._forward_impl(q, k, v, None, True, scale, 0, 0, 0, 0, False)
+    dout = torch.randn_like(o)
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    fwd_params = _capi.ForwardParams(
+        q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), o=_capi.describe(o),
+        lse=_capi.describe(lse), scale=scale, causal=1, combine=0, q_start=0, k_start=0,
+        **_capi.mask_fields(0, 0, None))
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=dev)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=dev)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    bwd_params = _capi.BackwardParams(
+        q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), dout=_capi.describe(dout),
+        lse=_capi.describe(lse), delta=_capi.describe(delta), dq=_capi.describe(dq),
+        dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=1, deterministic=0,
+        q_start=0, k_start=0, overwrite_key_gradients=1, **_capi.mask_fields(0, 0, None))
+    o_d, dout_d, delta_d = _capi.describe(o), _capi.describe(dout), _capi.describe(delta)
+
+    def forward_backward():
+        out = ringattn.attention(qg, kg, vg, causal=True)
+        out.backward(dout)
+
+    def sdpa_forward():
+        torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+
+    def guard():
+        with torch.cuda.device(dev):
+            pass
+
+    def params():
+        _capi.ForwardParams(q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v),
+                            o=_capi.describe(o), lse=_capi.describe(lse), scale=scale, causal=1,
+                            combine=0, q_start=0, k_start=0, **_capi.mask_fields(0, 0, None))
+
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
+        parts = [
+            ("ringattn.attention forward", lambda: ringattn.attention(q, k, v, causal=True)),
+            ("ringattn.attention forward + backward", forward_backward),
+            ("SDPA cuDNN forward", sdpa_forward),
+            ("forward: _check", lambda: _ops._check(q, k, v)),
+            ("forward: o and lse allocated", lambda: (torch.empty_like(o), torch.empty_like(lse))),
+            ("forward: current stream", lambda: torch.cuda.current_stream(dev).cuda_stream),
+            ("forward: device guard", guard),
+            ("forward: one descriptor", lambda: _capi.describe(q)),
+            ("forward: parameters (5 descriptors)", params),
+            ("forward: C API call, prepared", lambda: lib.forward(fwd_params, stream)),
+            ("backward: dq zeroed (fp32)", lambda: torch.zeros(q.shape, dtype=torch.float32,
+                                                               device=dev)),
+            ("backward: C API delta pass, prepared",
+             lambda: lib.backward_prepare(o_d, dout_d, delta_d, stream)),
+            ("backward: C API call, prepared", lambda: lib.backward(bwd_params, stream)),
+            ("backward: dq rounded", lambda: dq.to(torch.bfloat16)),
+        ]
+        rows = []
+        for name, fn in parts:
+            calls = 500 if "backward" in name and "+" in name else 2000
+            rows.append({"part": name, "host_us": best_us(fn, calls)})
+            print(f"{rows[-1]['host_us']:8.1f} us  {name}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "python_op_parts", "gpu": torch.cuda.get_device_name(),
+                       "torch": torch.__version__, "shape": "1 x 128 x 4 x 64, causal, bf16",
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
