@@ -1,5 +1,7 @@
 #include "kernels/block_checks.hpp"
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <iterator>
 #include <string>
@@ -27,9 +29,31 @@ std::string head_dims_text(const std::int64_t (&dims)[kCount]) {
   return text;
 }
 
+// "head_dim 192 with v_head_dim 128" (pairs joined as head dims are; empty for none).
+template <std::size_t kCount>
+std::string value_dims_text(const std::array<HeadDimPair, kCount>& pairs) {
+  std::string text;
+  std::size_t i = 0;
+  for (const HeadDimPair& pair : pairs) {
+    text += (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") + std::string("head_dim ") +
+            std::to_string(pair.head_dim) + " with v_head_dim " + std::to_string(pair.v_head_dim);
+    ++i;
+  }
+  return text;
+}
+
 }  // namespace
 
 std::string cuda_block_head_dims_text() { return head_dims_text(kCudaBlockHeadDims); }
+
+bool cuda_block_takes_value_dim(std::int64_t head_dim, std::int64_t v_head_dim) {
+  for (const HeadDimPair& pair : kCudaBlockValueDimPairs) {
+    if (pair.head_dim == head_dim && pair.v_head_dim == v_head_dim) return true;
+  }
+  return false;
+}
+
+std::string cuda_block_value_dims_text() { return value_dims_text(kCudaBlockValueDimPairs); }
 
 void check_block_dtype(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim, Memory memory,
                        const char* where) {
@@ -45,12 +69,26 @@ void check_block_dtype(DType dtype, std::int64_t head_dim, std::int64_t v_head_d
     fail(where, "q has dtype ", dtype_name(dtype),
          "; device tensors run on the CUDA block, which takes bf16 or f16");
   }
-  // The CUDA kernels hold one head dim for the Q K^T and the P V products (tiles, shared memory,
-  // registers are sized by it), so a V of another width has no kernel, whatever the two sizes.
-  if (v_head_dim != head_dim) {
+  // The CUDA kernels are compiled for their head dims (tiles, shared memory and registers are
+  // sized by them), so a V of another width than Q and K has kernels only for the pairs that were
+  // instantiated, whatever the two sizes.
+  if (v_head_dim != head_dim && !cuda_block_takes_value_dim(head_dim, v_head_dim)) {
+    const std::string pairs = cuda_block_value_dims_text();
+    for (const HeadDimPair& known : kAllCudaBlockValueDimPairs) {
+      if (known.head_dim == head_dim && known.v_head_dim == v_head_dim) {
+        fail_as(ErrorKind::unsupported, where, "head_dim ", head_dim, " with v_head_dim ",
+                v_head_dim,
+                " was left out of this build (RINGATTN_CUDA_HEAD_DIMS); the CUDA block here takes "
+                "one head_dim for q, k and v (",
+                cuda_block_head_dims_text(), ")", pairs.empty() ? "" : ", or " + pairs,
+                ", and a build with all takes ", value_dims_text(kAllCudaBlockValueDimPairs),
+                " too");
+      }
+    }
     fail_as(ErrorKind::unsupported, where, "v has head_dim ", v_head_dim, " but q and k have ",
             head_dim, "; the CUDA block takes one head_dim for q, k and v (",
-            cuda_block_head_dims_text(), "); a v_head_dim of its own runs on the CPU block only");
+            cuda_block_head_dims_text(), ")", pairs.empty() ? "" : ", or " + pairs,
+            "; other v_head_dims run on the CPU block only");
   }
   if (!cuda_block_takes_head_dim(head_dim)) {
     for (const std::int64_t known : kAllCudaBlockHeadDims) {

@@ -193,7 +193,7 @@ TensorView columns(const TensorView& t, std::int64_t start, std::int64_t length)
 // K [batch, Sl, kv_heads, head_dim] and V [batch, Sl, kv_heads, v_head_dim] back to back in one
 // buffer: the message of a step (or the dK|dV accumulator of a shard). V starts at an offset of
 // batch * Sl * kv_heads * head_dim elements, which keeps the alignment the CUDA block needs
-// (head_dim is a multiple of 8 there, and the same for K and V).
+// (every head_dim of its kernels is a multiple of 8).
 struct PairedViews {
   TensorView k, v;
   // Every element of the buffer once, as [batch, Sl, kv_heads, head_dim + v_head_dim], for fill

@@ -8,7 +8,7 @@
 //   LSE, delta     [batch, q_heads, q_len]                 accumulator dtype
 // The value head dim d_v (v_head_dim) may differ from the query/key head dim d_qk (head_dim), as
 // in multi-head latent attention (192/128): scores are Q K^T over d_qk, outputs P V over d_v. The
-// CPU block and the oracle take any pair; the CUDA block takes d_v == d_qk only (see cuda::).
+// CPU block and the oracle take any pair; the CUDA block takes equal ones and 192/128 (cuda::).
 // The accumulator dtype is f64 for f64 inputs and f32 for every other input dtype.
 #pragma once
 
@@ -169,8 +169,10 @@ void set_num_threads(int threads);
 
 // The CUDA flash block (tensor cores, sm_80 and later): the same contract on device memory.
 // Inputs f16 or bf16; head_dim 32, 64, 96, 128, 192 or 256 (those of RINGATTN_CUDA_HEAD_DIMS), the
-// same for Q, K and V (a v_head_dim that differs is refused as ErrorKind::unsupported, naming
-// both); every tensor in device memory; Q, K, V, O and dO with unit stride along head_dim, other
+// same for Q, K and V, or head_dim 192 with v_head_dim 128 (multi-head latent attention: Q, K, dQ,
+// dK of 192, V, O, dO, dV of 128; built with head_dim 192, on the mma.sync family on every GPU).
+// Any other v_head_dim is refused as ErrorKind::unsupported, naming both head dims and the pairs
+// taken. Every tensor in device memory; Q, K, V, O and dO with unit stride along head_dim, other
 // strides multiples of 8 elements and 16-byte aligned data; the fp32 buffers (running O, dQ, dK,
 // dV) with unit stride along head_dim and even strides. Every mask of Mask: the document starts in
 // device memory (host memory is refused), kept non-decreasing by the caller (the host checks only
@@ -180,7 +182,8 @@ void set_num_threads(int threads);
 // host. Everything is checked before any launch; a library built without CUDA throws Error.
 namespace cuda {
 void flash_forward(const ForwardArgs& args, void* stream = nullptr);
-// delta = rowsum(dO * O) in fp32, for flash_backward; dq_to_zero (fp32) as above.
+// delta = rowsum(dO * O) in fp32, for flash_backward; dq_to_zero (fp32) as above, of O's head_dim
+// or, for O of 128, of 192.
 void flash_backward_prepare(const TensorView& o, const TensorView& dout, const TensorView& delta,
                             void* stream = nullptr, const TensorView* dq_to_zero = nullptr);
 // dQ is summed with fp32 atomics, or in a second pass over the keys when args.deterministic

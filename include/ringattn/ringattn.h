@@ -11,8 +11,9 @@
  * as in multi-head latent attention (192/128); the usual scale is 1/sqrt(head_dim). The
  * accumulator dtype is f64 for f64 inputs and f32 otherwise. Host tensors (f32 or f64, any
  * head_dim and v_head_dim) run on the CPU flash block, device tensors (f16 or bf16, head_dim 32,
- * 64, 96, 128, 192 or 256 as the build has them, v_head_dim equal to it) on the CUDA one; a device
- * call of other head dims returns RINGATTN_ERROR_UNSUPPORTED, naming them, before any CUDA call. See ringattn/attention.hpp for the
+ * 64, 96, 128, 192 or 256 as the build has them, v_head_dim equal to it, or head_dim 192 with
+ * v_head_dim 128) on the CUDA one; a device call of other head dims returns
+ * RINGATTN_ERROR_UNSUPPORTED, naming them, before any CUDA call. See ringattn/attention.hpp for the
  * full contract (combine mode, add-into gradients, masks by global position).
  *
  * Masks are by global position: query row i sits at position q_start + i, key row j at

@@ -7,6 +7,11 @@
 // live in other CTAs: in the default mode the CTA stages dS in shared memory and adds its dQ
 // contribution with fp32 atomics; in the deterministic mode it leaves dQ alone and
 // flash_dq_kernel computes dQ with one CTA per row tile that loops over the keys in a fixed order.
+//
+// Q, K, dQ and dK have kHeadDim columns (d_qk), V, O, dO and dV kValueDim (d_v): equal but for
+// multi-head latent attention's 192/128. S^T = K Q^T and dK sum over d_qk, dP^T = V dO^T and dV
+// over d_v, with loops that run over the wider of the two and skip the narrower's missing steps
+// (has_step: for equal widths, the instructions of one width).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +27,19 @@ namespace ringattn::cuda_detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Whether a loop over kAll steps (those of the wider of d_qk and d_v) has work at `step` for a
+// width of kSteps steps. For equal widths the test is gone before the loop is unrolled: a test
+// that only the unrolling removed gave the equal-width kernels another schedule (the SASS of
+// every d_qk == d_v instantiation is the same as before the two widths).
+template <int kSteps, int kAll>
+__device__ __forceinline__ bool has_step(int step) {
+  if constexpr (kSteps == kAll) {
+    return true;
+  } else {
+    return step < kSteps;
+  }
+}
+
 // dQ's atomics are the costliest instructions of the backward: sm_90 adds two floats in one
 // (8-byte aligned: quad_col is even and dQ rows have even strides).
 __device__ __forceinline__ void add_pair_atomic(float* address, float x, float y) {
@@ -34,25 +52,29 @@ __device__ __forceinline__ void add_pair_atomic(float* address, float x, float y
 }
 
 // The threads that share one row in flash_backward_prepare_kernel: the most, up to 32, that
-// split its head_dim / 8 chunks of 16 bytes evenly (a power of two, so a warp holds whole rows).
-constexpr int prepare_row_lanes(int head_dim) {
+// split both its O / dO row of value_dim / 8 chunks of 16 bytes and its dQ row of head_dim / 8
+// chunks of 8 floats evenly (a power of two, so a warp holds whole rows).
+constexpr int prepare_row_lanes(int head_dim, int value_dim) {
   int lanes = 32;
-  while ((head_dim / 8) % lanes != 0) lanes /= 2;
+  while ((value_dim / 8) % lanes != 0 || (head_dim / 8) % lanes != 0) lanes /= 2;
   return lanes;
 }
 
 // delta[b, h, i] = sum_d dO * O in fp32, and dQ = 0 where p.dq is set: prepare_row_lanes threads a
 // row, each reading kChunks chunks of 8 elements of O and of dO in 16-byte accesses (check_layout:
 // unit stride along head_dim, other strides multiples of 8, 16-byte aligned data), so a warp
-// covers 2 (head_dim 128, 256), 4 (64, 192) or 8 (32, 96) rows. blockIdx.y is the head,
-// blockIdx.z the batch: a row's address takes no division. A thread zeroes the dQ columns of its
-// chunks (dQ's rows have even strides: float2 stores); chunk j of lane `part` is chunk
-// part + j * lanes of the row, so that each access of the row's threads covers a contiguous stretch.
-template <typename T, int kHeadDim>
+// covers 2 (head_dim 128, 256), 4 (64, 192, 192/128) or 8 (32, 96) rows. blockIdx.y is the head,
+// blockIdx.z the batch: a row's address takes no division. A thread zeroes kDqChunks chunks of 8
+// dQ columns (dQ's rows have even strides: float2 stores), those of its O chunks where dQ is as
+// wide as O; chunk j of lane `part` is chunk part + j * lanes of the row, so that each access of
+// the row's threads covers a contiguous stretch. O and dO have kValueDim columns, dQ kHeadDim.
+template <typename T, int kHeadDim, int kValueDim = kHeadDim>
 __global__ void flash_backward_prepare_kernel(const FlashParams p) {
-  constexpr int kLanes = prepare_row_lanes(kHeadDim);
-  constexpr int kChunks = kHeadDim / 8 / kLanes;
-  static_assert(kLanes * kChunks * 8 == kHeadDim, "a row's chunks split evenly over its threads");
+  constexpr int kLanes = prepare_row_lanes(kHeadDim, kValueDim);
+  constexpr int kChunks = kValueDim / 8 / kLanes;
+  constexpr int kDqChunks = kHeadDim / 8 / kLanes;
+  static_assert(kLanes * kChunks * 8 == kValueDim && kLanes * kDqChunks * 8 == kHeadDim,
+                "a row's chunks split evenly over its threads");
   const int head = blockIdx.y, batch = blockIdx.z;
   const int row = static_cast<int>(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
   const int part = static_cast<int>(threadIdx.x % kLanes);
@@ -65,21 +87,27 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
     float* dq = p.dq == nullptr ? nullptr
                                 : p.dq + batch * p.dq_strides[0] + row * p.dq_strides[1] +
                                       head * p.dq_strides[2];
+    constexpr int kRowChunks = kChunks > kDqChunks ? kChunks : kDqChunks;
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
+    for (int j = 0; j < kRowChunks; ++j) {
       const int column = (part + j * kLanes) * 8;
-      const uint4 o_raw = *reinterpret_cast<const uint4*>(o + column);
-      const uint4 g_raw = *reinterpret_cast<const uint4*>(g + column);
-      if (dq != nullptr) {
+      uint4 o_raw{}, g_raw{};
+      if (has_step<kChunks, kRowChunks>(j)) {
+        o_raw = *reinterpret_cast<const uint4*>(o + column);
+        g_raw = *reinterpret_cast<const uint4*>(g + column);
+      }
+      if (dq != nullptr && has_step<kDqChunks, kRowChunks>(j)) {
 #pragma unroll
         for (int x = 0; x < 8; x += 2) {
           *reinterpret_cast<float2*>(dq + column + x) = make_float2(0.f, 0.f);
         }
       }
-      const T* o8 = reinterpret_cast<const T*>(&o_raw);
-      const T* g8 = reinterpret_cast<const T*>(&g_raw);
+      if (has_step<kChunks, kRowChunks>(j)) {
+        const T* o8 = reinterpret_cast<const T*>(&o_raw);
+        const T* g8 = reinterpret_cast<const T*>(&g_raw);
 #pragma unroll
-      for (int x = 0; x < 8; ++x) sum += to_float(o8[x]) * to_float(g8[x]);
+        for (int x = 0; x < 8; ++x) sum += to_float(o8[x]) * to_float(g8[x]);
+      }
     }
   }
 #pragma unroll
@@ -250,18 +278,19 @@ __device__ __forceinline__ void add_dq_atomic(const FlashParams& p, int batch, i
   }
 }
 
-// The n-tile (8 columns) of dK / dV that a warp's local tile j holds. With one warp to a key
-// (kParts 1) it is j. With two (kParts 2, head_dim above 128), part `part` holds the n-tiles
-// [part q, part q + q) of each half of the columns, q = head_dim / 32: local tile j and j + q then
-// hold columns i and i + head_dim / 2, the pair that RoPE rotates together.
-template <int kHeadDim, int kParts>
+// The n-tile (8 columns) of dK / dV that a warp's local tile j holds, of a gradient kWidth columns
+// wide (d_qk for dK, d_v for dV). With one warp to a key (kParts 1) it is j. With two (kParts 2,
+// d_qk + d_v above 256), part `part` holds the n-tiles [part q, part q + q) of each half of the
+// columns, q = kWidth / 32: local tile j and j + q then hold columns i and i + kWidth / 2, the pair
+// that RoPE rotates together.
+template <int kWidth, int kParts>
 __device__ __forceinline__ int key_gradient_tile(int j, int part) {
   if constexpr (kParts == 1) {
     return j;
   } else {
     static_assert(kParts == 2, "dK and dV split over one or two warps");
-    constexpr int kQuarter = kHeadDim / 32;
-    return j < kQuarter ? part * kQuarter + j : kHeadDim / 16 + part * kQuarter + (j - kQuarter);
+    constexpr int kQuarter = kWidth / 32;
+    return j < kQuarter ? part * kQuarter + j : kWidth / 16 + part * kQuarter + (j - kQuarter);
   }
 }
 
@@ -298,23 +327,30 @@ __device__ __forceinline__ void scaled_key_gradient(const FlashParams& p, int ke
 
 // dK and dV of a thread's two keys belong to its CTA alone: added into the fp32 buffers without
 // atomics (dK scaled by the softmax scale, its RoPE undone where asked), or written: fp32, or
-// rounded to T. kParts / part: which columns the arrays hold (key_gradient_tile).
-template <typename T, int kHeadDim, int kParts = 1, int kTiles = kHeadDim / 8 / kParts>
+// rounded to T. kParts / part: which columns the arrays hold (key_gradient_tile); dK has kHeadDim
+// columns, dV kValueDim. The loops run over the wider and skip the narrower's missing tiles.
+template <typename T, int kHeadDim, int kValueDim = kHeadDim, int kParts = 1,
+          int kKeyTiles = kHeadDim / 8 / kParts, int kValueTiles = kValueDim / 8 / kParts>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
-                                                  const float (&dk)[kTiles][4],
-                                                  const float (&dv)[kTiles][4],
+                                                  const float (&dk)[kKeyTiles][4],
+                                                  const float (&dv)[kValueTiles][4],
                                                   bool shared_keys = false, int part = 0) {
-  int columns[kTiles];
+  constexpr int kTiles = kKeyTiles > kValueTiles ? kKeyTiles : kValueTiles;
+  int columns_k[kKeyTiles], columns_v[kValueTiles];
 #pragma unroll
-  for (int dt = 0; dt < kTiles; ++dt) {
-    columns[dt] = key_gradient_tile<kHeadDim, kParts>(dt, part) * 8 + quad_col;
+  for (int dt = 0; dt < kKeyTiles; ++dt) {
+    columns_k[dt] = key_gradient_tile<kHeadDim, kParts>(dt, part) * 8 + quad_col;
+  }
+#pragma unroll
+  for (int dt = 0; dt < kValueTiles; ++dt) {
+    columns_v[dt] = key_gradient_tile<kValueDim, kParts>(dt, part) * 8 + quad_col;
   }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = keys[half];
     if (key >= p.k_len) continue;
-    float k[kTiles][2];
+    float k[kKeyTiles][2];
     scaled_key_gradient<kHeadDim, kParts>(p, key, half, quad_col, part, dk, k);
     const std::int64_t at_k =
         batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
@@ -325,9 +361,13 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
       T* out_v = static_cast<T*>(p.dv) + at_v;
 #pragma unroll
       for (int dt = 0; dt < kTiles; ++dt) {
-        *reinterpret_cast<std::uint32_t*>(out_k + columns[dt]) = pack2<T>(k[dt][0], k[dt][1]);
-        *reinterpret_cast<std::uint32_t*>(out_v + columns[dt]) =
-            pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+        if (has_step<kKeyTiles, kTiles>(dt)) {
+          *reinterpret_cast<std::uint32_t*>(out_k + columns_k[dt]) = pack2<T>(k[dt][0], k[dt][1]);
+        }
+        if (has_step<kValueTiles, kTiles>(dt)) {
+          *reinterpret_cast<std::uint32_t*>(out_v + columns_v[dt]) =
+              pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
+        }
       }
       continue;
     }
@@ -336,31 +376,46 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (p.overwrite_key_gradients && !shared_keys) {
 #pragma unroll
       for (int dt = 0; dt < kTiles; ++dt) {
-        *reinterpret_cast<float2*>(out_k + columns[dt]) = make_float2(k[dt][0], k[dt][1]);
-        *reinterpret_cast<float2*>(out_v + columns[dt]) =
-            make_float2(dv[dt][2 * half], dv[dt][2 * half + 1]);
+        if (has_step<kKeyTiles, kTiles>(dt)) {
+          *reinterpret_cast<float2*>(out_k + columns_k[dt]) = make_float2(k[dt][0], k[dt][1]);
+        }
+        if (has_step<kValueTiles, kTiles>(dt)) {
+          *reinterpret_cast<float2*>(out_v + columns_v[dt]) =
+              make_float2(dv[dt][2 * half], dv[dt][2 * half + 1]);
+        }
       }
       continue;
     }
     if (shared_keys) {  // other CTAs add into the same keys
 #pragma unroll
       for (int dt = 0; dt < kTiles; ++dt) {
-        add_pair_atomic(out_k + columns[dt], k[dt][0], k[dt][1]);
-        add_pair_atomic(out_v + columns[dt], dv[dt][2 * half], dv[dt][2 * half + 1]);
+        if (has_step<kKeyTiles, kTiles>(dt)) {
+          add_pair_atomic(out_k + columns_k[dt], k[dt][0], k[dt][1]);
+        }
+        if (has_step<kValueTiles, kTiles>(dt)) {
+          add_pair_atomic(out_v + columns_v[dt], dv[dt][2 * half], dv[dt][2 * half + 1]);
+        }
       }
       continue;
     }
 #pragma unroll
     for (int dt = 0; dt < kTiles; ++dt) {
-      float2* gk = reinterpret_cast<float2*>(out_k + columns[dt]);
-      float2* gv = reinterpret_cast<float2*>(out_v + columns[dt]);
-      float2 vk = *gk, vv = *gv;
-      vk.x += k[dt][0];
-      vk.y += k[dt][1];
-      vv.x += dv[dt][2 * half];
-      vv.y += dv[dt][2 * half + 1];
-      *gk = vk;
-      *gv = vv;
+      const bool has_k = has_step<kKeyTiles, kTiles>(dt), has_v = has_step<kValueTiles, kTiles>(dt);
+      float2* gk = reinterpret_cast<float2*>(out_k + columns_k[has_k ? dt : 0]);
+      float2* gv = reinterpret_cast<float2*>(out_v + columns_v[has_v ? dt : 0]);
+      float2 vk{}, vv{};
+      if (has_k) vk = *gk;
+      if (has_v) vv = *gv;
+      if (has_k) {
+        vk.x += k[dt][0];
+        vk.y += k[dt][1];
+      }
+      if (has_v) {
+        vv.x += dv[dt][2 * half];
+        vv.y += dv[dt][2 * half + 1];
+      }
+      if (has_k) *gk = vk;
+      if (has_v) *gv = vv;
     }
   }
 }
@@ -373,47 +428,57 @@ constexpr int dq_bands(int head_dim, int warps) {
   return bands;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, int kValueDim = kHeadDim>
 struct BackwardTiles {
   // 8 warps (128 keys) share each Q / dO row tile and its dQ atomics: 2-19% faster on an H200
   // than 4 warps (64 keys), most at head_dim 64, with the same 8 warps an SM.
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  // Above head_dim 128 one warp's dK and dV accumulators of 16 keys would not fit in registers:
-  // two warps share the 16 keys, each computes their S^T and dP^T in full and accumulates dK and
-  // dV for half of the columns (key_gradient_tile).
-  static constexpr int kParts = kHeadDim <= 128 ? 1 : 2;
+  // Above 128 + 128 columns one warp's dK and dV accumulators of 16 keys would not fit in
+  // registers: two warps share the 16 keys, each computes their S^T and dP^T in full and
+  // accumulates dK and dV for half of the columns (key_gradient_tile). 192/128 takes 192/192's
+  // split, 48 + 32 accumulator registers a warp (one warp's 96 + 64 spilled 8-28 bytes a thread
+  // at 255 registers for sm_80).
+  static constexpr int kParts = kHeadDim + kValueDim <= 256 ? 1 : 2;
   static constexpr int kKeyWarps = kWarps / kParts;
   static constexpr int kKeys = 16 * kKeyWarps;
-  static constexpr int kTiles = kHeadDim / 8 / kParts;  // n-tiles of dK and dV a warp holds
+  static constexpr int kKeyTiles = kHeadDim / 8 / kParts;     // n-tiles of dK a warp holds
+  static constexpr int kValueTiles = kValueDim / 8 / kParts;  // n-tiles of dV a warp holds
   // Rows per tile: 64 up to head_dim 64; 32 above, which keeps S^T and dP^T at 16 registers each
   // beside the 2 x 64 registers of the dK and dV accumulators (no spills at 128).
-  static constexpr int kRows = kHeadDim <= 64 ? 64 : 32;
+  static constexpr int kRows = kHeadDim <= 64 && kValueDim <= 64 ? 64 : 32;
   static constexpr int kDsPitch = kRows + 8;  // padded rows of dS^T: 8 ldmatrix rows hit 32 banks
-  static constexpr int kSmemBytes =
-      (2 * kKeys + 4 * kRows) * kHeadDim * 2 + kKeys * kDsPitch * 2 + 4 * kRows * 4;
+  // K and V, two stages of Q and dO, dS^T, two stages of LSE and delta.
+  static constexpr int kSmemBytes = (kKeys + 2 * kRows) * (kHeadDim + kValueDim) * 2 +
+                                    kKeys * kDsPitch * 2 + 4 * kRows * 4;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "the backward's tiles exceed shared memory");
 };
 
-template <typename T, int kHeadDim, bool kCausal, bool kAtomicDq>
-__global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
+template <typename T, int kHeadDim, int kValueDim, bool kCausal, bool kAtomicDq>
+__global__ void __launch_bounds__(BackwardTiles<kHeadDim, kValueDim>::kThreads)
     flash_backward_kernel(const FlashParams p) {
-  using Tiles = BackwardTiles<kHeadDim>;
+  using Tiles = BackwardTiles<kHeadDim, kValueDim>;
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kThreads = Tiles::kThreads;
-  constexpr int kDimSteps = kHeadDim / 16;
+  constexpr int kKeySteps = kHeadDim / 16;     // k-steps of S^T = K Q^T
+  constexpr int kValueSteps = kValueDim / 16;  // k-steps of dP^T = V dO^T
+  constexpr int kDimSteps = kKeySteps > kValueSteps ? kKeySteps : kValueSteps;
   constexpr int kRowTiles = kRows / 8;  // n-tiles of S^T
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* k_tile = reinterpret_cast<T*>(smem_raw);
-  T* v_tile = k_tile + kKeys * kHeadDim;
-  T* q_tiles = v_tile + kKeys * kHeadDim;         // [2][kRows * kHeadDim]
-  T* do_tiles = q_tiles + 2 * kRows * kHeadDim;  // [2][kRows * kHeadDim]
-  T* ds_tile = do_tiles + 2 * kRows * kHeadDim;  // [kKeys][kDsPitch], dS^T
+  T* v_tile = k_tile + kKeys * kHeadDim;          // [kKeys * kValueDim]
+  T* q_tiles = v_tile + kKeys * kValueDim;        // [2][kRows * kHeadDim]
+  T* do_tiles = q_tiles + 2 * kRows * kHeadDim;   // [2][kRows * kValueDim]
+  T* ds_tile = do_tiles + 2 * kRows * kValueDim;  // [kKeys][kDsPitch], dS^T
   float* lse_log2 = reinterpret_cast<float*>(ds_tile + kKeys * Tiles::kDsPitch);  // [2][kRows]
   float* delta = lse_log2 + 2 * kRows;                                             // [2][kRows]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
-  constexpr int kParts = Tiles::kParts, kTiles = Tiles::kTiles;
+  constexpr int kParts = Tiles::kParts;
+  constexpr int kKeyTiles = Tiles::kKeyTiles, kValueTiles = Tiles::kValueTiles;
+  // n-tile pairs of the wider of dK and dV
+  constexpr int kGradientPairs = (kKeyTiles > kValueTiles ? kKeyTiles : kValueTiles) / 2;
   // This warp's 16 keys, and which part of their dK / dV columns it accumulates.
   const int key_warp = warp % Tiles::kKeyWarps, part = warp / Tiles::kKeyWarps;
   const int key0 = blockIdx.x * kKeys;
@@ -444,20 +509,20 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     const T* g = head_slice<T>(p.dout, p.dout_strides, batch, head);
     load_tile_async<kRows, kHeadDim, kThreads>(q_tiles + stage * kRows * kHeadDim, q,
                                                p.q_strides[1], row_first, p.q_len);
-    load_tile_async<kRows, kHeadDim, kThreads>(do_tiles + stage * kRows * kHeadDim, g,
-                                               p.dout_strides[1], row_first, p.q_len);
+    load_tile_async<kRows, kValueDim, kThreads>(do_tiles + stage * kRows * kValueDim, g,
+                                                p.dout_strides[1], row_first, p.q_len);
     stage_row_statistics<kRows, kThreads>(p, batch, head, row_first, lse_log2 + stage * kRows,
                                           delta + stage * kRows);
   };
 
   const int key_limit = min(p.k_len, key0 + kKeys);
   load_tile_async<kKeys, kHeadDim, kThreads>(k_tile, k, p.k_strides[1], key0, key_limit);
-  load_tile_async<kKeys, kHeadDim, kThreads>(v_tile, v, p.v_strides[1], key0, key_limit);
+  load_tile_async<kKeys, kValueDim, kThreads>(v_tile, v, p.v_strides[1], key0, key_limit);
   if (steps > 0) issue_step(0, 0);
   cp_async_commit();
 
-  float dk[kTiles][4] = {};
-  float dv[kTiles][4] = {};
+  float dk[kKeyTiles][4] = {};
+  float dv[kValueTiles][4] = {};
   const int my_keys[2] = {key0 + key_warp * 16 + group_row, key0 + key_warp * 16 + group_row + 8};
 
   for (int step = 0; step < steps; ++step) {
@@ -469,7 +534,7 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     if (step + 1 < steps) issue_step(step + 1, stage ^ 1);
     cp_async_commit();
     const T* q_tile = q_tiles + stage * kRows * kHeadDim;
-    const T* do_tile = do_tiles + stage * kRows * kHeadDim;
+    const T* do_tile = do_tiles + stage * kRows * kValueDim;
     const float* lse_s = lse_log2 + stage * kRows;
     const float* delta_s = delta + stage * kRows;
 
@@ -481,19 +546,27 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
       std::uint32_t a_k[4], a_v[4];
       const int key = key_warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
       const int col = dstep * 16 + (lane / 16) * 8;
-      ldmatrix_x4(a_k, k_tile + swizzled<kHeadDim>(key, col));
-      ldmatrix_x4(a_v, v_tile + swizzled<kHeadDim>(key, col));
+      if (has_step<kKeySteps, kDimSteps>(dstep)) {
+        ldmatrix_x4(a_k, k_tile + swizzled<kHeadDim>(key, col));
+      }
+      if (has_step<kValueSteps, kDimSteps>(dstep)) {
+        ldmatrix_x4(a_v, v_tile + swizzled<kValueDim>(key, col));
+      }
 #pragma unroll
       for (int pair = 0; pair < kRowTiles / 2; ++pair) {
         std::uint32_t b[4];
         const int row = pair * 16 + (lane % 8) + (lane / 16) * 8;
         const int bcol = dstep * 16 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(b, q_tile + swizzled<kHeadDim>(row, bcol));
-        mma_16816<T>(s[2 * pair], a_k, b[0], b[1]);
-        mma_16816<T>(s[2 * pair + 1], a_k, b[2], b[3]);
-        ldmatrix_x4(b, do_tile + swizzled<kHeadDim>(row, bcol));
-        mma_16816<T>(dp[2 * pair], a_v, b[0], b[1]);
-        mma_16816<T>(dp[2 * pair + 1], a_v, b[2], b[3]);
+        if (has_step<kKeySteps, kDimSteps>(dstep)) {
+          ldmatrix_x4(b, q_tile + swizzled<kHeadDim>(row, bcol));
+          mma_16816<T>(s[2 * pair], a_k, b[0], b[1]);
+          mma_16816<T>(s[2 * pair + 1], a_k, b[2], b[3]);
+        }
+        if (has_step<kValueSteps, kDimSteps>(dstep)) {
+          ldmatrix_x4(b, do_tile + swizzled<kValueDim>(row, bcol));
+          mma_16816<T>(dp[2 * pair], a_v, b[0], b[1]);
+          mma_16816<T>(dp[2 * pair + 1], a_v, b[2], b[3]);
+        }
       }
     }
 
@@ -520,17 +593,23 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
         *reinterpret_cast<std::uint32_t*>(ds_row8 + 8) = a_ds[3];
       }
 #pragma unroll
-      for (int pair = 0; pair < kTiles / 2; ++pair) {
+      for (int pair = 0; pair < kGradientPairs; ++pair) {
         std::uint32_t b[4];
         const int row = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int col =
-            key_gradient_tile<kHeadDim, kParts>(2 * pair, part) * 8 + (lane / 16) * 8;
-        ldmatrix_x4_trans(b, do_tile + swizzled<kHeadDim>(row, col));
-        mma_16816<T>(dv[2 * pair], a_p, b[0], b[1]);
-        mma_16816<T>(dv[2 * pair + 1], a_p, b[2], b[3]);
-        ldmatrix_x4_trans(b, q_tile + swizzled<kHeadDim>(row, col));
-        mma_16816<T>(dk[2 * pair], a_ds, b[0], b[1]);
-        mma_16816<T>(dk[2 * pair + 1], a_ds, b[2], b[3]);
+        if (has_step<kValueTiles / 2, kGradientPairs>(pair)) {
+          const int col =
+              key_gradient_tile<kValueDim, kParts>(2 * pair, part) * 8 + (lane / 16) * 8;
+          ldmatrix_x4_trans(b, do_tile + swizzled<kValueDim>(row, col));
+          mma_16816<T>(dv[2 * pair], a_p, b[0], b[1]);
+          mma_16816<T>(dv[2 * pair + 1], a_p, b[2], b[3]);
+        }
+        if (has_step<kKeyTiles / 2, kGradientPairs>(pair)) {
+          const int col =
+              key_gradient_tile<kHeadDim, kParts>(2 * pair, part) * 8 + (lane / 16) * 8;
+          ldmatrix_x4_trans(b, q_tile + swizzled<kHeadDim>(row, col));
+          mma_16816<T>(dk[2 * pair], a_ds, b[0], b[1]);
+          mma_16816<T>(dk[2 * pair + 1], a_ds, b[2], b[3]);
+        }
       }
     }
 
@@ -563,39 +642,46 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim>::kThreads)
     }
   }
 
-  add_key_gradients<T, kHeadDim, kParts>(p, batch, kv_head, my_keys, quad_col, dk, dv, false,
-                                          part);
+  add_key_gradients<T, kHeadDim, kValueDim, kParts>(p, batch, kv_head, my_keys, quad_col, dk, dv,
+                                                     false, part);
 }
 
 // Deterministic dQ: one CTA per 64 query rows of one (batch, head), keys visited in order.
 // Each warp holds 16 rows' fp32 dQ in registers, and up to head_dim 128 their Q and dO fragments
 // too; above, the fragments are re-read from shared memory for each key tile and the tiles hold
-// 32 keys, so that dQ's 96-128 registers fit beside the scores.
-template <int kHeadDim>
+// 32 keys, so that dQ's 96-128 registers fit beside the scores. dQ is kHeadDim wide, so 192/128
+// takes 192/192's tiles.
+template <int kHeadDim, int kValueDim = kHeadDim>
 struct DqTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16 * kWarps;
-  static constexpr int kKeys = kHeadDim <= 128 ? 64 : 32;
-  static constexpr bool kFragmentsInRegisters = kHeadDim <= 128;
-  static constexpr int kSmemBytes = (2 * kRows + 4 * kKeys) * kHeadDim * 2;
+  static constexpr bool kFragmentsInRegisters = kHeadDim <= 128 && kValueDim <= 128;
+  static constexpr int kKeys = kFragmentsInRegisters ? 64 : 32;
+  // Q and dO, then two stages of K and V.
+  static constexpr int kSmemBytes = (kRows + 2 * kKeys) * (kHeadDim + kValueDim) * 2;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "the dQ kernel's tiles exceed shared memory");
 };
 
-template <typename T, int kHeadDim, bool kCausal>
-__global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(const FlashParams p) {
-  using Tiles = DqTiles<kHeadDim>;
+template <typename T, int kHeadDim, int kValueDim, bool kCausal>
+__global__ void __launch_bounds__(DqTiles<kHeadDim, kValueDim>::kThreads)
+    flash_dq_kernel(const FlashParams p) {
+  using Tiles = DqTiles<kHeadDim, kValueDim>;
   constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys;
   constexpr int kThreads = Tiles::kThreads;
-  constexpr int kDimSteps = kHeadDim / 16, kKeyTiles = kKeys / 8;
+  constexpr int kKeySteps = kHeadDim / 16;     // k-steps of S = Q K^T, n-tile pairs of dS K
+  constexpr int kValueSteps = kValueDim / 16;  // k-steps of dP = dO V^T
+  constexpr int kDimSteps = kKeySteps > kValueSteps ? kKeySteps : kValueSteps;
+  constexpr int kKeyTiles = kKeys / 8;
   constexpr bool kInRegisters = Tiles::kFragmentsInRegisters;
   constexpr float kNegInf = -kInfinity;
   constexpr float kPosInf = kInfinity;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);
-  T* do_tile = q_tile + kRows * kHeadDim;
-  T* k_tiles = do_tile + kRows * kHeadDim;  // [2][kKeys * kHeadDim]
-  T* v_tiles = k_tiles + 2 * kKeys * kHeadDim;
+  T* do_tile = q_tile + kRows * kHeadDim;    // [kRows * kValueDim]
+  T* k_tiles = do_tile + kRows * kValueDim;  // [2][kKeys * kHeadDim]
+  T* v_tiles = k_tiles + 2 * kKeys * kHeadDim;  // [2][kKeys * kValueDim]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
@@ -613,11 +699,11 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
   const int key_tiles = (key_end + kKeys - 1) / kKeys;
 
   load_tile_async<kRows, kHeadDim, kThreads>(q_tile, q, p.q_strides[1], row0, p.q_len);
-  load_tile_async<kRows, kHeadDim, kThreads>(do_tile, g, p.dout_strides[1], row0, p.q_len);
+  load_tile_async<kRows, kValueDim, kThreads>(do_tile, g, p.dout_strides[1], row0, p.q_len);
   load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], first_tile * kKeys,
                                              key_end);
-  load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], first_tile * kKeys,
-                                             key_end);
+  load_tile_async<kKeys, kValueDim, kThreads>(v_tiles, v, p.v_strides[1], first_tile * kKeys,
+                                              key_end);
   cp_async_commit();
 
   const int my_rows[2] = {row0 + warp * 16 + group_row, row0 + warp * 16 + group_row + 8};
@@ -636,12 +722,15 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
 
   cp_async_wait<0>();
   __syncthreads();
-  // A fragments of this warp's 16 rows of Q and dO for k-step `step`.
+  // A fragments of this warp's 16 rows of Q and dO for k-step `step` (of Q where
+  // step < kKeySteps, of dO where step < kValueSteps).
   auto load_row_fragments = [&](int step, std::uint32_t (&qf)[4], std::uint32_t (&gf)[4]) {
     const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
     const int c = step * 16 + (lane / 16) * 8;
-    ldmatrix_x4(qf, q_tile + swizzled<kHeadDim>(r, c));
-    ldmatrix_x4(gf, do_tile + swizzled<kHeadDim>(r, c));
+    if (has_step<kKeySteps, kDimSteps>(step)) ldmatrix_x4(qf, q_tile + swizzled<kHeadDim>(r, c));
+    if (has_step<kValueSteps, kDimSteps>(step)) {
+      ldmatrix_x4(gf, do_tile + swizzled<kValueDim>(r, c));
+    }
   };
   constexpr int kHeld = kInRegisters ? kDimSteps : 1;
   std::uint32_t q_frag[kHeld][4], g_frag[kHeld][4];
@@ -654,11 +743,13 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
   for (int tile = first_tile; tile < key_tiles; ++tile) {
     const int stage = (tile - first_tile) & 1;
     const T* k_tile = k_tiles + stage * kKeys * kHeadDim;
-    const T* v_tile = v_tiles + stage * kKeys * kHeadDim;
+    const T* v_tile = v_tiles + stage * kKeys * kValueDim;
     if (tile + 1 < key_tiles) {
-      const int next = (stage ^ 1) * kKeys * kHeadDim;
-      load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles + next, k, p.k_strides[1], (tile + 1) * kKeys, key_end);
-      load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles + next, v, p.v_strides[1], (tile + 1) * kKeys, key_end);
+      const int next = stage ^ 1;
+      load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles + next * kKeys * kHeadDim, k,
+                                                 p.k_strides[1], (tile + 1) * kKeys, key_end);
+      load_tile_async<kKeys, kValueDim, kThreads>(v_tiles + next * kKeys * kValueDim, v,
+                                                  p.v_strides[1], (tile + 1) * kKeys, key_end);
     }
     cp_async_commit();
 
@@ -673,12 +764,16 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
         std::uint32_t b[4];
         const int key = pair * 16 + (lane % 8) + (lane / 16) * 8;
         const int col = step * 16 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(key, col));
-        mma_16816<T>(s[2 * pair], q_frag[held], b[0], b[1]);
-        mma_16816<T>(s[2 * pair + 1], q_frag[held], b[2], b[3]);
-        ldmatrix_x4(b, v_tile + swizzled<kHeadDim>(key, col));
-        mma_16816<T>(dp[2 * pair], g_frag[held], b[0], b[1]);
-        mma_16816<T>(dp[2 * pair + 1], g_frag[held], b[2], b[3]);
+        if (has_step<kKeySteps, kDimSteps>(step)) {
+          ldmatrix_x4(b, k_tile + swizzled<kHeadDim>(key, col));
+          mma_16816<T>(s[2 * pair], q_frag[held], b[0], b[1]);
+          mma_16816<T>(s[2 * pair + 1], q_frag[held], b[2], b[3]);
+        }
+        if (has_step<kValueSteps, kDimSteps>(step)) {
+          ldmatrix_x4(b, v_tile + swizzled<kValueDim>(key, col));
+          mma_16816<T>(dp[2 * pair], g_frag[held], b[0], b[1]);
+          mma_16816<T>(dp[2 * pair + 1], g_frag[held], b[2], b[3]);
+        }
       }
     }
     const int key0 = tile * kKeys;
@@ -711,7 +806,7 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim>::kThreads) flash_dq_kernel(c
                                   pack2<T>(dp[2 * kstep + 1][0], dp[2 * kstep + 1][1]),
                                   pack2<T>(dp[2 * kstep + 1][2], dp[2 * kstep + 1][3])};
 #pragma unroll
-      for (int pair = 0; pair < kDimSteps; ++pair) {
+      for (int pair = 0; pair < kKeySteps; ++pair) {
         std::uint32_t b[4];
         const int key = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
         ldmatrix_x4_trans(b, k_tile + swizzled<kHeadDim>(key, pair * 16 + (lane / 16) * 8));

@@ -1,12 +1,13 @@
 // Host side of the CUDA flash block: every check that can be made before a launch, then one
-// dispatch table over (dtype, head_dim). Causal, combine, deterministic and the kernel family
-// (sm_80 or Hopper, use_hopper_family) are picked inside the launchers.
+// dispatch table over (dtype, head_dim, v_head_dim). Causal, combine, deterministic and the kernel
+// family (sm_80 or Hopper, use_hopper_family) are picked inside the launchers.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <iterator>
+#include <string>
 #include <string_view>
 
 #include "kernels/block_checks.hpp"
@@ -24,23 +25,27 @@ using cuda_detail::FlashParams;
 
 struct KernelSet {
   DType dtype;
-  int head_dim;
+  int head_dim;    // of Q and K
+  int v_head_dim;  // of V and O
   void (*forward)(const FlashParams&, bool, bool, cudaStream_t);
   void (*prepare)(const FlashParams&, cudaStream_t);
   void (*backward)(const FlashParams&, bool, bool, cudaStream_t);
 };
 
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim = kHeadDim>
 constexpr KernelSet kernel_set() {
-  return {kDtype, kHeadDim, &cuda_detail::launch_forward<kDtype, kHeadDim>,
-          &cuda_detail::launch_backward_prepare<kDtype, kHeadDim>,
-          &cuda_detail::launch_backward<kDtype, kHeadDim>};
+  return {kDtype, kHeadDim, kValueDim, &cuda_detail::launch_forward<kDtype, kHeadDim, kValueDim>,
+          &cuda_detail::launch_backward_prepare<kDtype, kHeadDim, kValueDim>,
+          &cuda_detail::launch_backward<kDtype, kHeadDim, kValueDim>};
 }
 
 // The head dims of this build (RINGATTN_CUDA_HEAD_DIM_<d> in ringattn/config.h): a set for one
-// left out would name kernels that no file instantiated.
+// left out would name kernels that no file instantiated. The pairs of a V of its own width
+// (detail::kCudaBlockValueDimPairs) come with their head_dim.
 #define RINGATTN_KERNEL_SETS(head_dim) \
   kernel_set<DType::bf16, head_dim>(), kernel_set<DType::f16, head_dim>(),
+#define RINGATTN_VALUE_DIM_KERNEL_SETS(head_dim, value_dim) \
+  kernel_set<DType::bf16, head_dim, value_dim>(), kernel_set<DType::f16, head_dim, value_dim>(),
 constexpr KernelSet kKernels[] = {
 #if RINGATTN_CUDA_HEAD_DIM_32
     RINGATTN_KERNEL_SETS(32)
@@ -56,38 +61,70 @@ constexpr KernelSet kKernels[] = {
 #endif
 #if RINGATTN_CUDA_HEAD_DIM_192
     RINGATTN_KERNEL_SETS(192)
+    RINGATTN_VALUE_DIM_KERNEL_SETS(192, 128)
 #endif
 #if RINGATTN_CUDA_HEAD_DIM_256
     RINGATTN_KERNEL_SETS(256)
 #endif
 };
+#undef RINGATTN_VALUE_DIM_KERNEL_SETS
 #undef RINGATTN_KERNEL_SETS
 
-// One set for each dtype and each head dim of detail::kCudaBlockHeadDims, and no other: the head
-// dims that every entry point checks and names (detail::check_block_dtype) are the table's.
+// The sets of kKernels for dtype, head_dim and v_head_dim.
+constexpr int count_sets(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim) {
+  int sets = 0;
+  for (const KernelSet& set : kKernels) {
+    sets += set.dtype == dtype && set.head_dim == head_dim && set.v_head_dim == v_head_dim;
+  }
+  return sets;
+}
+
+// One set for each dtype and each head dim of detail::kCudaBlockHeadDims (v_head_dim equal to it)
+// and each pair of detail::kCudaBlockValueDimPairs, and no other: the head dims that every entry
+// point checks and names (detail::check_block_dtype) are the table's.
 constexpr bool table_has_the_checked_head_dims() {
   for (const DType dtype : {DType::bf16, DType::f16}) {
     for (const std::int64_t head_dim : detail::kCudaBlockHeadDims) {
-      int sets = 0;
-      for (const KernelSet& set : kKernels) sets += set.dtype == dtype && set.head_dim == head_dim;
-      if (sets != 1) return false;
+      if (count_sets(dtype, head_dim, head_dim) != 1) return false;
+    }
+    for (const detail::HeadDimPair& pair : detail::kCudaBlockValueDimPairs) {
+      if (count_sets(dtype, pair.head_dim, pair.v_head_dim) != 1) return false;
     }
   }
-  return std::size(kKernels) == 2 * std::size(detail::kCudaBlockHeadDims);
+  return std::size(kKernels) ==
+         2 * (std::size(detail::kCudaBlockHeadDims) + std::size(detail::kCudaBlockValueDimPairs));
 }
 static_assert(table_has_the_checked_head_dims(),
-              "kKernels must hold one kernel set per dtype and head dim of kCudaBlockHeadDims");
+              "kKernels must hold one kernel set per dtype and head dim of kCudaBlockHeadDims and "
+              "per dtype and pair of kCudaBlockValueDimPairs");
 
 // Refuses (ErrorKind::unsupported) a dtype or head dims without kernels, a v_head_dim other than
-// head_dim included, before anything touches the GPU.
+// head_dim outside kCudaBlockValueDimPairs included, before anything touches the GPU.
 const KernelSet& find_kernels(DType dtype, std::int64_t head_dim, std::int64_t v_head_dim,
                               const char* where) {
   detail::check_block_dtype(dtype, head_dim, v_head_dim, Memory::device, where);
   for (const KernelSet& set : kKernels) {
-    if (set.dtype == dtype && set.head_dim == head_dim) return set;
+    if (set.dtype == dtype && set.head_dim == head_dim && set.v_head_dim == v_head_dim) {
+      return set;
+    }
   }
   detail::fail_as(ErrorKind::unsupported, where, "no kernels were built for ", dtype_name(dtype),
-                  " with head_dim ", head_dim);
+                  " with head_dim ", head_dim, " and v_head_dim ", v_head_dim);
+}
+
+// The prepare's kernels: for O and dO of v_head_dim and, with a dQ to zero, dQ of head_dim (the
+// pair's checks and messages), else any set of this dtype whose V has O's width (the square one
+// first, which a build without it may lack where a pair has it).
+const KernelSet& find_prepare_kernels(DType dtype, std::int64_t v_head_dim,
+                                      const TensorView* dq_to_zero, const char* where) {
+  if (dq_to_zero != nullptr) return find_kernels(dtype, dq_to_zero->shape[3], v_head_dim, where);
+  if (detail::cuda_block_takes_head_dim(v_head_dim)) {
+    return find_kernels(dtype, v_head_dim, v_head_dim, where);
+  }
+  for (const KernelSet& set : kKernels) {
+    if (set.dtype == dtype && set.v_head_dim == v_head_dim) return set;
+  }
+  return find_kernels(dtype, v_head_dim, v_head_dim, where);  // refuses, naming the head dim
 }
 
 // The kernel family: the Hopper one (wgmma) on a compute capability 9.0 GPU when the
@@ -226,25 +263,29 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
                       "[batch, heads, len] of o", kWhere);
   detail::check_dtype(dout, "dout", o.dtype, "the dtype of o", kWhere);
   detail::check_dtype(delta, "delta", DType::f32, "the accumulator dtype", kWhere);
-  // dq has the head_dim of q (d_qk), o that of v (d_v); the kernels take one head dim for both.
+  // dq has the head_dim of q (d_qk), o that of v (d_v): the pair must have kernels.
   if (dq_to_zero != nullptr) {
     detail::check_view(*dq_to_zero, "dq", 4, Memory::device, kWhere);
-    if (dq_to_zero->shape[3] != o.shape[3]) {
+    if (dq_to_zero->shape[3] != o.shape[3] &&
+        !detail::cuda_block_takes_value_dim(dq_to_zero->shape[3], o.shape[3])) {
+      const std::string pairs = detail::cuda_block_value_dims_text();
       detail::fail_as(ErrorKind::unsupported, kWhere, "dq has head_dim ", dq_to_zero->shape[3],
                       " but o has ", o.shape[3],
                       "; the CUDA block takes one head_dim for q, k and v (",
-                      detail::cuda_block_head_dims_text(), ")");
+                      detail::cuda_block_head_dims_text(), ")",
+                      pairs.empty() ? "" : ", or " + pairs);
     }
   }
-  const KernelSet& kernels = find_kernels(o.dtype, o.shape[3], o.shape[3], kWhere);
+  const KernelSet& kernels = find_prepare_kernels(o.dtype, o.shape[3], dq_to_zero, kWhere);
   check_sizes({o.shape[0], o.shape[1], o.shape[1], o.shape[2], o.shape[2], o.shape[3]}, kWhere);
   check_device(kWhere);
   check_layout(o, "o", kWhere);
   check_layout(dout, "dout", kWhere);
   check_layout(delta, "delta", kWhere);
   if (dq_to_zero != nullptr) {
-    detail::check_shape(*dq_to_zero, "dq", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]},
-                        "the shape of o", kWhere);
+    detail::check_shape(*dq_to_zero, "dq",
+                        {o.shape[0], o.shape[1], o.shape[2], dq_to_zero->shape[3]},
+                        "the batch, length and heads of o", kWhere);
     detail::check_dtype(*dq_to_zero, "dq", DType::f32, "the accumulator dtype", kWhere);
     check_layout(*dq_to_zero, "dq", kWhere);
   }
@@ -263,7 +304,7 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
   p.batch = static_cast<int>(o.shape[0]);
   p.q_len = static_cast<int>(o.shape[1]);
   p.q_heads = static_cast<int>(o.shape[2]);
-  p.head_dim = static_cast<int>(o.shape[3]);
+  p.head_dim = kernels.head_dim;
   kernels.prepare(p, static_cast<cudaStream_t>(stream));
 }
 

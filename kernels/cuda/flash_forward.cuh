@@ -4,7 +4,8 @@
 // keeps its fp32 O accumulator and its softmax statistics in registers. K and V
 // stream through two shared-memory stages: the next tile's cp.async copies run while the tensor
 // cores work on the current one. The softmax runs in the exp2 domain (one FFMA and one EX2 per
-// score) with the running maximum in raw score units.
+// score) with the running maximum in raw score units. Q and K have kHeadDim columns (d_qk), V and
+// O kValueDim (d_v): equal but for multi-head latent attention's 192/128.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,19 +23,22 @@ namespace ringattn::cuda_detail {
 // not the tensor cores bounded the kernel. From head_dim 96 the two tiles' fp32 O accumulators
 // take 96-128 registers, so the Q fragments are re-read from shared memory for each K/V tile
 // instead of living in registers; above 128 a warp owns one tile (the accumulator of 256 columns
-// alone takes 128 registers).
-template <int kHeadDim>
+// alone takes 128 registers). The O accumulator is kValueDim wide and sets kMTiles; Q's width
+// only lengthens the Q K^T loop (its fragments come from shared memory from 96 on): 192/128 takes
+// 128/128's tiles.
+template <int kHeadDim, int kValueDim = kHeadDim>
 struct ForwardTiles {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMTiles = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kMTiles = kValueDim <= 128 ? 2 : 1;
   static constexpr int kRows = 16 * kMTiles * kWarps;  // query rows per CTA
   // Keys per K/V stage: 64, or 32 from head_dim 96, where the scores of 64 keys would spill.
-  static constexpr int kKeys = kHeadDim <= 64 ? 64 : 32;
-  static constexpr bool kQInRegisters = kHeadDim <= 64;
+  static constexpr int kKeys = kHeadDim <= 64 && kValueDim <= 64 ? 64 : 32;
+  static constexpr bool kQInRegisters = kHeadDim <= 64 && kValueDim <= 64;
   // Q, then two stages of K and V: 64 KiB at head_dim 64 and 128 (up to three CTAs an SM), 96
-  // KiB at 256.
-  static constexpr int kSmemBytes = (kRows + 4 * kKeys) * kHeadDim * 2;
+  // KiB at 256, 88 KiB at 192/128.
+  static constexpr int kSmemBytes = (kRows * kHeadDim + 2 * kKeys * (kHeadDim + kValueDim)) * 2;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "the forward's tiles exceed shared memory");
 };
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -375,11 +379,12 @@ __device__ __forceinline__ void probability_fragment(std::uint32_t (&a)[4],
 }
 
 // Epilogue for the two rows a thread holds: normalise, then write O and LSE, or merge them into
-// the running fp32 pair (combine mode). Every lane of the warp must call it (quad shuffles).
-template <typename T, int kHeadDim, bool kCombine>
+// the running fp32 pair (combine mode). Every lane of the warp must call it (quad shuffles). O
+// and the accumulator have kValueDim columns.
+template <typename T, int kValueDim, bool kCombine>
 __device__ __forceinline__ void store_forward_rows(const FlashParams& p, int batch, int head,
                                                    const int (&rows)[2],
-                                                   const float (&acc)[kHeadDim / 8][4],
+                                                   const float (&acc)[kValueDim / 8][4],
                                                    const float (&row_max)[2],
                                                    const float (&row_sum)[2], int lane) {
   constexpr float kNegInf = -kInfinity;
@@ -407,7 +412,7 @@ __device__ __forceinline__ void store_forward_rows(const FlashParams& p, int bat
       const float keep = old_lse == kNegInf ? 0.f : __expf(old_lse - merged);
       const float add = __expf(block_lse - merged) / total;
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      for (int dt = 0; dt < kValueDim / 8; ++dt) {
         float2* out = reinterpret_cast<float2*>(o + dt * 8 + quad_col);
         float2 value = *out;
         value.x = value.x * keep + acc[dt][2 * r] * add;
@@ -421,7 +426,7 @@ __device__ __forceinline__ void store_forward_rows(const FlashParams& p, int bat
              head * p.o_strides[2];
       const float inv = empty ? 0.f : 1.f / total;
 #pragma unroll
-      for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+      for (int dt = 0; dt < kValueDim / 8; ++dt) {
         *reinterpret_cast<std::uint32_t*>(o + dt * 8 + quad_col) =
             pack2<T>(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
       }
@@ -430,20 +435,21 @@ __device__ __forceinline__ void store_forward_rows(const FlashParams& p, int bat
   }
 }
 
-template <typename T, int kHeadDim, bool kCausal, bool kCombine>
-__global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
+template <typename T, int kHeadDim, int kValueDim, bool kCausal, bool kCombine>
+__global__ void __launch_bounds__(ForwardTiles<kHeadDim, kValueDim>::kThreads)
     flash_forward_kernel(const FlashParams p) {
-  using Tiles = ForwardTiles<kHeadDim>;
+  using Tiles = ForwardTiles<kHeadDim, kValueDim>;
   constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kThreads = Tiles::kThreads;
   constexpr int kMTiles = Tiles::kMTiles;
-  constexpr int kDimSteps = kHeadDim / 16;  // k-steps of Q K^T, n-tile pairs of P V
+  constexpr int kDimSteps = kHeadDim / 16;     // k-steps of Q K^T
+  constexpr int kValueSteps = kValueDim / 16;  // n-tile pairs of P V
   constexpr int kKeyTiles = kKeys / 8;      // n-tiles of S
   constexpr float kNegInf = -kInfinity;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);
   T* k_tiles = q_tile + kRows * kHeadDim;  // [2][kKeys * kHeadDim]
-  T* v_tiles = k_tiles + 2 * kKeys * kHeadDim;
+  T* v_tiles = k_tiles + 2 * kKeys * kHeadDim;  // [2][kKeys * kValueDim]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
@@ -466,12 +472,12 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
     load_tile_async<kRows, kHeadDim, kThreads>(q_tile, q, p.q_strides[1], row0, p.q_len);
     load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles, k, p.k_strides[1], first_tile * kKeys,
                                                key_end);
-    load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles, v, p.v_strides[1], first_tile * kKeys,
-                                               key_end);
+    load_tile_async<kKeys, kValueDim, kThreads>(v_tiles, v, p.v_strides[1], first_tile * kKeys,
+                                                key_end);
   }
   cp_async_commit();
 
-  float acc[kMTiles][kHeadDim / 8][4] = {};
+  float acc[kMTiles][kValueDim / 8][4] = {};
   float row_max[kMTiles][2], row_sum[kMTiles][2];
   // The rows this thread holds, as local query indices: tile mt, half r (+0 or +8).
   int my_rows[kMTiles][2];
@@ -503,13 +509,13 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
   for (int tile = first_tile; tile < key_tiles; ++tile) {
     const int stage = (tile - first_tile) & 1;
     const T* k_tile = k_tiles + stage * kKeys * kHeadDim;
-    const T* v_tile = v_tiles + stage * kKeys * kHeadDim;
+    const T* v_tile = v_tiles + stage * kKeys * kValueDim;
     if (tile + 1 < key_tiles) {
-      const int next = (stage ^ 1) * kKeys * kHeadDim;
-      load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles + next, k, p.k_strides[1],
-                                                 (tile + 1) * kKeys, key_end);
-      load_tile_async<kKeys, kHeadDim, kThreads>(v_tiles + next, v, p.v_strides[1],
-                                                 (tile + 1) * kKeys, key_end);
+      const int next = stage ^ 1;
+      load_tile_async<kKeys, kHeadDim, kThreads>(k_tiles + next * kKeys * kHeadDim, k,
+                                                 p.k_strides[1], (tile + 1) * kKeys, key_end);
+      load_tile_async<kKeys, kValueDim, kThreads>(v_tiles + next * kKeys * kValueDim, v,
+                                                  p.v_strides[1], (tile + 1) * kKeys, key_end);
     }
     cp_async_commit();
 
@@ -569,10 +575,10 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) probability_fragment<T>(a[mt], s[mt], kstep);
 #pragma unroll
-      for (int pair = 0; pair < kDimSteps; ++pair) {
+      for (int pair = 0; pair < kValueSteps; ++pair) {
         std::uint32_t b[4];
         const int key = kstep * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        ldmatrix_x4_trans(b, v_tile + swizzled<kHeadDim>(key, pair * 16 + (lane / 16) * 8));
+        ldmatrix_x4_trans(b, v_tile + swizzled<kValueDim>(key, pair * 16 + (lane / 16) * 8));
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           mma_16816<T>(acc[mt][2 * pair], a[mt], b[0], b[1]);
@@ -586,8 +592,8 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim>::kThreads)
 
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
-    store_forward_rows<T, kHeadDim, kCombine>(p, batch, head, my_rows[mt], acc[mt], row_max[mt],
-                                              row_sum[mt], lane);
+    store_forward_rows<T, kValueDim, kCombine>(p, batch, head, my_rows[mt], acc[mt], row_max[mt],
+                                               row_sum[mt], lane);
   }
 }
 

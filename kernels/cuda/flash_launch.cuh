@@ -90,18 +90,20 @@ int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
   return static_cast<int>(std::min(group, pairs));
 }
 
-// The head dims the Hopper family has kernels for; the others take the sm_80 family on Hopper too.
-template <int kHeadDim>
-inline constexpr bool kHopperHeadDim = kHeadDim == 64 || kHeadDim == 128;
+// The head dims the Hopper family has kernels for (d_qk == d_v, 64 or 128); the others, 192/128
+// included, take the sm_80 family on Hopper too.
+template <int kHeadDim, int kValueDim>
+inline constexpr bool kHopperHeadDims =
+    kHeadDim == kValueDim && (kHeadDim == 64 || kHeadDim == 128);
 
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_forward_sm80(const FlashParams& p, bool combine, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  using Tiles = ForwardTiles<kHeadDim>;
+  using Tiles = ForwardTiles<kHeadDim, kValueDim>;
   const dim3 grid((p.q_len + Tiles::kRows - 1) / Tiles::kRows, p.q_heads, p.batch);
   with_flags(p.causal, combine, [&](auto causal, auto merge) {
-    launch(flash_forward_kernel<T, kHeadDim, causal.value, merge.value>, grid, Tiles::kThreads,
-           Tiles::kSmemBytes, stream, p);
+    launch(flash_forward_kernel<T, kHeadDim, kValueDim, causal.value, merge.value>, grid,
+           Tiles::kThreads, Tiles::kSmemBytes, stream, p);
   });
 }
 
@@ -140,24 +142,24 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
   return false;
 }
 
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
-  if constexpr (kHopperHeadDim<kHeadDim>) {
+  if constexpr (kHopperHeadDims<kHeadDim, kValueDim>) {
     if (hopper && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
   } else {
     (void)hopper;
   }
-  launch_forward_sm80<kDtype, kHeadDim>(p, combine, stream);
+  launch_forward_sm80<kDtype, kHeadDim, kValueDim>(p, combine, stream);
 }
 
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_backward_prepare(const FlashParams& p, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  constexpr int kThreads = 256, kRowThreads = prepare_row_lanes(kHeadDim);
+  constexpr int kThreads = 256, kRowThreads = prepare_row_lanes(kHeadDim, kValueDim);
   const std::int64_t row_threads = static_cast<std::int64_t>(p.q_len) * kRowThreads;
   const dim3 grid(static_cast<unsigned>((row_threads + kThreads - 1) / kThreads),
                   static_cast<unsigned>(p.q_heads), static_cast<unsigned>(p.batch));
-  flash_backward_prepare_kernel<T, kHeadDim><<<grid, kThreads, 0, stream>>>(p);
+  flash_backward_prepare_kernel<T, kHeadDim, kValueDim><<<grid, kThreads, 0, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
@@ -189,13 +191,13 @@ inline bool dq_atomics_forced() {
   return value != nullptr && std::string_view(value) == "1";
 }
 
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_backward_sm80(const FlashParams& p, bool deterministic, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  using Tiles = BackwardTiles<kHeadDim>;
+  using Tiles = BackwardTiles<kHeadDim, kValueDim>;
   const dim3 grid((p.k_len + Tiles::kKeys - 1) / Tiles::kKeys, p.kv_heads, p.batch);
   with_flags(p.causal, !deterministic, [&](auto causal, auto atomic_dq) {
-    launch(flash_backward_kernel<T, kHeadDim, causal.value, atomic_dq.value>, grid,
+    launch(flash_backward_kernel<T, kHeadDim, kValueDim, causal.value, atomic_dq.value>, grid,
            Tiles::kThreads, Tiles::kSmemBytes, stream, p);
   });
 }
@@ -274,31 +276,40 @@ bool launch_backward_hopper(const FlashParams& params, bool deterministic, cudaS
   return true;
 }
 
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
   bool launched = false;
-  if constexpr (kHopperHeadDim<kHeadDim>) {
+  if constexpr (kHopperHeadDims<kHeadDim, kValueDim>) {
     launched = hopper && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
   } else {
     (void)hopper;
   }
-  if (!launched) launch_backward_sm80<kDtype, kHeadDim>(p, deterministic, stream);
+  if (!launched) launch_backward_sm80<kDtype, kHeadDim, kValueDim>(p, deterministic, stream);
   if (deterministic) {
-    using Dq = DqTiles<kHeadDim>;
+    using Dq = DqTiles<kHeadDim, kValueDim>;
     const dim3 dq_grid((p.q_len + Dq::kRows - 1) / Dq::kRows, p.q_heads, p.batch);
-    if (p.causal) launch(flash_dq_kernel<T, kHeadDim, true>, dq_grid, Dq::kThreads, Dq::kSmemBytes, stream, p);
-    else launch(flash_dq_kernel<T, kHeadDim, false>, dq_grid, Dq::kThreads, Dq::kSmemBytes, stream, p);
+    if (p.causal) {
+      launch(flash_dq_kernel<T, kHeadDim, kValueDim, true>, dq_grid, Dq::kThreads, Dq::kSmemBytes,
+             stream, p);
+    } else {
+      launch(flash_dq_kernel<T, kHeadDim, kValueDim, false>, dq_grid, Dq::kThreads,
+             Dq::kSmemBytes, stream, p);
+    }
   }
 }
 
 }  // namespace ringattn::cuda_detail
 
-// One line per instantiation file: RINGATTN_INSTANTIATE_FLASH(ringattn::DType::bf16, 128)
-#define RINGATTN_INSTANTIATE_FLASH(dtype, head_dim)                                          \
-  template void ringattn::cuda_detail::launch_forward<dtype, head_dim>(                      \
+// One line per instantiation file: RINGATTN_INSTANTIATE_FLASH(ringattn::DType::bf16, 128) for
+// d_v == d_qk, RINGATTN_INSTANTIATE_FLASH_VALUE_DIM(ringattn::DType::bf16, 192, 128) for a V of
+// its own width.
+#define RINGATTN_INSTANTIATE_FLASH_VALUE_DIM(dtype, head_dim, value_dim)                     \
+  template void ringattn::cuda_detail::launch_forward<dtype, head_dim, value_dim>(           \
       const ::ringattn::cuda_detail::FlashParams&, bool, bool, cudaStream_t);                \
-  template void ringattn::cuda_detail::launch_backward_prepare<dtype, head_dim>(             \
+  template void ringattn::cuda_detail::launch_backward_prepare<dtype, head_dim, value_dim>(  \
       const ::ringattn::cuda_detail::FlashParams&, cudaStream_t);                            \
-  template void ringattn::cuda_detail::launch_backward<dtype, head_dim>(                     \
+  template void ringattn::cuda_detail::launch_backward<dtype, head_dim, value_dim>(          \
       const ::ringattn::cuda_detail::FlashParams&, bool, bool, cudaStream_t)
+#define RINGATTN_INSTANTIATE_FLASH(dtype, head_dim) \
+  RINGATTN_INSTANTIATE_FLASH_VALUE_DIM(dtype, head_dim, head_dim)

@@ -9,7 +9,9 @@
 namespace ringattn::cuda_detail {
 
 struct FlashParams {
-  // Inputs [batch, len, heads, head_dim] with unit stride along head_dim.
+  // Inputs [batch, len, heads, head_dim] with unit stride along head_dim. Q, K, dQ and dK have
+  // head_dim columns, V, O, dO and dV the kernel's value dim (equal, or 128 for head_dim 192): the
+  // kernels take both widths from their template arguments.
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;

@@ -1,8 +1,8 @@
 // Shared-memory tiles of 16-bit rows with a 16-byte XOR swizzle, filled by cp.async.
 //
-// A row of head_dim 16-bit values is head_dim / 8 chunks of 16 bytes. ldmatrix reads one chunk
-// from each of 8 consecutive rows (the first a multiple of 8); unswizzled, a row pitch of 128 or
-// 256 bytes puts all 8 in the same banks. With a pitch that is a multiple of 128 bytes (head_dim
+// A row of head_dim 16-bit values (the tile's width: d_qk for Q and K, d_v for V and dO) is
+// head_dim / 8 chunks of 16 bytes. ldmatrix reads one chunk from each of 8 consecutive rows (the
+// first a multiple of 8); unswizzled, a row pitch of 128 or 256 bytes puts all 8 in the same banks. With a pitch that is a multiple of 128 bytes (head_dim
 // 64, 128, 192, 256), chunk c of row r is stored at chunk c ^ (r % 8) of its group of 8, which
 // spreads the 8 reads over all 32 banks. With a pitch of 128 k + 64 bytes (head_dim 32, 96), odd
 // rows already start half a bank cycle later, so chunk c is stored at c ^ ((r / 2) % 4) of its
@@ -15,6 +15,11 @@
 #include "kernels/cuda/mma_ptx.cuh"
 
 namespace ringattn::cuda_detail {
+
+// The most dynamic shared memory a CTA of the sm_80 family may opt in to on its smallest target,
+// compute capability 8.0 (A100: 163 KiB; sm_90 allows 227 KiB): every tile struct asserts its
+// bytes against it.
+constexpr int kMaxDynamicSmemBytes = 163 * 1024;
 
 template <int kHeadDim>
 __device__ __forceinline__ int swizzled(int row, int col) {

@@ -51,8 +51,8 @@ def attention(q, k, v, *, causal=False, scale=None, q_start=0, k_start=0, window
     q [batch, q_len, q_heads, head_dim], k [batch, k_len, kv_heads, head_dim] and
     v [batch, k_len, kv_heads, v_head_dim] with q_heads a multiple of kv_heads (GQA). CPU tensors
     of f32 or f64 (any head dims; v_head_dim may differ from head_dim) or CUDA tensors of bf16 or
-    f16 (the head dims the library was built for, v_head_dim equal to head_dim), on the current
-    stream. Any strides; a tensor without unit stride along its last axis (or, on CUDA, with
+    f16 (the head dims the library was built for, v_head_dim equal to head_dim, or 192 with
+    v_head_dim 128), on the current stream. Any strides; a tensor without unit stride along its last axis (or, on CUDA, with
     strides the kernels cannot take) is copied to a contiguous one first.
 
     The mask is by global position: query row i sits at q_start + i, key row j at k_start + j,

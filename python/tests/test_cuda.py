@@ -40,19 +40,25 @@ def naive(q, k, v, do, dlse, dtype, **mask):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (192, 128)], ids=["64", "128", "192v128"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 2), (1, 127, 300, 4, 4), (1, 17, 17, 8, 1)])
-def test_cuda_matches_reference(dtype, head_dim, causal, shape):
+def test_cuda_matches_reference(dtype, dims, causal, shape):
     g = torch.Generator(device="cuda").manual_seed(SEED)
     b, sq, sk, hq, hkv = shape
+    head_dim, v_head_dim = dims  # 192/128: Q and K wider than V (multi-head latent attention)
     q = torch.randn(b, sq, hq, head_dim, device="cuda", generator=g).to(dtype)
     k = torch.randn(b, sk, hkv, head_dim, device="cuda", generator=g).to(dtype)
-    v = torch.randn(b, sk, hkv, head_dim, device="cuda", generator=g).to(dtype)
-    do = torch.randn(b, sq, hq, head_dim, device="cuda", generator=g).to(dtype)
+    v = torch.randn(b, sk, hkv, v_head_dim, device="cuda", generator=g).to(dtype)
+    do = torch.randn(b, sq, hq, v_head_dim, device="cuda", generator=g).to(dtype)
     dlse = torch.randn(b, hq, sq, device="cuda", generator=g)
     mask = dict(causal=causal, q_start=sk - sq if causal else 0)
-    out = run(q, k, v, do, dlse, **mask)
+    try:
+        out = run(q, k, v, do, dlse, **mask)
+    except ringattn.RingattnError as error:
+        if "left out of this build" in str(error):
+            pytest.skip(str(error))
+        raise
     assert out[0].dtype == dtype and out[1].dtype == torch.float32
     assert all(t.dtype == dtype for t in out[2:])
     ref = naive(q, k, v, do, dlse, torch.float64, **mask)

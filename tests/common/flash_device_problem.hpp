@@ -18,6 +18,7 @@
 #include "ringattn/attention.hpp"
 #include "src/cuda/device_buffer.hpp"
 #include "tests/common/attention_testing.hpp"
+#include "tests/common/head_dims.hpp"
 #include "tests/common/low_precision_attention.hpp"
 
 namespace ringattn::test {
@@ -36,14 +37,27 @@ struct Case {
   std::vector<std::int64_t> documents = {};
   std::int64_t document_stride = 0;
   const char* label = nullptr;  // the case's name, when its mask needs one
+  // V, O, dO and dV of v_head_dim columns (0: head_dim), as multi-head latent attention's 192/128.
+  std::int64_t v_head_dim = 0;
+
+  std::int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
+
+// `c` with V, O, dO and dV of `dims.v_head_dim` columns and Q, K of `dims.head_dim`.
+inline Case with_dims(Case c, const CudaDims& dims) {
+  c.head_dim = dims.head_dim;
+  c.v_head_dim = dims.v_head_dim;
+  return c;
+}
 
 inline std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   std::string name = std::string(dtype_name(c.dtype)) + (c.label ? std::string("_") + c.label : "") + "_b" + std::to_string(c.batch) + "_sq" +
                      std::to_string(c.q_len) + "_sk" + std::to_string(c.k_len) + "_h" +
                      std::to_string(c.q_heads) + "x" + std::to_string(c.kv_heads) + "_d" +
-                     std::to_string(c.head_dim) + (c.causal ? "_causal" : "_full");
+                     std::to_string(c.head_dim);
+  if (c.value_dim() != c.head_dim) name += std::string("_v") + std::to_string(c.value_dim());
+  name += c.causal ? "_causal" : "_full";
   if (c.q_start != 0 || c.k_start != 0) name += "_q" + std::to_string(c.q_start) + "k" + std::to_string(c.k_start);
   if (c.packed) name += "_packed";
   if (c.input_scale != 1.0) name += "_x" + std::to_string(static_cast<int>(c.input_scale));
@@ -91,57 +105,58 @@ struct DeviceProblem {
   DeviceBuffer qkv, k_only, v_only, dout_buffer, o, lse, delta, dq, dk, dv, document_buffer;
   TensorView q_view, k_view, v_view, o_view, lse_view, dout_view, delta_view, dq_view, dk_view, dv_view;
 
-  // Random inputs drawn from `stream`: q and k of magnitude c.input_scale, v and dout N(0, 1).
+  // Random inputs drawn from `stream`: q and k of magnitude c.input_scale, v and dout N(0, 1);
+  // v and dout of c.value_dim() columns.
   DeviceProblem(const Case& cs, std::uint64_t stream) : DeviceProblem(cs, random_inputs(cs, stream)) {}
 
   // Given logical values, each representable in c.dtype: {q, k, v, dout}.
   DeviceProblem(const Case& cs, std::array<std::vector<double>, 4> inputs)
       : c(cs), q(std::move(inputs[0])), k(std::move(inputs[1])), v(std::move(inputs[2])),
         dout(std::move(inputs[3])) {
-    s = {c.batch, c.q_len, c.k_len, c.q_heads, c.kv_heads, c.head_dim};
+    s = {c.batch, c.q_len, c.k_len, c.q_heads, c.kv_heads, c.head_dim, c.value_dim()};
     const std::int64_t B = c.batch, Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
+    const std::int64_t Dv = c.value_dim();
     const std::size_t two = 2;
     if (c.packed) {
-      // [B, S, Hq + 2 Hkv, D]: Q heads, then K heads, then V heads of each token.
-      const std::int64_t H = Hq + 2 * Hkv;
-      std::vector<std::uint16_t> packed(B * Sq * H * D);
+      // [B, S, Hq D + Hkv D + Hkv Dv]: Q heads, then K heads, then V heads of each token.
+      const std::int64_t row_len = (Hq + Hkv) * D + Hkv * Dv;
+      std::vector<std::uint16_t> packed(B * Sq * row_len);
       const auto qb = to_bits(c.dtype, q), kb = to_bits(c.dtype, k), vb = to_bits(c.dtype, v);
       for (std::int64_t b = 0; b < B; ++b)
         for (std::int64_t t = 0; t < Sq; ++t) {
-          std::uint16_t* row = &packed[(b * Sq + t) * H * D];
+          std::uint16_t* row = &packed[(b * Sq + t) * row_len];
           std::memcpy(row, &qb[(b * Sq + t) * Hq * D], Hq * D * two);
           std::memcpy(row + Hq * D, &kb[(b * Sq + t) * Hkv * D], Hkv * D * two);
-          std::memcpy(row + (Hq + Hkv) * D, &vb[(b * Sq + t) * Hkv * D], Hkv * D * two);
+          std::memcpy(row + (Hq + Hkv) * D, &vb[(b * Sq + t) * Hkv * Dv], Hkv * Dv * two);
         }
       qkv = DeviceBuffer(packed.size() * two);
       RINGATTN_CUDA_CHECK(cudaMemcpy(qkv.data(), packed.data(), packed.size() * two, cudaMemcpyHostToDevice));
-      const std::int64_t strides[4] = {Sq * H * D, H * D, D, 1};
-      auto view = [&](std::int64_t head_offset, std::int64_t heads) {
-        TensorView t = TensorView::contiguous(qkv.as<std::uint16_t>() + head_offset * D, c.dtype,
-                                              {B, Sq, heads, D}, Memory::device);
-        return t.with_strides({strides[0], strides[1], strides[2], strides[3]});
+      auto view = [&](std::int64_t offset, std::int64_t heads, std::int64_t width) {
+        TensorView t = TensorView::contiguous(qkv.as<std::uint16_t>() + offset, c.dtype,
+                                              {B, Sq, heads, width}, Memory::device);
+        return t.with_strides({Sq * row_len, row_len, width, 1});
       };
-      q_view = view(0, Hq);
-      k_view = view(Hq, Hkv);
-      v_view = view(Hq + Hkv, Hkv);
+      q_view = view(0, Hq, D);
+      k_view = view(Hq * D, Hkv, D);
+      v_view = view((Hq + Hkv) * D, Hkv, Dv);
     } else {
       q_view = upload(qkv, q, {B, Sq, Hq, D});
       k_view = upload(k_only, k, {B, Sk, Hkv, D});
-      v_view = upload(v_only, v, {B, Sk, Hkv, D});
+      v_view = upload(v_only, v, {B, Sk, Hkv, Dv});
     }
-    dout_view = upload(dout_buffer, dout, {B, Sq, Hq, D});
-    o = DeviceBuffer(B * Sq * Hq * D * two);
-    o_view = TensorView::contiguous(o.data(), c.dtype, {B, Sq, Hq, D}, Memory::device);
+    dout_view = upload(dout_buffer, dout, {B, Sq, Hq, Dv});
+    o = DeviceBuffer(B * Sq * Hq * Dv * two);
+    o_view = TensorView::contiguous(o.data(), c.dtype, {B, Sq, Hq, Dv}, Memory::device);
     lse = DeviceBuffer(B * Hq * Sq * sizeof(float));
     lse_view = TensorView::contiguous(lse.data(), DType::f32, {B, Hq, Sq}, Memory::device);
     delta = DeviceBuffer(B * Hq * Sq * sizeof(float));
     delta_view = TensorView::contiguous(delta.data(), DType::f32, {B, Hq, Sq}, Memory::device);
     dq = DeviceBuffer(B * Sq * Hq * D * sizeof(float));
     dk = DeviceBuffer(B * Sk * Hkv * D * sizeof(float));
-    dv = DeviceBuffer(B * Sk * Hkv * D * sizeof(float));
+    dv = DeviceBuffer(B * Sk * Hkv * Dv * sizeof(float));
     dq_view = TensorView::contiguous(dq.data(), DType::f32, {B, Sq, Hq, D}, Memory::device);
     dk_view = TensorView::contiguous(dk.data(), DType::f32, {B, Sk, Hkv, D}, Memory::device);
-    dv_view = TensorView::contiguous(dv.data(), DType::f32, {B, Sk, Hkv, D}, Memory::device);
+    dv_view = TensorView::contiguous(dv.data(), DType::f32, {B, Sk, Hkv, Dv}, Memory::device);
     if (!c.documents.empty()) {
       document_buffer = DeviceBuffer(c.documents.size() * sizeof(std::int64_t));
       RINGATTN_CUDA_CHECK(cudaMemcpy(document_buffer.data(), c.documents.data(),
@@ -153,11 +168,12 @@ struct DeviceProblem {
   static std::array<std::vector<double>, 4> random_inputs(const Case& c, std::uint64_t stream) {
     std::mt19937_64 rng = make_rng(stream);
     const std::int64_t B = c.batch, Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
+    const std::int64_t Dv = c.value_dim();
     std::array<std::vector<double>, 4> inputs;
     inputs[0] = random_rounded(c.dtype, B * Sq * Hq * D, rng, c.input_scale);
     inputs[1] = random_rounded(c.dtype, B * Sk * Hkv * D, rng, c.input_scale);
-    inputs[2] = random_rounded(c.dtype, B * Sk * Hkv * D, rng, 1.0);
-    inputs[3] = random_rounded(c.dtype, B * Sq * Hq * D, rng, 1.0);
+    inputs[2] = random_rounded(c.dtype, B * Sk * Hkv * Dv, rng, 1.0);
+    inputs[3] = random_rounded(c.dtype, B * Sq * Hq * Dv, rng, 1.0);
     return inputs;
   }
 
@@ -203,7 +219,7 @@ struct DeviceProblem {
     if (rounded) {  // dK and dV in the input dtype, in the front halves of the poisoned buffers
       args.dk = TensorView::contiguous(dk.data(), c.dtype, {c.batch, c.k_len, c.kv_heads, c.head_dim},
                                        Memory::device);
-      args.dv = TensorView::contiguous(dv.data(), c.dtype, {c.batch, c.k_len, c.kv_heads, c.head_dim},
+      args.dv = TensorView::contiguous(dv.data(), c.dtype, {c.batch, c.k_len, c.kv_heads, c.value_dim()},
                                        Memory::device);
     }
     cuda::flash_backward(args);
@@ -225,19 +241,20 @@ struct DeviceProblem {
   AttentionResult oracle() const {
     AttentionResult r;
     const std::int64_t B = c.batch, Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
-    r.o.resize(B * Sq * Hq * D);
+    const std::int64_t Dv = c.value_dim();
+    r.o.resize(B * Sq * Hq * Dv);
     r.lse.resize(B * Hq * Sq);
-    r.dq.resize(r.o.size());
+    r.dq.resize(B * Sq * Hq * D);
     r.dk.resize(B * Sk * Hkv * D);
-    r.dv.resize(r.dk.size());
+    r.dv.resize(B * Sk * Hkv * Dv);
     auto view = [](const std::vector<double>& data, std::initializer_list<std::int64_t> shape) {
       return TensorView::contiguous(const_cast<double*>(data.data()), DType::f64, shape);
     };
-    reference::attention_forward(view(q, {B, Sq, Hq, D}), view(k, {B, Sk, Hkv, D}), view(v, {B, Sk, Hkv, D}),
-                                 mask(), scale(), view(r.o, {B, Sq, Hq, D}), view(r.lse, {B, Hq, Sq}));
-    reference::attention_backward(view(q, {B, Sq, Hq, D}), view(k, {B, Sk, Hkv, D}), view(v, {B, Sk, Hkv, D}),
-                                  view(dout, {B, Sq, Hq, D}), mask(), scale(), view(r.dq, {B, Sq, Hq, D}),
-                                  view(r.dk, {B, Sk, Hkv, D}), view(r.dv, {B, Sk, Hkv, D}));
+    reference::attention_forward(view(q, {B, Sq, Hq, D}), view(k, {B, Sk, Hkv, D}), view(v, {B, Sk, Hkv, Dv}),
+                                 mask(), scale(), view(r.o, {B, Sq, Hq, Dv}), view(r.lse, {B, Hq, Sq}));
+    reference::attention_backward(view(q, {B, Sq, Hq, D}), view(k, {B, Sk, Hkv, D}), view(v, {B, Sk, Hkv, Dv}),
+                                  view(dout, {B, Sq, Hq, Dv}), mask(), scale(), view(r.dq, {B, Sq, Hq, D}),
+                                  view(r.dk, {B, Sk, Hkv, D}), view(r.dv, {B, Sk, Hkv, Dv}));
     return r;
   }
 

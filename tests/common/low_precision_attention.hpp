@@ -45,7 +45,8 @@ struct AttentionResult {
   std::vector<double> o, lse, dq, dk, dv;  // logical [B,S,H,D] / [B,H,S] order
 };
 
-// q, k, v, dout hold logical values already representable in `dtype`.
+// q, k, v, dout hold logical values already representable in `dtype`; v, dout, o and dv have
+// s.value_dim() columns, q, k, dq and dk s.head_dim.
 inline AttentionResult low_precision_attention(const AttentionShape& s, DType dtype,
                                                const std::vector<double>& q,
                                                const std::vector<double>& k,
@@ -53,16 +54,19 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
                                                const std::vector<double>& dout, const Mask& mask,
                                                double scale) {
   const std::int64_t B = s.batch, Sq = s.q_len, Sk = s.k_len, Hq = s.q_heads, Hkv = s.kv_heads,
-                     D = s.head_dim, group = Hq / Hkv;
+                     D = s.head_dim, Dv = s.value_dim(), group = Hq / Hkv;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   auto r = [dtype](double x) { return static_cast<float>(round_to(dtype, x)); };
   AttentionResult out;
-  out.o.assign(B * Sq * Hq * D, 0.0);
+  out.o.assign(B * Sq * Hq * Dv, 0.0);
   out.lse.assign(B * Hq * Sq, 0.0);
   out.dq.assign(B * Sq * Hq * D, 0.0);
-  std::vector<double> dk_sum(B * Sk * Hkv * D, 0.0), dv_sum(B * Sk * Hkv * D, 0.0);
+  std::vector<double> dk_sum(B * Sk * Hkv * D, 0.0), dv_sum(B * Sk * Hkv * Dv, 0.0);
   auto qi = [&](std::int64_t b, std::int64_t i, std::int64_t h) { return ((b * Sq + i) * Hq + h) * D; };
   auto kj = [&](std::int64_t b, std::int64_t j, std::int64_t g) { return ((b * Sk + j) * Hkv + g) * D; };
+  // The same rows of O and dO, and of V and dV.
+  auto oi = [&](std::int64_t b, std::int64_t i, std::int64_t h) { return ((b * Sq + i) * Hq + h) * Dv; };
+  auto vj = [&](std::int64_t b, std::int64_t j, std::int64_t g) { return ((b * Sk + j) * Hkv + g) * Dv; };
   // One task per (batch, kv head): it owns that head's dK/dV sums and its query heads' outputs.
   ringattn::detail::parallel_for(B * Hkv, [&](std::int64_t task) {
     const std::int64_t b = task / Hkv, g = task % Hkv;
@@ -90,16 +94,16 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
         }
         out.lse[(b * Hq + h) * Sq + i] = sum > 0 ? row_max + std::log(sum) : -std::numeric_limits<double>::infinity();
         for (std::int64_t j = 0; j < Sk; ++j) p[i * Sk + j] = sum > 0 ? r(p[i * Sk + j] / sum) : 0.f;
-        for (std::int64_t x = 0; x < D; ++x) {
+        for (std::int64_t x = 0; x < Dv; ++x) {
           float acc = 0.f;
-          for (std::int64_t j = 0; j < Sk; ++j) acc += p[i * Sk + j] * static_cast<float>(v[kj(b, j, g) + x]);
-          out.o[qi(b, i, h) + x] = r(acc);
+          for (std::int64_t j = 0; j < Sk; ++j) acc += p[i * Sk + j] * static_cast<float>(v[vj(b, j, g) + x]);
+          out.o[oi(b, i, h) + x] = r(acc);
         }
         // Backward of this row: dP = dO V^T, dS = P (dP - sum(P dP)), each rounded.
         float row_dot = 0.f;
         for (std::int64_t j = 0; j < Sk; ++j) {
           float dp = 0.f;
-          for (std::int64_t x = 0; x < D; ++x) dp += static_cast<float>(dout[qi(b, i, h) + x] * v[kj(b, j, g) + x]);
+          for (std::int64_t x = 0; x < Dv; ++x) dp += static_cast<float>(dout[oi(b, i, h) + x] * v[vj(b, j, g) + x]);
           ds[i * Sk + j] = r(dp);
           row_dot += p[i * Sk + j] * ds[i * Sk + j];
         }
@@ -114,13 +118,16 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
       }
       for (std::int64_t j = 0; j < Sk; ++j) {
         for (std::int64_t x = 0; x < D; ++x) {
-          float acc_k = 0.f, acc_v = 0.f;
-          for (std::int64_t i = 0; i < Sq; ++i) {
-            acc_k += ds[i * Sk + j] * qs[i * D + x];
-            acc_v += p[i * Sk + j] * static_cast<float>(dout[qi(b, i, h) + x]);
-          }
+          float acc_k = 0.f;
+          for (std::int64_t i = 0; i < Sq; ++i) acc_k += ds[i * Sk + j] * qs[i * D + x];
           dk_sum[kj(b, j, g) + x] += r(acc_k);
-          dv_sum[kj(b, j, g) + x] += r(acc_v);
+        }
+        for (std::int64_t x = 0; x < Dv; ++x) {
+          float acc_v = 0.f;
+          for (std::int64_t i = 0; i < Sq; ++i) {
+            acc_v += p[i * Sk + j] * static_cast<float>(dout[oi(b, i, h) + x]);
+          }
+          dv_sum[vj(b, j, g) + x] += r(acc_v);
         }
       }
     }
@@ -128,10 +135,8 @@ inline AttentionResult low_precision_attention(const AttentionShape& s, DType dt
   // GQA: the group's per-head gradients are summed, then rounded once more.
   out.dk.resize(dk_sum.size());
   out.dv.resize(dv_sum.size());
-  for (std::size_t i = 0; i < dk_sum.size(); ++i) {
-    out.dk[i] = r(dk_sum[i]);
-    out.dv[i] = r(dv_sum[i]);
-  }
+  for (std::size_t i = 0; i < dk_sum.size(); ++i) out.dk[i] = r(dk_sum[i]);
+  for (std::size_t i = 0; i < dv_sum.size(); ++i) out.dv[i] = r(dv_sum[i]);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // The CUDA flash block against the fp64 oracle with the FlashAttention criterion (TESTING.md),
-// over the shape list that breaks tiling, both dtypes, both head dims, masks by global position,
-// GQA, packed QKV views, combine mode, the deterministic backward, and its argument checks.
+// over the shape list that breaks tiling, both dtypes, every head dim of the build and 192/128 (V
+// of its own width), masks by global position, GQA, packed QKV views, combine mode, the
+// deterministic backward, and its argument checks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,6 +77,28 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
     }
   }
+  // Head dim 192 with v_head_dim 128 (multi-head latent attention; the sm_80 family on every GPU):
+  // the list above and the ends of the 64 and 128 one (rows past or before every key, scores near
+  // 1e4 and spread over tens, GQA 8 with Sq < Sk, a length past four row tiles).
+  if (kBuiltCudaValueDimPair) {
+    const CudaDims pair{kCudaPairHeadDim, kCudaPairValueDim};
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      for (bool causal : {false, true}) {
+        cases.push_back(with_dims({dtype, 2, 1, 1, 2, 2, 0, causal}, pair));
+        cases.push_back(with_dims({dtype, 1, 17, 17, 4, 4, 0, causal}, pair));
+        cases.push_back(with_dims({dtype, 2, 127, 127, 4, 1, 0, causal}, pair));    // MQA
+        cases.push_back(with_dims({dtype, 1, 300, 300, 8, 2, 0, causal}, pair));    // GQA 4
+        cases.push_back(with_dims({dtype, 1, 100, 300, 8, 1, 0, causal}, pair));    // GQA 8
+        cases.push_back(with_dims({dtype, 2, 257, 257, 6, 2, 0, causal, 0, 0, true}, pair));
+      }
+      cases.push_back(with_dims({dtype, 1, 300, 100, 2, 2, 0, true, 200, 0}, pair));
+      cases.push_back(with_dims({dtype, 1, 130, 200, 2, 1, 0, true, 0, 60}, pair));
+      cases.push_back(with_dims({dtype, 1, 129, 129, 2, 2, 0, false, 0, 0, false, 12.0}, pair));
+      cases.push_back(with_dims({dtype, 1, 200, 700, 2, 2, 0, true, 500, 0, false, 12.0}, pair));
+      cases.push_back(with_dims({dtype, 1, 200, 700, 2, 2, 0, true, 500, 0, false, 4.0}, pair));
+    }
+    cases.push_back(with_dims({DType::bf16, 1, 1000, 1000, 4, 1, 0, true}, pair));
+  }
   cases.push_back({DType::bf16, 1, 4097, 4097, 1, 1, 64, true});
   // Few key blocks over many rows: the Hopper backward splits each key block's rows over 4 and 2
   // CTAs (uneven parts, a partial last tile, GQA, batch 2) that add into dK and dV together.
@@ -89,15 +112,16 @@ INSTANTIATE_TEST_SUITE_P(ShapeList, FlashCuda, ::testing::ValuesIn(shape_list())
 TEST(FlashCudaCombine, ChunksMergeToOneShotAttention) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
+  for (const CudaDims& dims : built_cuda_dims()) {
   for (bool causal : {false, true}) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    const Case c{DType::bf16, 2, 200, 333, 4, 2, head_dim, causal, 133, 0};
+    SCOPED_TRACE("head_dim " + std::to_string(dims.head_dim) + ", v_head_dim " +
+                 std::to_string(dims.v_head_dim));
+    const Case c = with_dims({DType::bf16, 2, 200, 333, 4, 2, 0, causal, 133, 0}, dims);
     DeviceProblem problem(c, 2);
     const AttentionResult ref = problem.oracle();
     const AttentionResult low = problem.low();
     // Running fp32 (O, LSE) starts at (0, -inf); the keys arrive in three unequal chunks.
-    const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.head_dim;
+    const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.value_dim();
     DeviceBuffer running_o(B * Sq * Hq * D * sizeof(float)), running_lse(B * Hq * Sq * sizeof(float));
     RINGATTN_CUDA_CHECK(cudaMemset(running_o.data(), 0, running_o.bytes()));
     std::vector<float> neg_inf(B * Hq * Sq, -std::numeric_limits<float>::infinity());
@@ -126,10 +150,11 @@ TEST(FlashCudaCombine, ChunksMergeToOneShotAttention) {
 TEST(FlashCudaDeterministic, TwoRunsAreBitwiseEqual) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    const std::int64_t len = head_dim == 128 ? 1000 : 300;
-    DeviceProblem problem({DType::bf16, 2, len, len, 8, 2, head_dim, true}, 3);
+  for (const CudaDims& dims : built_cuda_dims()) {
+    SCOPED_TRACE("head_dim " + std::to_string(dims.head_dim) + ", v_head_dim " +
+                 std::to_string(dims.v_head_dim));
+    const std::int64_t len = dims.head_dim == 128 ? 1000 : 300;
+    DeviceProblem problem(with_dims({DType::bf16, 2, len, len, 8, 2, 0, true}, dims), 3);
     const AttentionResult first = problem.run(true);
     const AttentionResult second = problem.run(true);
     EXPECT_EQ(std::memcmp(first.dq.data(), second.dq.data(), first.dq.size() * sizeof(double)), 0);
@@ -142,17 +167,21 @@ TEST(FlashCudaDeterministic, TwoRunsAreBitwiseEqual) {
 // the keys no row sees), dQ still adds into its zeros. Causal with three key blocks after every
 // query (CTAs without rows); unmasked with two key blocks of 16 row tiles x 4 query heads (rows
 // split over CTAs that add: dK and dV zeroed first); head_dim 64 with a 2-key last block; and the
-// causal case at each head dim only the mma.sync family has.
+// causal case at each head dim only the mma.sync family has, 192/128 too (and unmasked there).
 TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
   std::vector<Case> cases = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
                              {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
                              {DType::f16, 2, 3000, 130, 2, 1, 64, false}};
-  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {  // the mma.sync-only head dims
-    if (head_dim != 64 && head_dim != 128) {
-      cases.push_back({DType::bf16, 1, 200, 600, 4, 2, head_dim, true});
+  for (const CudaDims& dims : built_cuda_dims()) {  // the mma.sync-only head dims
+    if (dims.v_head_dim != dims.head_dim || (dims.head_dim != 64 && dims.head_dim != 128)) {
+      cases.push_back(with_dims({DType::bf16, 1, 200, 600, 4, 2, 0, true}, dims));
     }
+  }
+  if (kBuiltCudaValueDimPair) {
+    cases.push_back(with_dims({DType::f16, 2, 300, 130, 2, 1, 0, false},
+                              {kCudaPairHeadDim, kCudaPairValueDim}));
   }
   for (const Case& c : cases) {
     DeviceProblem problem(c, 4);
@@ -176,10 +205,15 @@ TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
 TEST(FlashCudaOverwrite, RoundedKeyGradientsAreTheFp32OnesRounded) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  const Case cases[] = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
-                        {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
-                        {DType::f16, 2, 3000, 130, 2, 1, 64, false},
-                        {DType::bf16, 1, 1000, 1000, 8, 8, 128, true}};
+  std::vector<Case> cases = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
+                             {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
+                             {DType::f16, 2, 3000, 130, 2, 1, 64, false},
+                             {DType::bf16, 1, 1000, 1000, 8, 8, 128, true}};
+  if (kBuiltCudaValueDimPair) {  // dK of 192 and dV of 128 columns, split over two warps a key
+    const CudaDims pair{kCudaPairHeadDim, kCudaPairValueDim};
+    cases.push_back(with_dims({DType::bf16, 1, 200, 600, 4, 2, 0, true}, pair));
+    cases.push_back(with_dims({DType::f16, 1, 1000, 300, 4, 1, 0, false}, pair));
+  }
   for (const Case& c : cases) {
     DeviceProblem problem(c, 5);
     for (bool deterministic : {false, true}) {
@@ -226,10 +260,15 @@ TEST(FlashCudaOverwrite, RoundedKeyGradientsAreTheFp32OnesRounded) {
 TEST(FlashCudaKeyRotation, KeyGradientsAreRotatedBack) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  const Case cases[] = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
-                        {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
-                        {DType::f16, 2, 3000, 130, 2, 1, 64, false},
-                        {DType::bf16, 2, 1000, 1000, 8, 8, 128, true}};
+  std::vector<Case> cases = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
+                             {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
+                             {DType::f16, 2, 3000, 130, 2, 1, 64, false},
+                             {DType::bf16, 2, 1000, 1000, 8, 8, 128, true}};
+  if (kBuiltCudaValueDimPair) {  // RoPE over dK's 192 columns, each warp holding half of them
+    const CudaDims pair{kCudaPairHeadDim, kCudaPairValueDim};
+    cases.push_back(with_dims({DType::bf16, 1, 200, 600, 4, 2, 0, true}, pair));
+    cases.push_back(with_dims({DType::f16, 2, 700, 300, 4, 2, 0, false}, pair));
+  }
   for (const Case& c : cases) {
     DeviceProblem problem(c, 6);
     std::mt19937_64 rng = make_rng(11);
@@ -283,18 +322,18 @@ TEST(FlashCudaKeyRotation, KeyGradientsAreRotatedBack) {
 // The prepare's dQ zeroing on a strided view (heads 1 and 2 of 4 in each token's row of a wider
 // fp32 buffer, as a packed dQKV gradient row): the view comes out zero, every other element keeps
 // its value, and delta equals the prepare without zeroing bitwise and a host sum in double to
-// fp32 rounding. Odd lengths, every head dim of the build.
+// fp32 rounding. Odd lengths, every head dim of the build, and O of 128 with a dQ of 192.
 TEST(FlashCudaPrepare, ZeroesAStridedDqAndNothingElse) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
-    const std::int64_t B = 2, S = 77, H = 2, D = head_dim, row = 4 * D;
-    SCOPED_TRACE("head_dim " + std::to_string(D));
-    DeviceProblem problem({DType::bf16, B, S, S, H, H, D, false}, 9);
+  for (const CudaDims& dims : built_cuda_dims()) {
+    const std::int64_t B = 2, S = 77, H = 2, D = dims.head_dim, Dv = dims.v_head_dim, row = 4 * D;
+    SCOPED_TRACE("head_dim " + std::to_string(D) + ", v_head_dim " + std::to_string(Dv));
+    DeviceProblem problem(with_dims({DType::bf16, B, S, S, H, H, 0, false}, dims), 9);
     DeviceBuffer o_buffer;
     std::mt19937_64 rng = make_rng(10);
-    const std::vector<double> o = random_rounded(DType::bf16, B * S * H * D, rng, 1.0);
-    const TensorView o_view = problem.upload(o_buffer, o, {B, S, H, D});
+    const std::vector<double> o = random_rounded(DType::bf16, B * S * H * Dv, rng, 1.0);
+    const TensorView o_view = problem.upload(o_buffer, o, {B, S, H, Dv});
     const std::vector<float> sentinel(B * S * row, 7.0f);
     DeviceBuffer wide(sentinel.size() * sizeof(float));
     RINGATTN_CUDA_CHECK(cudaMemcpy(wide.data(), sentinel.data(), wide.bytes(), cudaMemcpyHostToDevice));
@@ -319,8 +358,8 @@ TEST(FlashCudaPrepare, ZeroesAStridedDqAndNothingElse) {
       for (std::int64_t h = 0; h < H; ++h)
         for (std::int64_t t = 0; t < S; ++t) {
           double sum = 0.0, magnitude = 0.0;
-          for (std::int64_t x = 0; x < D; ++x) {
-            const std::int64_t at = ((b * S + t) * H + h) * D + x;
+          for (std::int64_t x = 0; x < Dv; ++x) {
+            const std::int64_t at = ((b * S + t) * H + h) * Dv + x;
             sum += o[at] * problem.dout[at];
             magnitude += std::abs(o[at] * problem.dout[at]);
           }
@@ -380,6 +419,12 @@ TEST(FlashCudaArguments, BadInputIsNamedBeforeAnyLaunch) {
   dq = problem.o_view;
   EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward_prepare(problem.o_view, problem.dout_view, problem.delta_view, nullptr, &dq); },
                            {"dq has dtype bf16", "f32"}));
+  // A dQ of another head dim than O's outside the pairs with kernels (192/128).
+  DeviceBuffer wide_dq(64 * 2 * 192 * 4);
+  dq = TensorView::contiguous(wide_dq.data(), DType::f32, {1, 64, 2, 192}, Memory::device);
+  EXPECT_TRUE(ThrowsNaming([&] { cuda::flash_backward_prepare(problem.o_view, problem.dout_view, problem.delta_view, nullptr, &dq); },
+                           {"cuda::flash_backward_prepare", "dq has head_dim 192 but o has 64",
+                            built_cuda_head_dims_text()}));
   // Key gradients in the input dtype without overwriting them, and dV's dtype unlike dK's.
   BackwardArgs backward{problem.q_view,  problem.k_view,  problem.v_view,  problem.dout_view,
                         problem.lse_view, problem.delta_view, problem.dq_view, problem.k_view,

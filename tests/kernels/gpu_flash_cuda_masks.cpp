@@ -1,10 +1,10 @@
-// The CUDA flash block under sliding windows and packed documents, against the fp64 oracle with
-// the FlashAttention criterion (TESTING.md), at every built head dim and both dtypes: document
-// boundaries at, just before and just after the kernels' tile edges (16, 32, 64 and 128 rows or
-// keys), one-token and empty documents, one list per batch row, windows of 1 and around tile
-// sizes, both sides, windows with documents, chunks of a longer sequence whose rows or keys see
-// nothing, scores near 1e4, GQA and packed QKV; the atomic and the deterministic backward, combine
-// mode over key chunks, and two deterministic runs bitwise equal.
+// The CUDA flash block under sliding windows and packed documents, against the fp64 oracle with the
+// FlashAttention criterion (TESTING.md), at every built head dim (and 192/128) and both dtypes:
+// document boundaries at, just before and just after the kernels' tile edges (16, 32, 64 and 128
+// rows or keys), one-token and empty documents, one list per batch row, windows of 1 and around
+// tile sizes, both sides, windows with documents, chunks of a longer sequence whose rows or keys
+// see nothing, scores near 1e4, GQA and packed QKV; the atomic and the deterministic backward,
+// combine mode over key chunks, and two deterministic runs bitwise equal.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,12 +43,12 @@ TEST_P(FlashCudaMasks, MatchesOracleWithinFlashCriterion) {
 std::vector<Case> mask_cases() {
   std::vector<Case> cases;
   for (DType dtype : {DType::bf16, DType::f16}) {
-    for (const std::int64_t d : kBuiltCudaHeadDims) {
+    for (const CudaDims& dims : built_cuda_dims()) {
+      const std::int64_t d = dims.head_dim;
       const auto add = [&](const char* label, Case c) {
         c.dtype = dtype;
-        c.head_dim = d;
         c.label = label;
-        cases.push_back(c);
+        cases.push_back(with_dims(c, dims));
       };
       Case c{dtype, 1, 300, 300, 4, 2, d, true};
       c.documents = {64, 128, 192, 256};  // at tile edges
@@ -113,15 +113,16 @@ INSTANTIATE_TEST_SUITE_P(Masks, FlashCudaMasks, ::testing::ValuesIn(mask_cases()
 TEST(FlashCudaMasksCombine, ChunksMergeToTheWholeBlock) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    Case c{DType::bf16, 2, 200, 333, 4, 2, head_dim, true, 133, 0};
+  for (const CudaDims& dims : built_cuda_dims()) {
+    SCOPED_TRACE("head_dim " + std::to_string(dims.head_dim) + ", v_head_dim " +
+                 std::to_string(dims.v_head_dim));
+    Case c = with_dims({DType::bf16, 2, 200, 333, 4, 2, 0, true, 133, 0}, dims);
     c.window_left = 120;
     c.documents = {70, 190, 260};
     DeviceProblem problem(c, 12);
     const AttentionResult ref = problem.oracle();
     const AttentionResult low = problem.low();
-    const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.head_dim;
+    const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.value_dim();
     DeviceBuffer running_o(B * Sq * Hq * D * sizeof(float)), running_lse(B * Hq * Sq * sizeof(float));
     RINGATTN_CUDA_CHECK(cudaMemset(running_o.data(), 0, running_o.bytes()));
     std::vector<float> neg_inf(B * Hq * Sq, -std::numeric_limits<float>::infinity());
@@ -154,9 +155,10 @@ TEST(FlashCudaMasksCombine, ChunksMergeToTheWholeBlock) {
 TEST(FlashCudaMasksDeterministic, TwoRunsAreBitwiseEqual) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
-  for (const std::int64_t head_dim : kBuiltCudaHeadDims) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    Case c{DType::bf16, 2, 500, 500, 8, 2, head_dim, true};
+  for (const CudaDims& dims : built_cuda_dims()) {
+    SCOPED_TRACE("head_dim " + std::to_string(dims.head_dim) + ", v_head_dim " +
+                 std::to_string(dims.v_head_dim));
+    Case c = with_dims({DType::bf16, 2, 500, 500, 8, 2, 0, true}, dims);
     c.documents = {100, 333, 350};
     c.window_left = 200;
     DeviceProblem problem(c, 13);

@@ -1,15 +1,16 @@
-// The CUDA flash block on scores laid out to reach every path of its online softmax by
-// construction (TESTING.md's adversarial inputs), not by the luck of a random draw: score jumps
-// placed at, just before and just after key-tile edges, jumps just below, at and above each
-// threshold the forwards use (a maximum kept stale up to 8 log2 units, partial row sums up to
-// 2^15, a sum scaled up to 2^100, exp2 overflowing at 128), jumps of 2^k log2 units for k up to
-// 14, staircases rising or falling at every tile, a row whose maximum is its last tile or its last
-// key, scores of +-1e4, equal scores, rows with nothing visible and rows that see one key. Each
-// case runs 32 seeds in one process, on every kernel path a Hopper build has (the Hopper family
-// with dQ by TMA reductions, then by atomics, then the sm_80 family), forward, combine and
-// backward (deterministic or not; dK and dV added, overwritten, or rounded to the input dtype),
-// against the fp64 oracle with the FlashAttention criterion plus, element by element, what the
-// algorithm itself costs where the naive baseline is exact by luck (algorithm_allowances below).
+// The CUDA flash block on scores laid out to reach every path of its online softmax by construction
+// (TESTING.md's adversarial inputs), not by the luck of a random draw: score jumps placed at, just
+// before and just after key-tile edges, jumps just below, at and above each threshold the forwards
+// use (a maximum kept stale up to 8 log2 units, partial row sums up to 2^15, a sum scaled up to
+// 2^100, exp2 overflowing at 128), jumps of 2^k log2 units for k up to 14, staircases rising or
+// falling at every tile, a row whose maximum is its last tile or its last key, scores of +-1e4,
+// equal scores, rows with nothing visible and rows that see one key. Each case runs 32 seeds in one
+// process, at every head dim of the build and at 192/128 (V of its own width), on every kernel path
+// a Hopper build has (the Hopper family with dQ by TMA reductions, then by atomics, then the sm_80
+// family), forward, combine and backward (deterministic or not; dK and dV added, overwritten, or
+// rounded to the input dtype), against the fp64 oracle with the FlashAttention criterion plus,
+// element by element, what the algorithm itself costs where the naive baseline is exact by luck
+// (algorithm_allowances below).
 //
 // The scores are exact on both sides. Row i of head h has Q = a * u on 16 random columns (u = +-1)
 // and noise on other columns; key j has K = b_j * u / 16 on the same 16 columns and noise on yet
@@ -88,12 +89,15 @@ struct EdgeCase {
   int family;
   DType dtype;
   std::int64_t head_dim;
+  std::int64_t v_head_dim;  // of V, O, dO and dV
 };
 
 std::string edge_case_name(const ::testing::TestParamInfo<EdgeCase>& info) {
   const EdgeCase& e = info.param;
-  return std::string(families()[e.family].name) + "_" + std::string(dtype_name(e.dtype)) + "_d" +
-         std::to_string(e.head_dim);
+  std::string name = std::string(families()[e.family].name) + "_" +
+                     std::string(dtype_name(e.dtype)) + "_d" + std::to_string(e.head_dim);
+  if (e.v_head_dim != e.head_dim) name += std::string("_v") + std::to_string(e.v_head_dim);
+  return name;
 }
 
 // One seed's problem: its shape and mask, the inputs laid out as above, and a line that names it.
@@ -116,6 +120,7 @@ Drawn draw(const EdgeCase& e, int seed) {
   const std::int64_t q_len = pick(std::array<std::int64_t, 4>{1, 17, 64, 130});
   const bool gqa = seed % 2 == 1;
   Case c{e.dtype, 1, q_len, k_len, 2, gqa ? 1 : 2, e.head_dim, seed % 4 != 0};
+  c.v_head_dim = e.v_head_dim;
   c.softmax_scale = kSoftmaxScale;
   // Causal: rows ending at the last key, rows from the first key (row 0 sees only key 0), or a
   // third of the rows before every key (nothing visible).
@@ -178,8 +183,8 @@ Drawn draw(const EdgeCase& e, int seed) {
       for (std::int64_t x = q_noise_end; x < D; ++x) row[columns[x]] = round_to(e.dtype, normal(rng));
     }
   }
-  v = random_rounded(e.dtype, k_len * Hkv * D, rng, 1.0);
-  dout = random_rounded(e.dtype, q_len * Hq * D, rng, 1.0);
+  v = random_rounded(e.dtype, k_len * Hkv * e.v_head_dim, rng, 1.0);
+  dout = random_rounded(e.dtype, q_len * Hq * e.v_head_dim, rng, 1.0);
   d.what = std::string(family.name) + " seed " + std::to_string(seed) + ": jump " +
            std::to_string(jump) + " log2 units, edge " + std::to_string(edge) + " (tile " +
            std::to_string(tile) + "), " + case_name({c, 0}) + ", q_start " +
@@ -244,21 +249,21 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
                                 bool rounded_keys) {
   const Case& c = problem.c;  // batch 1
   const std::int64_t Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads, Hkv = c.kv_heads, D = c.head_dim;
-  const std::int64_t group = Hq / Hkv;
+  const std::int64_t Dv = c.value_dim(), group = Hq / Hkv;
   const double u = c.dtype == DType::bf16 ? 0x1p-8 : 0x1p-11, scale = problem.scale();
   const Mask mask = problem.mask();
   Allowances a;
-  a.o.assign(Sq * Hq * D, 0.0);
+  a.o.assign(Sq * Hq * Dv, 0.0);
   a.combined_o.assign(a.o.size(), 0.0);
-  a.dq.assign(a.o.size(), 0.0);
+  a.dq.assign(Sq * Hq * D, 0.0);
   a.dk.assign(Sk * Hkv * D, 0.0);
-  a.dv.assign(a.dk.size(), 0.0);
+  a.dv.assign(Sk * Hkv * Dv, 0.0);
   for (const double x : ref.lse) {
     if (std::isfinite(x)) a.lse = std::max(a.lse, 0x1p-21 * std::abs(x));
   }
-  const auto dot = [D](const double* x, const double* y) {
+  const auto dot = [](const double* x, const double* y, std::int64_t n) {
     double sum = 0.0;
-    for (std::int64_t e = 0; e < D; ++e) sum += x[e] * y[e];
+    for (std::int64_t e = 0; e < n; ++e) sum += x[e] * y[e];
     return sum;
   };
   std::vector<double> p(Sk), score(Sk);
@@ -267,25 +272,26 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
     for (std::int64_t i = 0; i < Sq; ++i) {
       const double lse = ref.lse[h * Sq + i];
       if (!std::isfinite(lse)) continue;  // nothing visible: zeros, exactly
-      const std::int64_t row = (i * Hq + h) * D;
+      // Row i of head h: at `row` in Q and dQ, at `value_row` in O and dO.
+      const std::int64_t row = (i * Hq + h) * D, value_row = (i * Hq + h) * Dv;
       const double* q = &problem.q[row];
-      const double* dout = &problem.dout[row];
-      const double* o = &ref.o[row];
+      const double* dout = &problem.dout[value_row];
+      const double* o = &ref.o[value_row];
       double max_score = 0.0;
       for (std::int64_t j = 0; j < Sk; ++j) {
         p[j] = 0.0;
         if (!sees(mask, 0, i, j)) continue;
-        score[j] = scale * dot(q, &problem.k[(j * Hkv + g) * D]);
+        score[j] = scale * dot(q, &problem.k[(j * Hkv + g) * D], D);
         max_score = std::max(max_score, std::abs(score[j]));
         p[j] = std::exp(score[j] - lse);
       }
       double d_error = 0.0, d_value = 0.0, d_magnitude = 0.0;
-      for (std::int64_t x = 0; x < D; ++x) {
+      for (std::int64_t x = 0; x < Dv; ++x) {
         double pv = 0.0;
-        for (std::int64_t j = 0; j < Sk; ++j) pv += p[j] * std::abs(problem.v[(j * Hkv + g) * D + x]);
-        a.combined_o[row + x] = u * pv;
-        a.o[row + x] = u * pv + u * std::abs(o[x]) + half_subnormal_spacing(c.dtype);
-        d_error += std::abs(dout[x]) * a.o[row + x];
+        for (std::int64_t j = 0; j < Sk; ++j) pv += p[j] * std::abs(problem.v[(j * Hkv + g) * Dv + x]);
+        a.combined_o[value_row + x] = u * pv;
+        a.o[value_row + x] = u * pv + u * std::abs(o[x]) + half_subnormal_spacing(c.dtype);
+        d_error += std::abs(dout[x]) * a.o[value_row + x];
         d_value += dout[x] * o[x];
         d_magnitude += std::abs(dout[x] * o[x]);
       }
@@ -293,20 +299,22 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
       const double eps = 0x1p-20 * (std::abs(lse) + max_score);
       for (std::int64_t j = 0; j < Sk; ++j) {
         if (p[j] == 0.0) continue;
-        const std::int64_t key = (j * Hkv + g) * D;
-        const double dp = dot(dout, &problem.v[key]);
+        const std::int64_t key = (j * Hkv + g) * D, value_key = (j * Hkv + g) * Dv;
+        const double dp = dot(dout, &problem.v[value_key], Dv);
         const double ds = p[j] * (d_error + eps * std::abs(dp - d_value));
         for (std::int64_t x = 0; x < D; ++x) {
           a.dq[row + x] += scale * ds * std::abs(problem.k[key + x]);
           a.dk[key + x] += scale * ds * std::abs(q[x]);
-          a.dv[key + x] += eps * p[j] * std::abs(dout[x]);
         }
+        for (std::int64_t x = 0; x < Dv; ++x) a.dv[value_key + x] += eps * p[j] * std::abs(dout[x]);
       }
     }
   }
   if (rounded_keys) {
     for (std::size_t e = 0; e < a.dk.size(); ++e) {
       a.dk[e] += u * std::abs(ref.dk[e]) + half_subnormal_spacing(c.dtype);
+    }
+    for (std::size_t e = 0; e < a.dv.size(); ++e) {
       a.dv[e] += u * std::abs(ref.dv[e]) + half_subnormal_spacing(c.dtype);
     }
   }
@@ -343,7 +351,7 @@ Allowances algorithm_allowances(const DeviceProblem& problem, const AttentionRes
 void run_combine(DeviceProblem& problem, std::int64_t split, std::vector<double>& o,
                  std::vector<double>& lse) {
   const Case& c = problem.c;
-  const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.head_dim;
+  const std::int64_t B = c.batch, Sq = c.q_len, Hq = c.q_heads, D = c.value_dim();
   DeviceBuffer running_o(B * Sq * Hq * D * sizeof(float)), running_lse(B * Hq * Sq * sizeof(float));
   RINGATTN_CUDA_CHECK(cudaMemset(running_o.data(), 0, running_o.bytes()));
   const std::vector<float> neg_inf(B * Hq * Sq, -INFINITY);
@@ -422,7 +430,9 @@ std::vector<EdgeCase> edge_cases() {
   std::vector<EdgeCase> cases;
   for (int family = 0; family < static_cast<int>(families().size()); ++family) {
     for (DType dtype : {DType::bf16, DType::f16}) {
-      for (std::int64_t d : kBuiltCudaHeadDims) cases.push_back({family, dtype, d});
+      for (const CudaDims& dims : built_cuda_dims()) {
+        cases.push_back({family, dtype, dims.head_dim, dims.v_head_dim});
+      }
     }
   }
   return cases;

@@ -118,20 +118,38 @@ TEST(LocalBlockChecks, BlockDtypesAndDeviceLayout) {
   EXPECT_TRUE(
       ThrowsNaming([] { detail::check_block_dtype(DType::bf16, 80, Memory::device, "ring"); },
                    {"head_dim 80 is not supported", test::built_cuda_head_dims_text()}));
-  // A v_head_dim of its own: any on the host, none on the device (unsupported, naming both).
+  // A v_head_dim of its own: any on the host; on the device 192/128 where the build has head dim
+  // 192 (refused as left out where not), no other pair (unsupported, naming both and the pairs
+  // taken).
   EXPECT_NO_THROW(detail::check_block_dtype(DType::f32, 192, 128, Memory::host, "ring"));
-  EXPECT_NO_THROW(detail::check_block_dtype(DType::bf16, 128, 128, Memory::device, "ring"));
-  for (const auto& [d, dv] : {std::pair<std::int64_t, std::int64_t>{192, 128}, {128, 64}}) {
+  EXPECT_NO_THROW(detail::check_block_dtype(DType::f32, 128, 64, Memory::host, "ring"));
+  const std::int64_t built = test::kBuiltCudaHeadDims[0];
+  EXPECT_NO_THROW(detail::check_block_dtype(DType::bf16, built, built, Memory::device, "ring"));
+  const auto refusal = [](DType dtype, std::int64_t d, std::int64_t dv) -> std::string {
     try {
-      detail::check_block_dtype(DType::bf16, d, dv, Memory::device, "ring");
-      ADD_FAILURE() << "head_dim " << d << " with v_head_dim " << dv << " passed on the device";
+      detail::check_block_dtype(dtype, d, dv, Memory::device, "ring");
     } catch (const Error& error) {
       EXPECT_EQ(error.kind(), ErrorKind::unsupported) << error.what();
-      EXPECT_NE(std::string(error.what())
-                    .find("ring: v has head_dim " + std::to_string(dv) + " but q and k have " +
-                          std::to_string(d) + "; the CUDA block takes one head_dim for q, k and v"),
+      return error.what();
+    }
+    return "";
+  };
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    if (test::kBuiltCudaValueDimPair) {
+      EXPECT_EQ(refusal(dtype, 192, 128), "") << "192/128 refused on the device";
+    } else {
+      EXPECT_NE(refusal(dtype, 192, 128).find("ring: " + test::cuda_value_dim_pair_left_out()),
                 std::string::npos)
-          << error.what();
+          << refusal(dtype, 192, 128);
+    }
+    // The pair reversed, another d_v for 192, d_v 128 for another d_qk, and pairs of built head
+    // dims.
+    for (const auto& [d, dv] : {std::pair<std::int64_t, std::int64_t>{128, 192},
+                                {192, 64}, {256, 128}, {128, 64}, {64, 128}, {192, 96}}) {
+      const std::string message = refusal(dtype, d, dv);
+      EXPECT_NE(message.find("ring: " + test::cuda_value_dim_refusal(d, dv)), std::string::npos)
+          << "head_dim " << d << " with v_head_dim " << dv << ": \"" << message << "\"";
     }
   }
   // Layout rules of device tensors (no memory is touched; the views only describe it).

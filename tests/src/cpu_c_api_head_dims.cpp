@@ -1,6 +1,7 @@
 // The C API's local-block calls on device tensors of a head dim the CUDA block has no kernels for
-// (16, 48, 80, 160, 320): forward, backward prepare and backward return RINGATTN_ERROR_UNSUPPORTED with
-// a message naming the head dim and the head dims the block takes, before any CUDA call. The
+// (16, 48, 80, 160, 320), or of a v_head_dim of its own other than 192/128: forward, backward
+// prepare and backward return RINGATTN_ERROR_UNSUPPORTED with a message naming the head dims and
+// those the block takes, before any CUDA call. The
 // descriptors hold addresses that nothing may read, so the check must come before the memory, the
 // GPU or a launch is touched: this runs on any machine, with or without a GPU. (The ring's calls
 // check the same on every rank first: tests/parallel/mpi_ring_head_dims.cpp.)
@@ -144,13 +145,13 @@ TEST(CApiHeadDims, SupportedHeadDimsPassTheHeadDimCheck) {
   }
 }
 
-// V of a head dim of its own (d_v != d_qk, each alone supported or not): the CUDA
-// block has kernels for one head dim of q, k and v only, so forward and backward return
-// RINGATTN_ERROR_UNSUPPORTED naming both head dims, before any CUDA call. (The CPU block takes
-// them: tests/src/cpu_c_api.cpp.)
+// V of a head dim of its own (d_v != d_qk, each alone supported or not) other than the one pair
+// with kernels, 192/128: forward and backward return RINGATTN_ERROR_UNSUPPORTED naming both head
+// dims and the pairs taken, before any CUDA call. (The CPU block takes them:
+// tests/src/cpu_c_api.cpp.)
 TEST(CApiHeadDims, ValueHeadDimOfItsOwnIsRefusedBeforeAnyCudaCall) {
   const std::pair<std::int64_t, std::int64_t> dims[] = {
-      {192, 128}, {128, 64}, {64, 128}, {128, 96}};
+      {128, 192}, {192, 64}, {256, 128}, {128, 64}, {64, 128}, {128, 96}};
   for (const int32_t dtype : {RINGATTN_BF16, RINGATTN_F16}) {
     for (const auto& [d, dv] : dims) {
       const DeviceCall call{dtype, d, dv};
@@ -166,15 +167,48 @@ TEST(CApiHeadDims, ValueHeadDimOfItsOwnIsRefusedBeforeAnyCudaCall) {
                      ": \"" + message + "\"");
         EXPECT_EQ(status, RINGATTN_ERROR_UNSUPPORTED);
 #if RINGATTN_WITH_CUDA
-        const std::string named = "v has head_dim " + std::to_string(dv) + " but q and k have " +
-                                  std::to_string(d) +
-                                  "; the CUDA block takes one head_dim for q, k and v (" +
-                                  built_cuda_head_dims_text() + ")";
-        EXPECT_NE(message.find(named), std::string::npos);
+        EXPECT_NE(message.find(ringattn::test::cuda_value_dim_refusal(d, dv)), std::string::npos);
 #else
         EXPECT_NE(message.find("built without CUDA"), std::string::npos);
 #endif
       }
+    }
+  }
+}
+
+// Head dim 192 with v_head_dim 128 (multi-head latent attention) passes the check where the build
+// has head dim 192: forward, the prepare of an O of 128 and backward fail later, for the made-up
+// addresses or the missing GPU, never for the head dims. A build without head dim 192 refuses it
+// as left out (RINGATTN_ERROR_UNSUPPORTED).
+TEST(CApiHeadDims, TheValueHeadDimPairPassesTheHeadDimCheck) {
+  using ringattn::test::kCudaPairHeadDim;
+  using ringattn::test::kCudaPairValueDim;
+  for (const int32_t dtype : {RINGATTN_BF16, RINGATTN_F16}) {
+    const DeviceCall call{dtype, kCudaPairHeadDim, kCudaPairValueDim};
+    const ringattn_forward_params_t forward = call.forward();
+    const ringattn_backward_params_t backward = call.backward();
+    const ringattn_tensor_t o = call.outputs(3), dout = call.outputs(4), delta = call.rows(5);
+    for (int which = 0; which < 3; ++which) {
+      const ringattn_status_t status =
+          which == 0   ? ringattn_attention_forward(&forward, nullptr)
+          : which == 1 ? ringattn_attention_backward_prepare(&o, &dout, &delta, nullptr)
+                       : ringattn_attention_backward(&backward, nullptr);
+      const std::string message = ringattn_last_error();
+      SCOPED_TRACE(std::string(which == 0 ? "forward" : which == 1 ? "prepare" : "backward") +
+                   ", " + dtype_text(dtype) + ": \"" + message + "\"");
+      EXPECT_NE(status, RINGATTN_SUCCESS);
+#if RINGATTN_WITH_CUDA
+      if (ringattn::test::kBuiltCudaValueDimPair) {
+        EXPECT_EQ(message.find("v has head_dim"), std::string::npos);
+        EXPECT_EQ(message.find("left out"), std::string::npos);
+        EXPECT_EQ(message.find("CUDA block takes"), std::string::npos);
+      } else if (which != 1) {  // the prepare sees O alone: head dim 128, built or not
+        EXPECT_EQ(status, RINGATTN_ERROR_UNSUPPORTED);
+        EXPECT_NE(message.find(ringattn::test::cuda_value_dim_pair_left_out()), std::string::npos);
+      }
+#else
+      EXPECT_NE(message.find("built without CUDA"), std::string::npos);
+#endif
     }
   }
 }
