@@ -34,11 +34,11 @@ def median_ms(fn, warmup=3, repeats=20):
     return times[len(times) // 2]
 
 
-def time_sdpa(backend, seq, d, causal):
-    batch, heads = max(1, 16384 // seq), 2048 // d
-    q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))
-    do = torch.randn_like(q)
+def time_sdpa(backend, seq, d, causal, dv=None):
+    batch, heads, dv = max(1, 16384 // seq), 2048 // d, dv or d
+    q, k, v = (torch.randn(batch, heads, seq, width, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for width in (d, d, dv))
+    do = torch.randn(batch, heads, seq, dv, device="cuda", dtype=torch.bfloat16)
     repeats = 10 if seq >= 8192 else 20
     with sdpa_kernel([backend]):
         def fwd():
@@ -55,9 +55,10 @@ def time_sdpa(backend, seq, d, causal):
     return fwd_ms, bwd_ms, None
 
 
-def tflops(seq, d, causal, ms, factor=1.0):
+def tflops(seq, d, causal, ms, factor=1.0, dv=None):
     batch, heads = max(1, 16384 // seq), 2048 // d
-    flop = 4.0 * batch * heads * seq * seq * d * (0.5 if causal else 1.0) * factor
+    # 2 b h s^2 (d_qk + d_v): S = QK^T and O = PV (4 b h s^2 d where the two agree)
+    flop = 2.0 * batch * heads * seq * seq * (d + (dv or d)) * (0.5 if causal else 1.0) * factor
     return flop / (ms * 1e-3) / 1e12 if ms else None
 
 
@@ -65,7 +66,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", required=True, help="path of ringattn-bench")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
-    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--head-dims", default="64,128",
+                        help="comma-separated head dims D or DQK:DV (Q and K wider than V)")
     parser.add_argument("--revision", default=os.environ.get("RINGATTN_REVISION", "unknown"))
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args()
@@ -82,23 +84,25 @@ def main():
     mine = run_bench()
     # The sm_80 kernel family (mma.sync) in the same run: on a Hopper GPU the default is the
     # wgmma family, and these columns say what it gains.
-    sm80 = {(r["seq"], r["head_dim"], r["causal"]): r for r in run_bench("sm80")["rows"]}
+    sm80 = {(r["seq"], r["head_dim"], r.get("v_head_dim", r["head_dim"]), r["causal"]): r
+            for r in run_bench("sm80")["rows"]}
 
     rows = []
-    print(f"\n{'d':>3} {'mask':6} {'seq':>6} | {'ringattn fwd/bwd TF/s':>21} | {'sm80 fwd/bwd':>13} | "
+    print(f"\n{'d':>7} {'mask':6} {'seq':>6} | {'ringattn fwd/bwd TF/s':>21} | {'sm80 fwd/bwd':>13} | "
           f"{'FA2 fwd/bwd':>13} | "
           f"{'cuDNN fwd/bwd':>13} | {'x FA2 fwd/bwd':>13} | {'x cuDNN fwd/bwd':>15}")
     for r in mine["rows"]:
         seq, d, causal = r["seq"], r["head_dim"], r["causal"]
+        dv = r.get("v_head_dim", d)
         row = dict(r)
-        other = sm80.get((seq, d, causal), {})
+        other = sm80.get((seq, d, dv, causal), {})
         row["sm80_forward_tflops"] = other.get("forward_tflops")
         row["sm80_backward_tflops"] = other.get("backward_tflops")
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-            fwd_ms, bwd_ms, error = time_sdpa(backend, seq, d, causal)
+            fwd_ms, bwd_ms, error = time_sdpa(backend, seq, d, causal, dv)
             row[f"{name}_forward_ms"], row[f"{name}_backward_ms"] = fwd_ms, bwd_ms
-            row[f"{name}_forward_tflops"] = tflops(seq, d, causal, fwd_ms)
-            row[f"{name}_backward_tflops"] = tflops(seq, d, causal, bwd_ms, 2.5)
+            row[f"{name}_forward_tflops"] = tflops(seq, d, causal, fwd_ms, dv=dv)
+            row[f"{name}_backward_tflops"] = tflops(seq, d, causal, bwd_ms, 2.5, dv)
             row[f"{name}_error"] = error
             row[f"ratio_{name}_forward"] = fwd_ms / r["forward_ms"] if fwd_ms else None
             row[f"ratio_{name}_backward"] = bwd_ms / r["backward_ms"] if bwd_ms else None
@@ -107,7 +111,8 @@ def main():
         def pair(a, b, width=13, fmt="{:.0f}"):
             text = "/".join("-" if x is None else fmt.format(x) for x in (a, b))
             return f"{text:>{width}}"
-        print(f"{d:3d} {'causal' if causal else 'none':6} {seq:6d} | "
+        dims = str(d) if dv == d else f"{d}:{dv}"
+        print(f"{dims:>7} {'causal' if causal else 'none':6} {seq:6d} | "
               f"{pair(r['forward_tflops'], r['backward_tflops'], 21)} | "
               f"{pair(row['sm80_forward_tflops'], row['sm80_backward_tflops'])} | "
               f"{pair(row['flash_forward_tflops'], row['flash_backward_tflops'])} | "

@@ -138,14 +138,56 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
 // The longest sequence an option takes: the kernels index tokens with 32-bit integers.
 constexpr std::int64_t kMaxSeq = INT32_MAX;
 
+// --head-dims of the attention subcommand: comma-separated items D (d_qk = d_v = D) or DQK:DV.
+struct HeadDims {
+  std::int64_t qk = 0, v = 0;
+};
+
+std::vector<HeadDims> parse_head_dims(const std::string& text) {
+  std::vector<HeadDims> dims;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    const std::size_t colon = item.find(':');
+    const std::int64_t qk = std::stoll(item.substr(0, colon));
+    dims.push_back({qk, colon == std::string::npos ? qk : std::stoll(item.substr(colon + 1))});
+  }
+  return dims;
+}
+
+// Items D or DQK:DV, each a whole number >= 1 (checked by CLI11 before anything else runs).
+CLI::Validator head_dims_list() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::string_view rest = text;
+        bool ok = true;
+        while (ok) {
+          const std::string_view item = rest.substr(0, rest.find(','));
+          const std::size_t colon = item.find(':');
+          ok = ringattn::tools::detail::whole_number_in(item.substr(0, colon), std::int64_t{1}, ringattn::tools::kNoLimit) &&
+               (colon == std::string_view::npos ||
+                ringattn::tools::detail::whole_number_in(item.substr(colon + 1), std::int64_t{1}, ringattn::tools::kNoLimit));
+          if (item.size() == rest.size()) break;
+          rest.remove_prefix(item.size() + 1);
+        }
+        if (ok) return {};
+        return "got '" + text + "', expected comma-separated head dims D or DQK:DV (whole numbers >= 1)";
+      },
+      "LIST");
+}
+
 // The option errors of the attention subcommand beyond each option's range, found before any GPU
 // work (a head dim without kernels would otherwise reach the block after its buffers were
-// allocated); empty when usable.
+// allocated); empty when usable. The block's own check decides, with its message.
 std::string check_attention_options(const std::string& head_dims) {
-  for (const std::int64_t d : parse_list(head_dims)) {
-    if (!ringattn::detail::cuda_block_takes_head_dim(d)) {
-      return ringattn::detail::concat("--head-dims has ", d, "; the CUDA block takes ",
-                                      ringattn::detail::cuda_block_head_dims_text());
+  for (const HeadDims& d : parse_head_dims(head_dims)) {
+    const std::string item = "--head-dims has " + std::to_string(d.qk) +
+                             (d.qk == d.v ? std::string() : ":" + std::to_string(d.v));
+    try {
+      ringattn::detail::check_block_dtype(DType::bf16, d.qk, d.v, ringattn::Memory::device,
+                                          item.c_str());
+    } catch (const ringattn::Error& error) {
+      return error.what();
     }
   }
   return {};
@@ -377,15 +419,20 @@ void fill_random_bf16(void* data, std::size_t count, std::uint32_t seed) {
 
 struct Shape {
   std::int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t v_head_dim = 0;  // d_v of V, O and dO; 0: head_dim
+
+  std::int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 };
 
-std::size_t elements(const Shape& s, std::int64_t heads) {
+// Elements of a [batch, seq, heads, dim] tensor (dim: head_dim unless given).
+std::size_t elements(const Shape& s, std::int64_t heads, std::int64_t dim = 0) {
   return static_cast<std::size_t>(s.batch) * static_cast<std::size_t>(s.seq) * static_cast<std::size_t>(heads) *
-         static_cast<std::size_t>(s.head_dim);
+         static_cast<std::size_t>(dim > 0 ? dim : s.head_dim);
 }
 
-// One attention problem in this GPU's memory, contiguous: bf16 q, o, dout [batch, seq, heads, d]
-// and k, v [batch, seq, kv_heads, d]; fp32 lse and delta [batch, heads, seq], dq, dk and dv; with
+// One attention problem in this GPU's memory, contiguous: bf16 q [batch, seq, heads, d], o and
+// dout [batch, seq, heads, d_v], k [batch, seq, kv_heads, d] and v [batch, seq, kv_heads, d_v];
+// fp32 lse and delta [batch, heads, seq], dq, dk and dv (of their inputs' widths); with
 // `rounded`, bf16 dq, dk and dv too (the gradients as SDPA returns them). The inputs q, k, v and
 // dout hold random values unless `fill` is false. A ring shard is the same set of tensors for S/N
 // tokens, without delta (the ring makes its own).
@@ -397,22 +444,22 @@ class BlockProblem {
         causal(causal_mask),
         q(elements(s, s.heads) * 2),
         k(elements(s, s.kv_heads) * 2),
-        v(elements(s, s.kv_heads) * 2),
-        o(elements(s, s.heads) * 2),
-        dout(elements(s, s.heads) * 2),
+        v(elements(s, s.kv_heads, s.value_dim()) * 2),
+        o(elements(s, s.heads, s.value_dim()) * 2),
+        dout(elements(s, s.heads, s.value_dim()) * 2),
         lse(static_cast<std::size_t>(s.batch * s.heads * s.seq) * 4),
         delta(with_delta ? static_cast<std::size_t>(s.batch * s.heads * s.seq) * 4 : 0),
         dq(elements(s, s.heads) * 4),
         dk(elements(s, s.kv_heads) * 4),
-        dv(elements(s, s.kv_heads) * 4),
+        dv(elements(s, s.kv_heads, s.value_dim()) * 4),
         dq_bf16(rounded ? elements(s, s.heads) * 2 : 0),
         dk_bf16(rounded ? elements(s, s.kv_heads) * 2 : 0),
-        dv_bf16(rounded ? elements(s, s.kv_heads) * 2 : 0) {
+        dv_bf16(rounded ? elements(s, s.kv_heads, s.value_dim()) * 2 : 0) {
     if (fill) {
       fill_random_bf16(q.data(), elements(s, s.heads), seed);
       fill_random_bf16(k.data(), elements(s, s.kv_heads), seed + 1);
-      fill_random_bf16(v.data(), elements(s, s.kv_heads), seed + 2);
-      fill_random_bf16(dout.data(), elements(s, s.heads), seed + 3);
+      fill_random_bf16(v.data(), elements(s, s.kv_heads, s.value_dim()), seed + 2);
+      fill_random_bf16(dout.data(), elements(s, s.heads, s.value_dim()), seed + 3);
     }
   }
 
@@ -425,15 +472,15 @@ class BlockProblem {
 
   ringattn::ForwardArgs forward_args() const {
     return {tokens(q, DType::bf16, shape.heads), tokens(k, DType::bf16, shape.kv_heads),
-            tokens(v, DType::bf16, shape.kv_heads), tokens(o, DType::bf16, shape.heads), rows(lse),
+            values(v, DType::bf16, shape.kv_heads), values(o, DType::bf16, shape.heads), rows(lse),
             scale(), ringattn::Mask{causal, 0, 0}, false};
   }
 
   ringattn::BackwardArgs backward_args() const {
     const ringattn::ForwardArgs f = forward_args();
-    return {f.q, f.k, f.v, tokens(dout, DType::bf16, shape.heads), f.lse, rows(delta),
+    return {f.q, f.k, f.v, values(dout, DType::bf16, shape.heads), f.lse, rows(delta),
             tokens(dq, DType::f32, shape.heads), tokens(dk, DType::f32, shape.kv_heads),
-            tokens(dv, DType::f32, shape.kv_heads), scale(), f.mask, false};
+            values(dv, DType::f32, shape.kv_heads), scale(), f.mask, false};
   }
 
   // The local block on the whole problem; the backward zeroes the gradients it adds into and
@@ -451,7 +498,7 @@ class BlockProblem {
   void backward_rounded() const {
     ringattn::BackwardArgs b = backward_args();
     b.dk = tokens(dk_bf16, DType::bf16, shape.kv_heads);
-    b.dv = tokens(dv_bf16, DType::bf16, shape.kv_heads);
+    b.dv = values(dv_bf16, DType::bf16, shape.kv_heads);
     b.overwrite_key_gradients = true;
     ringattn::cuda::flash_backward_prepare(forward_args().o, b.dout, b.delta, nullptr, &b.dq);
     ringattn::cuda::flash_backward(b);
@@ -472,6 +519,10 @@ class BlockProblem {
  private:
   TensorView tokens(const DeviceBuffer& b, DType dtype, std::int64_t heads) const {
     return TensorView::contiguous(b.data(), dtype, {shape.batch, shape.seq, heads, shape.head_dim}, Memory::device);
+  }
+  TensorView values(const DeviceBuffer& b, DType dtype, std::int64_t heads) const {  // of d_v
+    return TensorView::contiguous(b.data(), dtype, {shape.batch, shape.seq, heads, shape.value_dim()},
+                                  Memory::device);
   }
   TensorView rows(const DeviceBuffer& b) const {
     return TensorView::contiguous(b.data(), DType::f32, {shape.batch, shape.heads, shape.seq}, Memory::device);
@@ -499,16 +550,16 @@ std::unique_ptr<BlockProblem> problem_on_every_rank(const ringattn::Communicator
 // attention
 
 struct AttentionRow {
-  int seq = 0, batch = 0, heads = 0, head_dim = 0;
+  int seq = 0, batch = 0, heads = 0, head_dim = 0, v_head_dim = 0;
   bool causal = false;
   double forward_ms = 0, backward_ms = 0, forward_tflops = 0, backward_tflops = 0, total_tflops = 0;
   double backward_add_ms = 0;  // the ring's contract: fp32 gradients zeroed, then added into
   double workspace_mib = 0;
 };
 
-AttentionRow bench_attention(int seq, int head_dim, bool causal) {
+AttentionRow bench_attention(int seq, int head_dim, int v_head_dim, bool causal) {
   const int batch = std::max(1, 16384 / seq), heads = 2048 / head_dim;
-  const BlockProblem p({batch, seq, heads, heads, head_dim}, causal,
+  const BlockProblem p({batch, seq, heads, heads, head_dim, v_head_dim}, causal,
                        static_cast<std::uint32_t>(seq * 131 + head_dim), true, true, true);
   const int repeats = seq >= 8192 ? 10 : 20;
   AttentionRow row{};
@@ -516,11 +567,14 @@ AttentionRow bench_attention(int seq, int head_dim, bool causal) {
   row.batch = batch;
   row.heads = heads;
   row.head_dim = head_dim;
+  row.v_head_dim = v_head_dim;
   row.causal = causal;
   row.forward_ms = median_ms([&] { p.forward(); }, 3, repeats);
   row.backward_ms = median_ms([&] { p.backward_rounded(); }, 3, repeats);
   row.backward_add_ms = median_ms([&] { p.backward(); }, 3, repeats);
-  const double flop = ringattn::attention_forward_flops(batch, heads, seq, head_dim, causal);
+  // 2 b h s^2 (d_qk + d_v): S = QK^T and O = PV (4 b h s^2 d where the two agree).
+  const double flop = ringattn::attention_forward_flops(batch, heads, seq, head_dim, causal) *
+                      (head_dim + v_head_dim) / (2.0 * head_dim);
   row.forward_tflops = flop / (row.forward_ms * 1e-3) * 1e-12;
   row.backward_tflops = ringattn::kBackwardFlopFactor * flop / (row.backward_ms * 1e-3) * 1e-12;
   row.total_tflops =
@@ -1089,16 +1143,20 @@ int run_attention(const std::string& seqlens, const std::string& head_dims, cons
   cudaDeviceProp prop{};
   RINGATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::vector<AttentionRow> rows;
-  std::printf("%-5s %-6s %6s %5s %5s %10s %10s %9s %9s %9s %11s\n", "d", "mask", "seq", "batch",
+  std::printf("%-7s %-6s %6s %5s %5s %10s %10s %9s %9s %9s %11s\n", "d", "mask", "seq", "batch",
               "heads", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "f+b TF/s", "bwd add ms");
-  for (const std::int64_t d : parse_list(head_dims)) {
+  for (const HeadDims& d : parse_head_dims(head_dims)) {
     for (bool causal : {false, true}) {
       for (const std::int64_t seq : parse_list(seqlens)) {
-        const AttentionRow r = bench_attention(static_cast<int>(seq), static_cast<int>(d), causal);
+        const AttentionRow r = bench_attention(static_cast<int>(seq), static_cast<int>(d.qk),
+                                               static_cast<int>(d.v), causal);
         rows.push_back(r);
-        std::printf("%-5d %-6s %6d %5d %5d %10.3f %10.3f %9.1f %9.1f %9.1f %11.3f\n", r.head_dim,
-                    causal ? "causal" : "none", r.seq, r.batch, r.heads, r.forward_ms, r.backward_ms,
-                    r.forward_tflops, r.backward_tflops, r.total_tflops, r.backward_add_ms);
+        const std::string dims = r.head_dim == r.v_head_dim
+                                     ? std::to_string(r.head_dim)
+                                     : std::to_string(r.head_dim) + ":" + std::to_string(r.v_head_dim);
+        std::printf("%-7s %-6s %6d %5d %5d %10.3f %10.3f %9.1f %9.1f %9.1f %11.3f\n",
+                    dims.c_str(), causal ? "causal" : "none", r.seq, r.batch, r.heads, r.forward_ms,
+                    r.backward_ms, r.forward_tflops, r.backward_tflops, r.total_tflops, r.backward_add_ms);
         std::fflush(stdout);
       }
     }
@@ -1109,7 +1167,7 @@ int run_attention(const std::string& seqlens, const std::string& head_dims, cons
         << "  \"ringattn_version\": \"" << RINGATTN_VERSION_STRING << "\",\n  \"rows\": [\n";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const AttentionRow& r = rows[i];
-      out << "    {\"head_dim\": " << r.head_dim << ", \"causal\": " << (r.causal ? "true" : "false")
+      out << "    {\"head_dim\": " << r.head_dim << ", \"v_head_dim\": " << r.v_head_dim << ", \"causal\": " << (r.causal ? "true" : "false")
           << ", \"seq\": " << r.seq << ", \"batch\": " << r.batch << ", \"heads\": " << r.heads
           << ", \"forward_ms\": " << r.forward_ms << ", \"backward_ms\": " << r.backward_ms
           << ", \"backward_add_ms\": " << r.backward_add_ms
@@ -1178,9 +1236,9 @@ int main(int argc, char** argv) {
   attention->add_option("--seqlens", seqlens, "comma-separated sequence lengths")
       ->check(tools::whole_number_list(1, kMaxSeq));
   attention->add_option("--head-dims", head_dims,
-                        "comma-separated head dims (" +
-                            ringattn::detail::cuda_block_head_dims_text() + ")")
-      ->check(tools::whole_number_list(1));
+                        "comma-separated head dims D (" + ringattn::detail::cuda_block_head_dims_text() +
+                            ") or DQK:DV (Q and K wider than V)")
+      ->check(head_dims_list());
   attention->add_option("--json", json, "write the rows as JSON to this file");
 
   auto* ring = app.add_subcommand("ring", "ring attention across the ranks of mpirun, one GPU each (NCCL)");

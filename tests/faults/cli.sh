@@ -180,11 +180,15 @@ define_case() {
     bench_attention_head_dims_zero)
       command=("$bench" attention --head-dims 0)
       expect_status=2
-      expect=("--head-dims: got '0', expected comma-separated whole numbers >= 1") ;;
+      expect=("--head-dims: got '0', expected comma-separated head dims D or DQK:DV (whole numbers >= 1)") ;;
     bench_attention_head_dims_80)
       command=("$bench" attention --head-dims 80)
       expect_status=2
-      expect=("ringattn-bench attention: --head-dims has 80; the CUDA block takes 32, 64, 96, 128, 192 or 256") ;;
+      expect=("ringattn-bench attention: --head-dims has 80: head_dim 80 is not supported; the CUDA block takes 32, 64, 96, 128, 192 or 256") ;;
+    bench_attention_head_dims_pair)  # a d_qk:d_v pair without kernels
+      command=("$bench" attention --head-dims 128:64)
+      expect_status=2
+      expect=("ringattn-bench attention: --head-dims has 128:64: v has head_dim 64 but q and k have 128; the CUDA block takes one head_dim for q, k and v") ;;
     bench_ring_heads_np2)
       command=("${np2[@]}" "$bench" ring --heads 0)
       expect_count=2 expect_ranks=2
