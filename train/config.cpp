@@ -794,12 +794,16 @@ void add_cuda_problems(const TrainConfig& config, Problems& p) {
           m.d_model / m.n_heads, "; ", takes,
           " (choose model.n_heads or set model.head_dim to one of them)");
   }
-  // The kernels hold one head dim for Q K^T and P V (kernels/block_checks.cpp).
-  if (m.v_head_dim && m.n_heads >= 1 && *m.v_head_dim != m.resolved_head_dim()) {
+  // The kernels hold one head dim for Q K^T and P V, or a pair of their own
+  // (kernels/block_checks.cpp).
+  if (m.v_head_dim && m.n_heads >= 1 && *m.v_head_dim != m.resolved_head_dim() &&
+      !detail::cuda_block_takes_value_dim(m.resolved_head_dim(), *m.v_head_dim)) {
+    const std::string pairs = detail::cuda_block_value_dims_text();
     p.add("model.v_head_dim is ", *m.v_head_dim, " and the head dimension ",
           m.head_dim ? "(model.head_dim) is " : "(model.d_model / model.n_heads) is ",
           m.resolved_head_dim(), "; the CUDA block takes d_v = d_qk, one head dim for q, k and v",
-          " (a model.v_head_dim of its own runs on the cpu backend)");
+          pairs.empty() ? "" : ", or " + pairs,
+          " (another model.v_head_dim runs on the cpu backend)");
   }
   const auto multiple_of_8 = [&](const char* key, std::int64_t value) {
     if (value >= 1 && value % 8 != 0) {

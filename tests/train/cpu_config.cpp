@@ -14,8 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "tests/common/random.hpp"
+#include "kernels/block_checks.hpp"
 #include "tests/common/head_dims.hpp"
+#include "tests/common/random.hpp"
 #include "tests/train/expect_error.hpp"
 #include "tests/train/temp_dir.hpp"
 
@@ -611,9 +612,10 @@ TEST(Config, VHeadDimFollowsTheHeadDimUnlessGiven) {
                                 {"model.v_head_dim", "wide"}));
 }
 
-// The CUDA block holds one head dim for Q K^T and P V: on the cuda backend a model.v_head_dim
-// other than the head dimension is refused naming both values, whether the head dimension is
-// given or derived; the same v_head_dim as the head dim passes, and the cpu backend takes any.
+// The CUDA block holds one head dim for Q K^T and P V, or 192 with 128: on the cuda backend any
+// other model.v_head_dim than the head dimension is refused naming both values, whether the head
+// dimension is given or derived; the same v_head_dim as the head dim passes (and 192/128 where
+// the build has 192), and the cpu backend takes any.
 TEST(Config, CudaBackendRefusesAVHeadDimOfItsOwn) {
   const std::int64_t head_dim = test::kBuiltCudaHeadDims[0];
   const std::string takes = "; the CUDA block takes d_v = d_qk";
@@ -644,6 +646,19 @@ TEST(Config, CudaBackendRefusesAVHeadDimOfItsOwn) {
   c.model.v_head_dim = 12;
   c.run.backend = Backend::cpu;
   EXPECT_NO_THROW(validate(c, 2));
+  c.run.backend = Backend::cuda;
+  c.model.head_dim = 192;
+  c.model.v_head_dim = 128;
+  if (ringattn::detail::cuda_block_takes_value_dim(192, 128)) {
+    EXPECT_NO_THROW(validate(c, 2));
+  } else {
+    EXPECT_TRUE(throws_error_with([&] { validate(c, 2); }, {"model.v_head_dim is 128"}));
+  }
+  c.model.head_dim = 128;
+  c.model.v_head_dim = 192;  // the pair the other way round has no kernels
+  EXPECT_TRUE(throws_error_with(
+      [&] { validate(c, 2); },
+      {"model.v_head_dim is 192 and the head dimension (model.head_dim) is 128" + takes}));
 }
 
 // train.stages: a YAML list in a file, the same list through --set, read back from a dump; given
