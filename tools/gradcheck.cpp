@@ -4,7 +4,7 @@
 //   mpirun -np 2 ringattn-gradcheck --seq 131072 --heads 16 --head-dim 128 --causal \
 //       --backend cuda --dtype bf16 [--layout zigzag] [--json FILE]
 //   mpirun -np 3 ringattn-gradcheck --backend cpu --seq 1002 --heads 4 --kv-heads 2 \
-//       --head-dim 192 --v-head-dim 128 --causal        (V of its own head dim: CPU ranks only)
+//       --head-dim 192 --v-head-dim 128 --causal        (V of its own head dim; on GPUs 192/128)
 //   mpirun -np 4 ringattn-gradcheck --backend cpu --seq 4096 --causal --window-left 300 \
 //       --documents lognormal:512:1 --layout contiguous
 //

@@ -191,9 +191,9 @@ void flash_backward_prepare(const TensorView& o, const TensorView& dout, const T
 void flash_backward(const BackwardArgs& args, void* stream = nullptr);
 
 // Streaming reference on the GPU for long sequences: fp32 arithmetic on CUDA cores, O(S) memory,
-// one warp a row. Inputs f32, bf16 or f16 (any strides), head_dim up to 256 and v_head_dim equal
-// to it (ErrorKind::unsupported otherwise); outputs fp32
-// (o [B, Sq, Hq, D], lse and delta [B, Hq, Sq], dq/dk/dv overwritten). The backward takes the
+// one warp a row. Inputs f32, bf16 or f16 (any strides), head_dim and v_head_dim up to 256 each;
+// outputs fp32 (o [B, Sq, Hq, Dv], lse and delta [B, Hq, Sq], dq/dk/dv of their inputs' widths,
+// overwritten). The backward takes the
 // reference's own o and lse and writes delta = rowsum(dout * o) on the way.
 void reference_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                        const Mask& mask, double scale, const TensorView& o, const TensorView& lse,

@@ -40,7 +40,7 @@ struct RefParams {
   View4 q, k, v, dout;
   Out4 o, dq, dk, dv;
   Rows lse, delta;
-  int batch, q_len, k_len, q_heads, kv_heads, head_dim;
+  int batch, q_len, k_len, q_heads, kv_heads, head_dim, v_head_dim;  // d_qk of q, k; d_v of v, o
   float scale;
   detail::MaskRule rule;  // batch row 0's; rule.for_batch(b, document_stride) for the others
   std::int64_t document_stride, q_start, k_start;
@@ -102,7 +102,7 @@ __global__ void reference_forward_kernel(const RefParams p) {
     const float new_max = fmaxf(row_max, s);
     const float correction = expf(row_max - new_max);
     const float weight = expf(s - new_max);
-    load_row(p.v, b, j, kv_h, p.head_dim, v);
+    load_row(p.v, b, j, kv_h, p.v_head_dim, v);
     row_sum = row_sum * correction + weight;
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) acc[e] = acc[e] * correction + weight * v[e];
@@ -111,7 +111,7 @@ __global__ void reference_forward_kernel(const RefParams p) {
   float* o = p.o.data + b * p.o.s0 + row * p.o.s1 + h * p.o.s2;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
-    if (lane + 32 * e < p.head_dim) o[(lane + 32 * e) * p.o.s3] = row_sum > 0.f ? acc[e] / row_sum : 0.f;
+    if (lane + 32 * e < p.v_head_dim) o[(lane + 32 * e) * p.o.s3] = row_sum > 0.f ? acc[e] / row_sum : 0.f;
   }
   if (lane == 0) {
     p.lse.data[b * p.lse.s0 + h * p.lse.s1 + row * p.lse.s2] =
@@ -126,10 +126,10 @@ __global__ void reference_dq_kernel(const RefParams p) {
   if (row >= p.q_len) return;
   float q[kPerLane], g[kPerLane], o[kPerLane], k[kPerLane], v[kPerLane], dq[kPerLane] = {};
   load_row(p.q, b, row, h, p.head_dim, q);
-  load_row(p.dout, b, row, h, p.head_dim, g);
+  load_row(p.dout, b, row, h, p.v_head_dim, g);
   const float* o_row = p.o.data + b * p.o.s0 + row * p.o.s1 + h * p.o.s2;
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) o[e] = lane + 32 * e < p.head_dim ? o_row[(lane + 32 * e) * p.o.s3] : 0.f;
+  for (int e = 0; e < kPerLane; ++e) o[e] = lane + 32 * e < p.v_head_dim ? o_row[(lane + 32 * e) * p.o.s3] : 0.f;
   const float delta = dot(g, o);
   const float lse = p.lse.data[b * p.lse.s0 + h * p.lse.s1 + row * p.lse.s2];
   if (lane == 0) p.delta.data[b * p.delta.s0 + h * p.delta.s1 + row * p.delta.s2] = delta;
@@ -137,7 +137,7 @@ __global__ void reference_dq_kernel(const RefParams p) {
     const LocalRange keys = keys_of(p, b, row);
     for (std::int64_t j = keys.first; j < keys.last; ++j) {
       load_row(p.k, b, j, kv_h, p.head_dim, k);
-      load_row(p.v, b, j, kv_h, p.head_dim, v);
+      load_row(p.v, b, j, kv_h, p.v_head_dim, v);
       const float prob = expf(dot(q, k) * p.scale - lse);
       const float ds = prob * (dot(g, v) - delta);
 #pragma unroll
@@ -158,7 +158,7 @@ __global__ void reference_dkdv_kernel(const RefParams p) {
   if (key >= p.k_len) return;
   float k[kPerLane], v[kPerLane], q[kPerLane], g[kPerLane], dk[kPerLane] = {}, dv[kPerLane] = {};
   load_row(p.k, b, key, kv_h, p.head_dim, k);
-  load_row(p.v, b, key, kv_h, p.head_dim, v);
+  load_row(p.v, b, key, kv_h, p.v_head_dim, v);
   const LocalRange rows = queries_of(p, b, key);
   for (int h = kv_h * group; h < (kv_h + 1) * group; ++h) {
     for (std::int64_t i = rows.first; i < rows.last; ++i) {
@@ -166,7 +166,7 @@ __global__ void reference_dkdv_kernel(const RefParams p) {
       if (lse == -INFINITY) continue;
       const float delta = p.delta.data[b * p.delta.s0 + h * p.delta.s1 + i * p.delta.s2];
       load_row(p.q, b, i, h, p.head_dim, q);
-      load_row(p.dout, b, i, h, p.head_dim, g);
+      load_row(p.dout, b, i, h, p.v_head_dim, g);
       const float prob = expf(dot(q, k) * p.scale - lse);
       const float ds = prob * (dot(g, v) - delta);
 #pragma unroll
@@ -180,10 +180,8 @@ __global__ void reference_dkdv_kernel(const RefParams p) {
   float* out_v = p.dv.data + b * p.dv.s0 + key * p.dv.s1 + kv_h * p.dv.s2;
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) {
-    if (lane + 32 * e < p.head_dim) {
-      out_k[(lane + 32 * e) * p.dk.s3] = dk[e] * p.scale;
-      out_v[(lane + 32 * e) * p.dv.s3] = dv[e];
-    }
+    if (lane + 32 * e < p.head_dim) out_k[(lane + 32 * e) * p.dk.s3] = dk[e] * p.scale;
+    if (lane + 32 * e < p.v_head_dim) out_v[(lane + 32 * e) * p.dv.s3] = dv[e];
   }
 }
 
@@ -203,11 +201,8 @@ RefParams common(const TensorView& q, const TensorView& k, const TensorView& v, 
   detail::check_mask(mask, s, Memory::device, where);
   if (q.dtype == DType::f64) detail::fail(where, "q has dtype f64; the GPU reference takes f32, bf16 or f16");
   if (s.head_dim > kMaxHeadDim) detail::fail(where, "head_dim ", s.head_dim, " exceeds ", kMaxHeadDim);
-  // One head dim for the scores and the outputs: the kernels read V and write O with head_dim.
-  if (s.v_head_dim != s.head_dim) {
-    detail::fail_as(ErrorKind::unsupported, where, "v has head_dim ", s.v_head_dim,
-                    " but q and k have ", s.head_dim,
-                    "; the GPU reference takes one head_dim for q, k and v");
+  if (s.v_head_dim > kMaxHeadDim) {
+    detail::fail(where, "v_head_dim ", s.v_head_dim, " exceeds ", kMaxHeadDim);
   }
   if (s.batch > 65535 || s.q_heads > 65535) detail::fail(where, "batch and heads must be at most 65535");
   RefParams p{};
@@ -220,6 +215,7 @@ RefParams common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.q_heads = static_cast<int>(s.q_heads);
   p.kv_heads = static_cast<int>(s.kv_heads);
   p.head_dim = static_cast<int>(s.head_dim);
+  p.v_head_dim = static_cast<int>(s.v_head_dim);
   p.scale = static_cast<float>(scale);
   p.rule = detail::MaskRule::of(mask);
   p.document_stride = mask.documents.batch_stride;
@@ -246,7 +242,7 @@ void reference_forward(const TensorView& q, const TensorView& k, const TensorVie
                        void* stream) {
   constexpr const char* kWhere = "cuda::reference_forward";
   RefParams p = common(q, k, v, mask, scale, kWhere);
-  check_f32(o, "o", 4, {p.batch, p.q_len, p.q_heads, p.head_dim}, kWhere);
+  check_f32(o, "o", 4, {p.batch, p.q_len, p.q_heads, p.v_head_dim}, kWhere);
   check_f32(lse, "lse", 3, {p.batch, p.q_heads, p.q_len}, kWhere);
   p.o = out_view(o);
   p.lse = rows_view(lse);
@@ -263,14 +259,14 @@ void reference_backward(const TensorView& q, const TensorView& k, const TensorVi
                         void* stream) {
   constexpr const char* kWhere = "cuda::reference_backward";
   RefParams p = common(q, k, v, mask, scale, kWhere);
-  check_f32(o, "o", 4, {p.batch, p.q_len, p.q_heads, p.head_dim}, kWhere);
+  check_f32(o, "o", 4, {p.batch, p.q_len, p.q_heads, p.v_head_dim}, kWhere);
   check_f32(lse, "lse", 3, {p.batch, p.q_heads, p.q_len}, kWhere);
   check_f32(delta, "delta", 3, {p.batch, p.q_heads, p.q_len}, kWhere);
   check_f32(dq, "dq", 4, {p.batch, p.q_len, p.q_heads, p.head_dim}, kWhere);
   check_f32(dk, "dk", 4, {p.batch, p.k_len, p.kv_heads, p.head_dim}, kWhere);
-  check_f32(dv, "dv", 4, {p.batch, p.k_len, p.kv_heads, p.head_dim}, kWhere);
+  check_f32(dv, "dv", 4, {p.batch, p.k_len, p.kv_heads, p.v_head_dim}, kWhere);
   detail::check_view(dout, "dout", 4, Memory::device, kWhere);
-  detail::check_shape(dout, "dout", {p.batch, p.q_len, p.q_heads, p.head_dim}, "the shape of q", kWhere);
+  detail::check_shape(dout, "dout", {p.batch, p.q_len, p.q_heads, p.v_head_dim}, "the shape of o", kWhere);
   detail::check_dtype(dout, "dout", q.dtype, "the dtype of q", kWhere);
   p.dout = in_view(dout);
   p.o = out_view(o);
