@@ -15,7 +15,7 @@ import operator
 import torch
 
 from ringattn import _capi
-from ringattn._ops import documents_for_c, window_pair
+from ringattn._ops import check_document_tensor, documents_for_c, window_pair
 
 LAYOUTS = tuple(_capi.LAYOUT_CODES)
 
@@ -39,12 +39,7 @@ def _host_documents(document_starts, where):
     [batch, count] (one a batch row), or None; and the batch of the lists."""
     if document_starts is None:
         return None, 1
-    if not isinstance(document_starts, torch.Tensor):
-        raise TypeError(f"{where}: document_starts is a {type(document_starts).__name__}; "
-                        "expected an int64 tensor [count] or [batch, count], or None")
-    if document_starts.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{where}: document_starts has dtype {document_starts.dtype}; expected "
-                        "torch.int64 (or torch.int32, converted)")
+    check_document_tensor(document_starts, where)
     if document_starts.dim() not in (1, 2):
         raise ValueError(f"{where}: document_starts has shape {list(document_starts.shape)}; "
                          "expected [count] or [batch, count]")

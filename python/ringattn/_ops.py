@@ -62,17 +62,22 @@ def window_pair(window, where):
     return tuple(pair)
 
 
-def check_documents(document_starts, q, where):
-    """document_starts as the C API can describe it: an integer tensor [count] or
-    [batch, count] (a batch of 1: one list for every row) on q's device."""
-    if document_starts is None:
-        return
+def check_document_tensor(document_starts, where):
+    """document_starts is an int64 (or int32) tensor; TypeError naming it otherwise."""
     if not isinstance(document_starts, torch.Tensor):
         raise TypeError(f"{where}: document_starts is a {type(document_starts).__name__}; "
                         "expected an int64 tensor [count] or [batch, count], or None")
     if document_starts.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{where}: document_starts has dtype {document_starts.dtype}; expected "
                         "torch.int64 (or torch.int32, converted)")
+
+
+def check_documents(document_starts, q, where):
+    """document_starts as the C API can describe it: an integer tensor [count] or
+    [batch, count] (a batch of 1: one list for every row) on q's device."""
+    if document_starts is None:
+        return
+    check_document_tensor(document_starts, where)
     if document_starts.device != q.device:
         raise ValueError(f"{where}: document_starts is on {document_starts.device} but q is on "
                          f"{q.device}; the library reads them in the tensors' memory")

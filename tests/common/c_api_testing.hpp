@@ -72,4 +72,30 @@ inline ringattn_backward_params_t backward_params_of(const ringattn_forward_para
   return bp;
 }
 
+// The ring's backward parameters for a ring forward's: its q, k, v, o, lse, scale, causal flag,
+// window and documents, with dout and the gradients given; a struct of this version.
+inline ringattn_ring_backward_params_t ring_backward_params_of(
+    const ringattn_ring_forward_params_t& p, const ringattn_tensor_t& dout,
+    const ringattn_tensor_t& dq, const ringattn_tensor_t& dk, const ringattn_tensor_t& dv) {
+  ringattn_ring_backward_params_t bp{};
+  bp.struct_size = sizeof(bp);
+  bp.q = p.q;
+  bp.k = p.k;
+  bp.v = p.v;
+  bp.o = p.o;
+  bp.lse = p.lse;
+  bp.dout = dout;
+  bp.dq = dq;
+  bp.dk = dk;
+  bp.dv = dv;
+  bp.scale = p.scale;
+  bp.causal = p.causal;
+  bp.window_left = p.window_left;
+  bp.window_right = p.window_right;
+  bp.document_starts = p.document_starts;
+  bp.num_documents = p.num_documents;
+  bp.document_batch_stride = p.document_batch_stride;
+  return bp;
+}
+
 }  // namespace ringattn::test

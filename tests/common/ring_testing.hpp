@@ -70,6 +70,17 @@ struct OutputTensors {
   }
 };
 
+// The fp64 oracle's five outputs for inputs of shape `s` (any host dtype) under `mask`; its
+// backward overwrites dQ, dK and dV.
+inline Outputs oracle_outputs(const AttentionShape& s, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& dout, const Mask& mask,
+                              double scale) {
+  OutputTensors<double> out(s);
+  reference::attention_forward(q, k, v, mask, scale, out.o.view, out.lse.view);
+  reference::attention_backward(q, k, v, dout, mask, scale, out.dq.view, out.dk.view, out.dv.view);
+  return out.values();
+}
+
 // The whole problem of a ring test: random Q, K, V and dO of shape `s` (V and dO of d_v), the
 // same on every rank (the mpi main gives every rank rank 0's seed), and its two references under
 // a mask.
@@ -89,13 +100,9 @@ struct WholeProblem {
     for (HostTensor<T>* t : {&q, &k, &v, &dout}) fill_normal(t->storage, rng);
   }
 
-  // The fp64 oracle on the same (rounded) inputs; its backward overwrites dQ, dK and dV.
+  // The fp64 oracle on the same (rounded) inputs.
   Outputs oracle(const Mask& mask) const {
-    OutputTensors<double> out(s);
-    reference::attention_forward(q.view, k.view, v.view, mask, scale, out.o.view, out.lse.view);
-    reference::attention_backward(q.view, k.view, v.view, dout.view, mask, scale, out.dq.view,
-                                  out.dk.view, out.dv.view);
-    return out.values();
+    return oracle_outputs(s, q.view, k.view, v.view, dout.view, mask, scale);
   }
 
   // The CPU flash block on the whole problem in this process (the ring over one rank), whose

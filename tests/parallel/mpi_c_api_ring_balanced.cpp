@@ -22,6 +22,7 @@
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/c_api_testing.hpp"
 #include "tests/common/random.hpp"
+#include "tests/common/ring_testing.hpp"
 
 namespace {
 
@@ -107,9 +108,7 @@ std::vector<double> take_rows(const std::vector<double>& whole, std::int64_t seq
   return out;
 }
 
-struct Results {
-  std::vector<double> o, lse, dq, dk, dv;
-};
+using Results = ringattn::test::Outputs;
 
 TEST(CApiRingBalanced, EqualsTheOracleAndTheCppRing) {
   SCOPED_TRACE(ringattn::test::seed_trace());
@@ -199,44 +198,23 @@ TEST(CApiRingBalanced, EqualsTheOracleAndTheCppRing) {
     fp.num_documents = c.count;
     fp.document_batch_stride = c.batch_stride;
     ASSERT_EQ(ringattn_ring_forward(ring, &fp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
-    ringattn_ring_backward_params_t bp{};
-    bp.struct_size = sizeof(bp);
-    bp.q = fp.q;
-    bp.k = fp.k;
-    bp.v = fp.v;
-    bp.o = fp.o;
-    bp.lse = fp.lse;
-    bp.dout = describe(dout, {B, Sl, Hq, D});
-    bp.dq = describe(ring_out.dq, {B, Sl, Hq, D});
-    bp.dk = describe(ring_out.dk, {B, Sl, Hkv, D});
-    bp.dv = describe(ring_out.dv, {B, Sl, Hkv, D});
-    bp.scale = kScale;
-    bp.causal = fp.causal;
-    bp.window_left = fp.window_left;
-    bp.window_right = fp.window_right;
-    bp.document_starts = fp.document_starts;
-    bp.num_documents = fp.num_documents;
-    bp.document_batch_stride = fp.document_batch_stride;
+    const ringattn_ring_backward_params_t bp = ringattn::test::ring_backward_params_of(
+        fp, describe(dout, {B, Sl, Hq, D}), describe(ring_out.dq, {B, Sl, Hq, D}),
+        describe(ring_out.dk, {B, Sl, Hkv, D}), describe(ring_out.dv, {B, Sl, Hkv, D}));
     ASSERT_EQ(ringattn_ring_backward(ring, &bp, nullptr), RINGATTN_SUCCESS)
         << ringattn_last_error();
 
     // The oracle on the whole sequence, its rows taken by the same chunks.
     const ringattn::Mask mask = c.mask();
-    std::vector<double> o(q_all.size()), lse(B * Hq * S), dq(q_all.size()), dk(k_all.size()),
-        dv(v_all.size());
-    ringattn::reference::attention_forward(view(q_all, {B, S, Hq, D}), view(k_all, {B, S, Hkv, D}),
-                                           view(v_all, {B, S, Hkv, D}), mask, kScale,
-                                           view(o, {B, S, Hq, D}), view(lse, {B, Hq, S}));
-    ringattn::reference::attention_backward(
-        view(q_all, {B, S, Hq, D}), view(k_all, {B, S, Hkv, D}), view(v_all, {B, S, Hkv, D}),
-        view(do_all, {B, S, Hq, D}), mask, kScale, view(dq, {B, S, Hq, D}),
-        view(dk, {B, S, Hkv, D}), view(dv, {B, S, Hkv, D}));
-    EXPECT_TRUE(ringattn::test::Close("O", ring_out.o, take_rows(o, S, Hq, D, chunks), 1e-12));
-    EXPECT_TRUE(
-        ringattn::test::Close("LSE", ring_out.lse, take_rows(lse, S, Hq, 1, chunks, true), 1e-12));
-    EXPECT_TRUE(ringattn::test::Close("dQ", ring_out.dq, take_rows(dq, S, Hq, D, chunks), 1e-12));
-    EXPECT_TRUE(ringattn::test::Close("dK", ring_out.dk, take_rows(dk, S, Hkv, D, chunks), 1e-12));
-    EXPECT_TRUE(ringattn::test::Close("dV", ring_out.dv, take_rows(dv, S, Hkv, D, chunks), 1e-12));
+    const ringattn::test::Outputs ref = ringattn::test::oracle_outputs(
+        {B, S, S, Hq, Hkv, D}, view(q_all, {B, S, Hq, D}), view(k_all, {B, S, Hkv, D}),
+        view(v_all, {B, S, Hkv, D}), view(do_all, {B, S, Hq, D}), mask, kScale);
+    EXPECT_TRUE(ringattn::test::Close("O", ring_out.o, take_rows(ref.o, S, Hq, D, chunks), 1e-12));
+    EXPECT_TRUE(ringattn::test::Close("LSE", ring_out.lse,
+                                      take_rows(ref.lse, S, Hq, 1, chunks, true), 1e-12));
+    EXPECT_TRUE(ringattn::test::Close("dQ", ring_out.dq, take_rows(ref.dq, S, Hq, D, chunks), 1e-12));
+    EXPECT_TRUE(ringattn::test::Close("dK", ring_out.dk, take_rows(ref.dk, S, Hkv, D, chunks), 1e-12));
+    EXPECT_TRUE(ringattn::test::Close("dV", ring_out.dv, take_rows(ref.dv, S, Hkv, D, chunks), 1e-12));
 
     // The C++ balanced ring: its own shards of the same mask are the C API's, its outputs too.
     std::vector<double> q_cpp(q.size()), k_cpp(k.size()), v_cpp(v.size()), do_cpp(dout.size());
@@ -248,37 +226,11 @@ TEST(CApiRingBalanced, EqualsTheOracleAndTheCppRing) {
     EXPECT_EQ(k_cpp, k);
     EXPECT_EQ(v_cpp, v);
     EXPECT_EQ(do_cpp, dout);
-    Results cc{std::vector<double>(q.size()), std::vector<double>(B * Hq * Sl),
-               std::vector<double>(q.size()), std::vector<double>(k.size()),
-               std::vector<double>(v.size())};
-    ringattn::RingForwardArgs fa;
-    fa.q = view(q, {B, Sl, Hq, D});
-    fa.k = view(k, {B, Sl, Hkv, D});
-    fa.v = view(v, {B, Sl, Hkv, D});
-    fa.o = view(cc.o, {B, Sl, Hq, D});
-    fa.lse = view(cc.lse, {B, Hq, Sl});
-    fa.scale = kScale;
-    fa.causal = c.causal;
-    fa.window_left = c.window_left;
-    fa.window_right = c.window_right;
-    fa.documents = mask.documents;
-    cpp.forward(fa);
-    ringattn::RingBackwardArgs ba;
-    ba.q = fa.q;
-    ba.k = fa.k;
-    ba.v = fa.v;
-    ba.o = fa.o;
-    ba.lse = fa.lse;
-    ba.dout = view(dout, {B, Sl, Hq, D});
-    ba.dq = view(cc.dq, {B, Sl, Hq, D});
-    ba.dk = view(cc.dk, {B, Sl, Hkv, D});
-    ba.dv = view(cc.dv, {B, Sl, Hkv, D});
-    ba.scale = kScale;
-    ba.causal = c.causal;
-    ba.window_left = c.window_left;
-    ba.window_right = c.window_right;
-    ba.documents = mask.documents;
-    cpp.backward(ba);
+    ringattn::test::OutputTensors<double> cpp_out({B, Sl, Sl, Hq, Hkv, D});
+    ringattn::test::run_ring(cpp, view(q, {B, Sl, Hq, D}), view(k, {B, Sl, Hkv, D}),
+                             view(v, {B, Sl, Hkv, D}), view(dout, {B, Sl, Hq, D}), cpp_out, kScale,
+                             mask);
+    const ringattn::test::Outputs cc = cpp_out.values();
     EXPECT_EQ(ring_out.o, cc.o);
     EXPECT_EQ(ring_out.lse, cc.lse);
     EXPECT_EQ(ring_out.dq, cc.dq);

@@ -19,6 +19,7 @@
 #include "tests/common/attention_testing.hpp"
 #include "tests/common/c_api_testing.hpp"
 #include "tests/common/random.hpp"
+#include "tests/common/ring_testing.hpp"
 
 namespace {
 
@@ -49,9 +50,7 @@ struct RingMask {
 };
 
 // This rank's outputs of one ring call.
-struct Shards {
-  std::vector<double> o, lse, dq, dk, dv;
-};
+using Shards = ringattn::test::Outputs;
 
 struct Whole {
   std::vector<double> q, k, v, dout;
@@ -103,24 +102,10 @@ TEST_P(CApiRingMasks, EqualTheCppRingAndTheOracle) {
     fp.num_documents = m.count;
     fp.document_batch_stride = m.count;
     EXPECT_EQ(ringattn_ring_forward(ring, &fp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
-    ringattn_ring_backward_params_t bp{};
+    ringattn_ring_backward_params_t bp = ringattn::test::ring_backward_params_of(
+        fp, describe(dout, {B, Sl, Hq, D}), describe(out.dq, {B, Sl, Hq, D}),
+        describe(out.dk, {B, Sl, Hkv, D}), describe(out.dv, {B, Sl, Hkv, D}));
     bp.struct_size = backward_size;
-    bp.q = fp.q;
-    bp.k = fp.k;
-    bp.v = fp.v;
-    bp.o = fp.o;
-    bp.lse = fp.lse;
-    bp.dout = describe(dout, {B, Sl, Hq, D});
-    bp.dq = describe(out.dq, {B, Sl, Hq, D});
-    bp.dk = describe(out.dk, {B, Sl, Hkv, D});
-    bp.dv = describe(out.dv, {B, Sl, Hkv, D});
-    bp.scale = kScale;
-    bp.causal = fp.causal;
-    bp.window_left = m.window_left;
-    bp.window_right = m.window_right;
-    bp.document_starts = m.starts.data();
-    bp.num_documents = m.count;
-    bp.document_batch_stride = m.count;
     EXPECT_EQ(ringattn_ring_backward(ring, &bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
     return out;
   };
@@ -136,37 +121,13 @@ TEST_P(CApiRingMasks, EqualTheCppRingAndTheOracle) {
                            sizeof(ringattn_ring_backward_params_t));
 
     // The C++ ring with the same window and documents: bitwise.
-    Shards cc{std::vector<double>(q.size()), std::vector<double>(B * Hq * Sl),
-              std::vector<double>(q.size()), std::vector<double>(k.size()),
-              std::vector<double>(v.size())};
-    ringattn::RingForwardArgs fa;
-    fa.q = view(q, {B, Sl, Hq, D});
-    fa.k = view(k, {B, Sl, Hkv, D});
-    fa.v = view(v, {B, Sl, Hkv, D});
-    fa.o = view(cc.o, {B, Sl, Hq, D});
-    fa.lse = view(cc.lse, {B, Hq, Sl});
-    fa.scale = kScale;
-    fa.causal = m.causal;
-    fa.window_left = m.window_left;
-    fa.window_right = m.window_right;
-    fa.documents = m.mask().documents;
-    cpp.forward(fa);
-    ringattn::RingBackwardArgs ba;
-    ba.q = fa.q;
-    ba.k = fa.k;
-    ba.v = fa.v;
-    ba.o = fa.o;
-    ba.lse = fa.lse;
-    ba.dout = view(dout, {B, Sl, Hq, D});
-    ba.dq = view(cc.dq, {B, Sl, Hq, D});
-    ba.dk = view(cc.dk, {B, Sl, Hkv, D});
-    ba.dv = view(cc.dv, {B, Sl, Hkv, D});
-    ba.scale = kScale;
-    ba.causal = m.causal;
-    ba.window_left = m.window_left;
-    ba.window_right = m.window_right;
-    ba.documents = fa.documents;
-    cpp.backward(ba);
+    const ringattn::Mask mask = m.mask();
+    const ringattn::AttentionShape shard{B, Sl, Sl, Hq, Hkv, D};
+    ringattn::test::OutputTensors<double> cpp_out(shard);
+    ringattn::test::run_ring(cpp, view(q, {B, Sl, Hq, D}), view(k, {B, Sl, Hkv, D}),
+                             view(v, {B, Sl, Hkv, D}), view(dout, {B, Sl, Hq, D}), cpp_out, kScale,
+                             mask);
+    const ringattn::test::Outputs cc = cpp_out.values();
     EXPECT_EQ(c.o, cc.o);
     EXPECT_EQ(c.lse, cc.lse);
     EXPECT_EQ(c.dq, cc.dq);
@@ -174,24 +135,17 @@ TEST_P(CApiRingMasks, EqualTheCppRingAndTheOracle) {
     EXPECT_EQ(c.dv, cc.dv);
 
     // The oracle on the whole sequence, sharded like the ring's outputs.
-    std::vector<double> o(whole.q.size()), lse(B * Hq * S), dq(whole.q.size()),
-        dk(whole.k.size()), dv(whole.v.size());
-    const ringattn::Mask mask = m.mask();
-    ringattn::reference::attention_forward(view(whole.q, {B, S, Hq, D}), view(whole.k, {B, S, Hkv, D}),
-                                           view(whole.v, {B, S, Hkv, D}), mask, kScale,
-                                           view(o, {B, S, Hq, D}), view(lse, {B, Hq, S}));
-    ringattn::reference::attention_backward(
-        view(whole.q, {B, S, Hq, D}), view(whole.k, {B, S, Hkv, D}), view(whole.v, {B, S, Hkv, D}),
-        view(whole.dout, {B, S, Hq, D}), mask, kScale, view(dq, {B, S, Hq, D}),
-        view(dk, {B, S, Hkv, D}), view(dv, {B, S, Hkv, D}));
+    ringattn::test::Outputs whole_ref = ringattn::test::oracle_outputs(
+        {B, S, S, Hq, Hkv, D}, view(whole.q, {B, S, Hq, D}), view(whole.k, {B, S, Hkv, D}),
+        view(whole.v, {B, S, Hkv, D}), view(whole.dout, {B, S, Hq, D}), mask, kScale);
     Shards ref{std::vector<double>(q.size()), std::vector<double>(B * Hq * Sl),
                std::vector<double>(q.size()), std::vector<double>(k.size()),
                std::vector<double>(v.size())};
-    cpp.shard(view(o, {B, S, Hq, D}), view(ref.o, {B, Sl, Hq, D}));
-    cpp.shard(view(lse, {B, Hq, S}), view(ref.lse, {B, Hq, Sl}));
-    cpp.shard(view(dq, {B, S, Hq, D}), view(ref.dq, {B, Sl, Hq, D}));
-    cpp.shard(view(dk, {B, S, Hkv, D}), view(ref.dk, {B, Sl, Hkv, D}));
-    cpp.shard(view(dv, {B, S, Hkv, D}), view(ref.dv, {B, Sl, Hkv, D}));
+    cpp.shard(view(whole_ref.o, {B, S, Hq, D}), view(ref.o, {B, Sl, Hq, D}));
+    cpp.shard(view(whole_ref.lse, {B, Hq, S}), view(ref.lse, {B, Hq, Sl}));
+    cpp.shard(view(whole_ref.dq, {B, S, Hq, D}), view(ref.dq, {B, Sl, Hq, D}));
+    cpp.shard(view(whole_ref.dk, {B, S, Hkv, D}), view(ref.dk, {B, Sl, Hkv, D}));
+    cpp.shard(view(whole_ref.dv, {B, S, Hkv, D}), view(ref.dv, {B, Sl, Hkv, D}));
     EXPECT_TRUE(ringattn::test::Close("O", c.o, ref.o, 1e-12));
     EXPECT_TRUE(ringattn::test::Close("LSE", c.lse, ref.lse, 1e-12));
     EXPECT_TRUE(ringattn::test::Close("dQ", c.dq, ref.dq, 1e-12));
