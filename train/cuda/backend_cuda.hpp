@@ -155,14 +155,17 @@ class CudaBackend {
   PinnedArray<std::int32_t> host_ids_;
   PinnedArray<float> host_weights_;
   CudaEvent batch_copied_;
-  DeviceArray<std::int64_t> documents_;
-  PinnedArray<std::int64_t> host_documents_;
-  CudaEvent documents_copied_;
-  // RoPE: the positions of the table's rows (staged like the documents) and the frequencies of
-  // rope_head_dim_ and rope_theta_, from which the table is made on the device.
-  DeviceArray<std::int64_t> rope_positions_;
-  PinnedArray<std::int64_t> host_rope_positions_;
-  CudaEvent rope_positions_copied_;
+  // Integers that change every step, copied to the device on the stream through a pinned
+  // staging buffer (stage()): the document starts, and the positions of the RoPE table's rows.
+  struct Staged {
+    DeviceArray<std::int64_t> device;
+    PinnedArray<std::int64_t> host;
+    CudaEvent copied;  // the end of the last copy out of `host`
+  };
+  const std::int64_t* stage(Staged& staged, std::span<const std::int64_t> values);
+  Staged documents_, rope_positions_;
+  // The RoPE frequencies of rope_head_dim_ and rope_theta_, from which (with the staged positions)
+  // the table is made on the device.
   DeviceArray<double> rope_frequencies_;
   double rope_theta_ = 0.0;
   PinnedArray<float> host_losses_;

@@ -81,20 +81,24 @@ void CudaBackend::load_batch(const ShardBatch& batch, std::int64_t vocab) {
   pending_losses_.clear();
 }
 
-const std::int64_t* CudaBackend::load_documents(std::span<const std::int64_t> starts) {
-  const auto count = static_cast<std::int64_t>(starts.size());
-  ensure(documents_, count);
-  // The last list's copy out of the staging buffer is done before it is overwritten.
-  RINGATTN_CUDA_CHECK(cudaEventSynchronize(documents_copied_.get()));
-  if (static_cast<std::int64_t>(host_documents_.size()) < count) {
-    host_documents_ = PinnedArray<std::int64_t>(static_cast<std::size_t>(count));
+const std::int64_t* CudaBackend::stage(Staged& staged, std::span<const std::int64_t> values) {
+  const auto count = static_cast<std::int64_t>(values.size());
+  ensure(staged.device, count);
+  // The last copy out of the staging buffer is done before it is overwritten.
+  RINGATTN_CUDA_CHECK(cudaEventSynchronize(staged.copied.get()));
+  if (static_cast<std::int64_t>(staged.host.size()) < count) {
+    staged.host = PinnedArray<std::int64_t>(static_cast<std::size_t>(count));
   }
-  std::copy(starts.begin(), starts.end(), host_documents_.data());
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(documents_.data(), host_documents_.data(),
+  std::copy(values.begin(), values.end(), staged.host.data());
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(staged.device.data(), staged.host.data(),
                                       count * sizeof(std::int64_t), cudaMemcpyHostToDevice,
                                       stream_.get()));
-  documents_copied_.record(stream_.get());
-  return documents_.data();
+  staged.copied.record(stream_.get());
+  return staged.device.data();
+}
+
+const std::int64_t* CudaBackend::load_documents(std::span<const std::int64_t> starts) {
+  return stage(documents_, starts);
 }
 
 void CudaBackend::fill_zero(float* data, std::int64_t count) {
@@ -212,21 +216,12 @@ void CudaBackend::set_rope(const std::vector<std::int64_t>& positions, std::int6
     rope_head_dim_ = head_dim;
     rope_theta_ = theta;
   }
-  // Document-relative positions change every step: only they travel, through a staging buffer
-  // whose last copy is done before it is overwritten, and the table is made on the stream.
-  ensure(rope_positions_, rows);
+  // Document-relative positions change every step: only they travel, and the table is made on
+  // the stream.
   ensure(rope_cos_, rows * half);
   ensure(rope_sin_, rows * half);
-  RINGATTN_CUDA_CHECK(cudaEventSynchronize(rope_positions_copied_.get()));
-  if (static_cast<std::int64_t>(host_rope_positions_.size()) < rows) {
-    host_rope_positions_ = PinnedArray<std::int64_t>(static_cast<std::size_t>(rows));
-  }
-  std::copy(positions.begin(), positions.end(), host_rope_positions_.data());
-  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(rope_positions_.data(), host_rope_positions_.data(),
-                                      rows * sizeof(std::int64_t), cudaMemcpyHostToDevice,
-                                      stream_.get()));
-  rope_positions_copied_.record(stream_.get());
-  cuda::rope_table(rope_cos_.data(), rope_sin_.data(), rope_positions_.data(), rows,
+  const std::int64_t* device_positions = stage(rope_positions_, positions);
+  cuda::rope_table(rope_cos_.data(), rope_sin_.data(), device_positions, rows,
                    rope_frequencies_.data(), head_dim, stream_.get());
   rope_rows_ = rows;
 }
