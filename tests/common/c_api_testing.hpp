@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "ringattn/attention.hpp"
 #include "ringattn/ringattn.h"
 
 namespace ringattn::test {
@@ -70,6 +71,30 @@ inline ringattn_backward_params_t backward_params_of(const ringattn_forward_para
   bp.num_documents = p.num_documents;
   bp.document_batch_stride = p.document_batch_stride;
   return bp;
+}
+
+// A ring forward's parameters (a struct of this version) over the descriptors given, under
+// `mask`'s causal flag, window and documents (their starts in host memory; q_start and k_start
+// unused).
+inline ringattn_ring_forward_params_t ring_forward_params(
+    const ringattn_tensor_t& q, const ringattn_tensor_t& k, const ringattn_tensor_t& v,
+    const ringattn_tensor_t& o, const ringattn_tensor_t& lse, double scale,
+    const ringattn::Mask& mask) {
+  ringattn_ring_forward_params_t fp{};
+  fp.struct_size = sizeof(fp);
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.o = o;
+  fp.lse = lse;
+  fp.scale = scale;
+  fp.causal = mask.causal ? 1 : 0;
+  fp.window_left = mask.window_left;
+  fp.window_right = mask.window_right;
+  fp.document_starts = mask.documents.data;
+  fp.num_documents = mask.documents.count;
+  fp.document_batch_stride = mask.documents.batch_stride;
+  return fp;
 }
 
 // The ring's backward parameters for a ring forward's: its q, k, v, o, lse, scale, causal flag,

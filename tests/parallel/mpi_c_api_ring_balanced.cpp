@@ -183,20 +183,10 @@ TEST(CApiRingBalanced, EqualsTheOracleAndTheCppRing) {
                      ringattn::test::nan_vector<double>(q.size()),
                      ringattn::test::nan_vector<double>(k.size()),
                      ringattn::test::nan_vector<double>(v.size())};
-    ringattn_ring_forward_params_t fp{};
-    fp.struct_size = sizeof(fp);
-    fp.q = describe(q, {B, Sl, Hq, D});
-    fp.k = describe(k, {B, Sl, Hkv, D});
-    fp.v = describe(v, {B, Sl, Hkv, D});
-    fp.o = describe(ring_out.o, {B, Sl, Hq, D});
-    fp.lse = describe(ring_out.lse, {B, Hq, Sl});
-    fp.scale = kScale;
-    fp.causal = c.causal ? 1 : 0;
-    fp.window_left = c.window_left;
-    fp.window_right = c.window_right;
-    fp.document_starts = c.count > 0 ? c.starts.data() : nullptr;
-    fp.num_documents = c.count;
-    fp.document_batch_stride = c.batch_stride;
+    const ringattn_ring_forward_params_t fp = ringattn::test::ring_forward_params(
+        describe(q, {B, Sl, Hq, D}), describe(k, {B, Sl, Hkv, D}), describe(v, {B, Sl, Hkv, D}),
+        describe(ring_out.o, {B, Sl, Hq, D}), describe(ring_out.lse, {B, Hq, Sl}), kScale,
+        c.mask());
     ASSERT_EQ(ringattn_ring_forward(ring, &fp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
     const ringattn_ring_backward_params_t bp = ringattn::test::ring_backward_params_of(
         fp, describe(dout, {B, Sl, Hq, D}), describe(ring_out.dq, {B, Sl, Hq, D}),

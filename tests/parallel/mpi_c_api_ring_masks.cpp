@@ -87,20 +87,10 @@ TEST_P(CApiRingMasks, EqualTheCppRingAndTheOracle) {
     Shards out{std::vector<double>(q.size()), std::vector<double>(B * Hq * Sl),
                std::vector<double>(q.size()), std::vector<double>(k.size()),
                std::vector<double>(v.size())};
-    ringattn_ring_forward_params_t fp{};
+    ringattn_ring_forward_params_t fp = ringattn::test::ring_forward_params(
+        describe(q, {B, Sl, Hq, D}), describe(k, {B, Sl, Hkv, D}), describe(v, {B, Sl, Hkv, D}),
+        describe(out.o, {B, Sl, Hq, D}), describe(out.lse, {B, Hq, Sl}), kScale, m.mask());
     fp.struct_size = forward_size;
-    fp.q = describe(q, {B, Sl, Hq, D});
-    fp.k = describe(k, {B, Sl, Hkv, D});
-    fp.v = describe(v, {B, Sl, Hkv, D});
-    fp.o = describe(out.o, {B, Sl, Hq, D});
-    fp.lse = describe(out.lse, {B, Hq, Sl});
-    fp.scale = kScale;
-    fp.causal = m.causal ? 1 : 0;
-    fp.window_left = m.window_left;
-    fp.window_right = m.window_right;
-    fp.document_starts = m.starts.data();
-    fp.num_documents = m.count;
-    fp.document_batch_stride = m.count;
     EXPECT_EQ(ringattn_ring_forward(ring, &fp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
     ringattn_ring_backward_params_t bp = ringattn::test::ring_backward_params_of(
         fp, describe(dout, {B, Sl, Hq, D}), describe(out.dq, {B, Sl, Hq, D}),
