@@ -4,12 +4,14 @@
 // One CTA owns 128 query rows of one (batch, head): two consumer warpgroups of 64 rows each
 // (every warp 16), which keep their fp32 O and softmax statistics in registers, and a producer
 // warpgroup that hands most of its registers to them. One producer thread copies Q once and the
-// K and V tiles of 128 keys into a ring of shared-memory stages with TMA (128-byte swizzle, rows
-// past the end as zeros); full / empty mbarriers per stage hand each buffer between the producer
-// and the consumers, so no CTA-wide barrier stands in the loop.
+// K and V tiles of 128 keys (64 at head dims 192 and 256) into a ring of shared-memory stages with
+// TMA (128-byte swizzle, rows past the end as zeros); full / empty mbarriers per stage hand each
+// buffer between the producer and the consumers, so no CTA-wide barrier stands in the loop. Q and
+// K are head_dim wide, V and O v_head_dim (192 with 128: multi-head latent attention).
 //
 // Per tile j a consumer warpgroup issues S_j = Q K_j^T (head_dim / 16 wgmmas, both operands in
-// shared memory) and then O += P_{j-1} V_{j-1} (8 wgmmas, P from registers, V read MN-major),
+// shared memory) and then O += P_{j-1} V_{j-1} (keys / 16 wgmmas of v_head_dim columns, P from
+// registers, V read MN-major),
 // and runs the online softmax of S_j while the second product is still in flight. The two
 // warpgroups take turns to issue (two named barriers), so one's softmax overlaps the other's
 // products on the tensor cores. The softmax exponentiates S_j against the rows' maxima so far
@@ -31,7 +33,7 @@
 
 namespace ringattn::cuda_detail {
 
-template <int kHeadDim>
+template <int kHeadDim, int kValueDim = kHeadDim>
 struct HopperForwardTiles {
   static constexpr int kConsumerGroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
@@ -40,14 +42,26 @@ struct HopperForwardTiles {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kRows = 64 * kConsumerGroups;      // query rows per CTA
-  static constexpr int kKeys = 128;                       // keys per K/V stage
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : 2;
   static constexpr int kQBytes = kRows * kHeadDim * 2;
-  static constexpr int kTileBytes = kKeys * kHeadDim * 2;  // one K or V stage
-  static constexpr int kBarriers = 1 + 4 * kStages;        // Q; full and empty of K and V
-  // Q, the K and V stages (160 KiB at head_dim 128, 144 KiB at 64) and the barriers, plus the
-  // slack that aligns the tiles to the swizzle's 1024-byte period.
-  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 8 * kBarriers + 1024;
+  // Q and the K and V stages share at most 220 KiB (the rest of the 227 a CTA may have holds the
+  // barriers and the alignment's slack). A stage holds 128 keys where two such stages fit beside
+  // Q (head dims up to 128, and 192 with V of 128), else 64 (192 and 256).
+  static constexpr int kStageBudget = 220 * 1024;
+  static constexpr int kKeys =
+      kQBytes + 2 * 128 * (kHeadDim + kValueDim) * 2 <= kStageBudget ? 128 : 64;
+  static constexpr int kKTileBytes = kKeys * kHeadDim * 2;   // one K stage
+  static constexpr int kVTileBytes = kKeys * kValueDim * 2;  // one V stage
+  // As many stages as fit, at most 4: 4 at head_dim 64, 3 at 192 (and 192 with V of 128: 2), 2 at
+  // 128 and 256.
+  static constexpr int kStages = (kStageBudget - kQBytes) / (kKTileBytes + kVTileBytes) < 4
+                                     ? (kStageBudget - kQBytes) / (kKTileBytes + kVTileBytes)
+                                     : 4;
+  static_assert(kStages >= 2, "two K/V stages at least, for the producer to run ahead");
+  static constexpr int kBarriers = 1 + 4 * kStages;  // Q; full and empty of K and V
+  // Q, the K and V stages (160 KiB at head_dim 128, 144 KiB at 64, 192 at 192 and 256) and the
+  // barriers, plus the slack that aligns the tiles to the swizzle's 1024-byte period.
+  static constexpr int kSmemBytes =
+      kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * kBarriers + 1024;
 };
 
 // One warp's 16 rows of S = Q K^T (Q rows from `row` of q_tile, every key of k_tile) on mma.sync:
@@ -76,18 +90,19 @@ __device__ __forceinline__ void warp_scores(float (&s)[kKeys / 8][4], const T* q
   }
 }
 
-template <typename T, int kHeadDim, bool kCausal, bool kCombine>
-__global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
+template <typename T, int kHeadDim, int kValueDim, bool kCausal, bool kCombine>
+__global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThreads, 1)
     flash_forward_sm90_kernel(const FlashParams p, const __grid_constant__ CUtensorMap q_map,
                               const __grid_constant__ CUtensorMap k_map,
                               const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tiles = HopperForwardTiles<kHeadDim>;
+  using Tiles = HopperForwardTiles<kHeadDim, kValueDim>;
   constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
   constexpr int kKeyTiles = kKeys / 8;       // n-tiles of S
-  constexpr int kPanels = kHeadDim / 64;     // 64-column panels of a tile
-  constexpr int kTileElements = kKeys * kHeadDim;
+  constexpr int kPanels = kHeadDim / 64;        // 64-column panels of a Q or K tile
+  constexpr int kValuePanels = kValueDim / 64;  // and of a V tile
+  constexpr int kKTileElements = kKeys * kHeadDim, kVTileElements = kKeys * kValueDim;
   constexpr int kScheduleBarrier = 1;        // named barriers kScheduleBarrier + warp group
   constexpr int kPairThreads = 256;          // one warpgroup syncs, the previous one arrives
   constexpr float kNegInf = -kInfinity;
@@ -96,8 +111,8 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   T* q_tile = reinterpret_cast<T*>(smem);
   T* k_tiles = q_tile + kRows * kHeadDim;  // [kStages][kKeys * kHeadDim]
-  T* v_tiles = k_tiles + kStages * kTileElements;
-  std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(v_tiles + kStages * kTileElements);
+  T* v_tiles = k_tiles + kStages * kKTileElements;  // [kStages][kKeys * kValueDim]
+  std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(v_tiles + kStages * kVTileElements);
   std::uint64_t* k_full = q_full + 1;
   std::uint64_t* v_full = k_full + kStages;
   std::uint64_t* k_empty = v_full + kStages;
@@ -145,24 +160,26 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
       }
       for (int tile = 0; tile < key_tiles; ++tile) {
         const int stage = tile % kStages, free_parity = ((tile / kStages) & 1) ^ 1;
-        const auto load = [&](T* tiles, const CUtensorMap* map, std::uint64_t* empty,
-                              std::uint64_t* full) {
+        const auto load = [&](T* stage_tile, int panels, int bytes, const CUtensorMap* map,
+                              std::uint64_t* empty, std::uint64_t* full) {
           mbarrier_wait(empty + stage, free_parity);
-          mbarrier_arrive_expect_bytes(full + stage, Tiles::kTileBytes);
-          for (int panel = 0; panel < kPanels; ++panel) {
-            tma_load_box(tiles + stage * kTileElements + panel * kKeys * 64, map, panel * 64,
+          mbarrier_arrive_expect_bytes(full + stage, bytes);
+          for (int panel = 0; panel < panels; ++panel) {
+            tma_load_box(stage_tile + panel * kKeys * 64, map, panel * 64,
                          (first_tile + tile) * kKeys, kv_head, batch, full + stage);
           }
         };
-        load(k_tiles, &k_map, k_empty, k_full);
-        load(v_tiles, &v_map, v_empty, v_full);
+        load(k_tiles + stage * kKTileElements, kPanels, Tiles::kKTileBytes, &k_map, k_empty,
+             k_full);
+        load(v_tiles + stage * kVTileElements, kValuePanels, Tiles::kVTileBytes, &v_map, v_empty,
+             v_full);
       }
     }
     return;
   }
 
   warpgroup_registers_increase<Tiles::kConsumerRegisters>();
-  float acc[kHeadDim / 8][4] = {};
+  float acc[kValueDim / 8][4] = {};
   float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};
   const int my_rows[2] = {row0 + warp_group * 64 + warp * 16 + group_row,
                           row0 + warp_group * 64 + warp * 16 + group_row + 8};
@@ -191,17 +208,17 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     const auto issue_scores = [&](int stage) {
       wgmma_fence();
       wgmma_rows_times_rows<kKeys, kHeadDim, kRows, kKeys, T>(
-          s, q_rows, k_major_descriptor(k_tiles + stage * kTileElements));
+          s, q_rows, k_major_descriptor(k_tiles + stage * kKTileElements));
       wgmma_commit();
     };
     // O += P V: k-step `kstep` covers keys [16 kstep, 16 kstep + 16), 2048 bytes into the panels;
     // V's 64-column panels are kKeys * 128 bytes apart.
     const auto issue_values = [&](int stage) {
-      const std::uint64_t b0 = mn_major_descriptor(v_tiles + stage * kTileElements, kKeys);
+      const std::uint64_t b0 = mn_major_descriptor(v_tiles + stage * kVTileElements, kKeys);
       wgmma_fence();
 #pragma unroll
       for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-        wgmma_rs_mn<kHeadDim, T>(acc, probabilities[kstep],
+        wgmma_rs_mn<kValueDim, T>(acc, probabilities[kstep],
                                  descriptor_plus(b0, kstep * 16 * 64 * sizeof(T)), 1);
       }
       wgmma_commit();
@@ -225,7 +242,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
           stale_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
       if (done == TileSoftmax::kNeedsScores) {
         warp_scores<T, kHeadDim, kRows, kKeys>(s, q_tile, warp_group * 64 + warp * 16,
-                                               k_tiles + stage * kTileElements, lane);
+                                               k_tiles + stage * kKTileElements, lane);
         if (masked) apply_mask(key0);
         rescale = online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
       } else {
@@ -280,7 +297,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim>::kThreads, 1)
     pin_registers(acc);
   }
 
-  store_forward_rows<T, kHeadDim, kCombine>(p, batch, head, my_rows, acc, row_max, row_sum, lane);
+  store_forward_rows<T, kValueDim, kCombine>(p, batch, head, my_rows, acc, row_max, row_sum, lane);
 #endif  // sm_90a
 }
 

@@ -90,10 +90,13 @@ int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
   return static_cast<int>(std::min(group, pairs));
 }
 
-// The head dims the Hopper family has kernels for (d_qk == d_v, 64 or 128); the others, 192/128
-// included, take the sm_80 family on Hopper too.
+// The head dims the Hopper family has kernels for: the forward's Q, K and V in 64-column panels
+// (64, 128, 192 and 256, and 192 with V of 128), the backward's 64 and 128 (d_qk == d_v). The
+// others take the sm_80 family on Hopper too.
 template <int kHeadDim, int kValueDim>
-inline constexpr bool kHopperHeadDims =
+inline constexpr bool kHopperForwardHeadDims = kHeadDim % 64 == 0 && kValueDim % 64 == 0;
+template <int kHeadDim, int kValueDim>
+inline constexpr bool kHopperBackwardHeadDims =
     kHeadDim == kValueDim && (kHeadDim == 64 || kHeadDim == 128);
 
 template <DType kDtype, int kHeadDim, int kValueDim>
@@ -109,16 +112,16 @@ void launch_forward_sm80(const FlashParams& p, bool combine, cudaStream_t stream
 
 // The Hopper forward, where the driver can describe the views as tensor maps; false (nothing
 // launched) where it cannot.
-template <DType kDtype, int kHeadDim>
+template <DType kDtype, int kHeadDim, int kValueDim>
 bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
-  using HopperTiles = HopperForwardTiles<kHeadDim>;
+  using HopperTiles = HopperForwardTiles<kHeadDim, kValueDim>;
   CUtensorMap q_map, k_map, v_map;
   if (make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads, kHeadDim,
                         HopperTiles::kRows) &&
       make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
                         HopperTiles::kKeys) &&
-      make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kHeadDim,
+      make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads, kValueDim,
                         HopperTiles::kKeys)) {
     const int row_blocks = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
     const dim3 grid(row_blocks, p.q_heads, p.batch);
@@ -134,7 +137,7 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
           });
     }
     with_flags(p.causal, combine, [&](auto causal, auto merge) {
-      launch(flash_forward_sm90_kernel<T, kHeadDim, causal.value, merge.value>, grid,
+      launch(flash_forward_sm90_kernel<T, kHeadDim, kValueDim, causal.value, merge.value>, grid,
              HopperTiles::kThreads, HopperTiles::kSmemBytes, stream, hp, q_map, k_map, v_map);
     });
     return true;
@@ -144,8 +147,8 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
 
 template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
-  if constexpr (kHopperHeadDims<kHeadDim, kValueDim>) {
-    if (hopper && launch_forward_hopper<kDtype, kHeadDim>(p, combine, stream)) return;
+  if constexpr (kHopperForwardHeadDims<kHeadDim, kValueDim>) {
+    if (hopper && launch_forward_hopper<kDtype, kHeadDim, kValueDim>(p, combine, stream)) return;
   } else {
     (void)hopper;
   }
@@ -280,7 +283,7 @@ template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
   bool launched = false;
-  if constexpr (kHopperHeadDims<kHeadDim, kValueDim>) {
+  if constexpr (kHopperBackwardHeadDims<kHeadDim, kValueDim>) {
     launched = hopper && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
   } else {
     (void)hopper;

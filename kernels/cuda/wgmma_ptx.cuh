@@ -136,44 +136,52 @@ __device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], con
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // One definition per (form, N), instantiated for both 16-bit types.
-// The 32 fp32 accumulator registers of an m64n64 tile, as asm operands and as their names.
-#define RINGATTN_WGMMA_D64_NAMES \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define RINGATTN_WGMMA_D64_OPERANDS \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-  "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-  "+f"(d[7][2]), "+f"(d[7][3])
-
-// The 16 fp32 accumulator registers of an m64n32 tile, as asm operands and as their names.
-#define RINGATTN_WGMMA_D32_NAMES \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define RINGATTN_WGMMA_D32_OPERANDS \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-
-// The 64 fp32 accumulator registers of an m64n128 tile, as asm operands and as their names.
+// The fp32 accumulators of an m64nN tile (N / 2 a thread: d[0..N/8)[0..3]) as asm operands, and
+// their names %0 .. %(N/2 - 1), built from groups of 16 (4 n-tiles of 8 columns).
+#define RINGATTN_WGMMA_ACC(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define RINGATTN_WGMMA_ACC4(j) \
+  RINGATTN_WGMMA_ACC(j), RINGATTN_WGMMA_ACC(j + 1), RINGATTN_WGMMA_ACC(j + 2), \
+  RINGATTN_WGMMA_ACC(j + 3)
+#define RINGATTN_WGMMA_NAMES0 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, " \
+  "%8, %9, %10, %11, %12, %13, %14, %15"
+#define RINGATTN_WGMMA_NAMES1 \
+  "%16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31"
+#define RINGATTN_WGMMA_NAMES2 \
+  "%32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47"
+#define RINGATTN_WGMMA_NAMES3 \
+  "%48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63"
+#define RINGATTN_WGMMA_NAMES4 \
+  "%64, %65, %66, %67, %68, %69, %70, %71, " \
+  "%72, %73, %74, %75, %76, %77, %78, %79"
+#define RINGATTN_WGMMA_NAMES5 \
+  "%80, %81, %82, %83, %84, %85, %86, %87, " \
+  "%88, %89, %90, %91, %92, %93, %94, %95"
+#define RINGATTN_WGMMA_NAMES6 \
+  "%96, %97, %98, %99, %100, %101, %102, %103, " \
+  "%104, %105, %106, %107, %108, %109, %110, %111"
+#define RINGATTN_WGMMA_NAMES7 \
+  "%112, %113, %114, %115, %116, %117, %118, %119, " \
+  "%120, %121, %122, %123, %124, %125, %126, %127"
+#define RINGATTN_WGMMA_D32_NAMES RINGATTN_WGMMA_NAMES0
+#define RINGATTN_WGMMA_D32_OPERANDS RINGATTN_WGMMA_ACC4(0)
+#define RINGATTN_WGMMA_D64_NAMES RINGATTN_WGMMA_D32_NAMES ", " RINGATTN_WGMMA_NAMES1
+#define RINGATTN_WGMMA_D64_OPERANDS RINGATTN_WGMMA_D32_OPERANDS, RINGATTN_WGMMA_ACC4(4)
 #define RINGATTN_WGMMA_D128_NAMES \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+  RINGATTN_WGMMA_D64_NAMES ", " RINGATTN_WGMMA_NAMES2 ", " RINGATTN_WGMMA_NAMES3
 #define RINGATTN_WGMMA_D128_OPERANDS \
-  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), \
-  "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
-  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), \
-  "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), \
-  "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
-  "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), \
-  "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
-  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), \
-  "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
-  "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+  RINGATTN_WGMMA_D64_OPERANDS, RINGATTN_WGMMA_ACC4(8), RINGATTN_WGMMA_ACC4(12)
+#define RINGATTN_WGMMA_D192_NAMES \
+  RINGATTN_WGMMA_D128_NAMES ", " RINGATTN_WGMMA_NAMES4 ", " RINGATTN_WGMMA_NAMES5
+#define RINGATTN_WGMMA_D192_OPERANDS \
+  RINGATTN_WGMMA_D128_OPERANDS, RINGATTN_WGMMA_ACC4(16), RINGATTN_WGMMA_ACC4(20)
+#define RINGATTN_WGMMA_D256_NAMES \
+  RINGATTN_WGMMA_D192_NAMES ", " RINGATTN_WGMMA_NAMES6 ", " RINGATTN_WGMMA_NAMES7
+#define RINGATTN_WGMMA_D256_OPERANDS \
+  RINGATTN_WGMMA_D192_OPERANDS, RINGATTN_WGMMA_ACC4(24), RINGATTN_WGMMA_ACC4(28)
 
 // One specialization of FUNC<N, T> with both operands in shared memory (a, b descriptors) or with
 // A from registers (a[4]); the operands' indices follow the 4 N / 8 accumulators' (A_B_P: those
@@ -211,17 +219,35 @@ __device__ __forceinline__ void wgmma_rows_times_rows(float (&d)[kN / 8][4], con
   RINGATTN_WGMMA_RS(wgmma_rs_mn, 64, T, TYPE, RINGATTN_WGMMA_D64_NAMES,                           \
                     RINGATTN_WGMMA_D64_OPERANDS, "%32, %33, %34, %35", "36", "37", "1")           \
   RINGATTN_WGMMA_RS(wgmma_rs_mn, 128, T, TYPE, RINGATTN_WGMMA_D128_NAMES,                         \
-                    RINGATTN_WGMMA_D128_OPERANDS, "%64, %65, %66, %67", "68", "69", "1")
+                    RINGATTN_WGMMA_D128_OPERANDS, "%64, %65, %66, %67", "68", "69", "1")          \
+  RINGATTN_WGMMA_RS(wgmma_rs_mn, 192, T, TYPE, RINGATTN_WGMMA_D192_NAMES,                         \
+                    RINGATTN_WGMMA_D192_OPERANDS, "%96, %97, %98, %99", "100", "101", "1")        \
+  RINGATTN_WGMMA_RS(wgmma_rs_mn, 256, T, TYPE, RINGATTN_WGMMA_D256_NAMES,                         \
+                    RINGATTN_WGMMA_D256_OPERANDS, "%128, %129, %130, %131", "132", "133", "1")
 
 RINGATTN_WGMMA_ALL(__nv_bfloat16, "bf16")
 RINGATTN_WGMMA_ALL(__half, "f16")
 
+#undef RINGATTN_WGMMA_ACC
+#undef RINGATTN_WGMMA_ACC4
+#undef RINGATTN_WGMMA_NAMES0
+#undef RINGATTN_WGMMA_NAMES1
+#undef RINGATTN_WGMMA_NAMES2
+#undef RINGATTN_WGMMA_NAMES3
+#undef RINGATTN_WGMMA_NAMES4
+#undef RINGATTN_WGMMA_NAMES5
+#undef RINGATTN_WGMMA_NAMES6
+#undef RINGATTN_WGMMA_NAMES7
 #undef RINGATTN_WGMMA_D32_NAMES
 #undef RINGATTN_WGMMA_D32_OPERANDS
 #undef RINGATTN_WGMMA_D64_NAMES
 #undef RINGATTN_WGMMA_D64_OPERANDS
 #undef RINGATTN_WGMMA_D128_NAMES
 #undef RINGATTN_WGMMA_D128_OPERANDS
+#undef RINGATTN_WGMMA_D192_NAMES
+#undef RINGATTN_WGMMA_D192_OPERANDS
+#undef RINGATTN_WGMMA_D256_NAMES
+#undef RINGATTN_WGMMA_D256_OPERANDS
 #undef RINGATTN_WGMMA_SS
 #undef RINGATTN_WGMMA_RS
 #undef RINGATTN_WGMMA_ALL

@@ -63,7 +63,8 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 4.0});
     }
   }
-  // Every other head dim of the build (the sm_80 family's kernels, on Hopper too): odd lengths,
+  // Every other head dim of the build (on Hopper the wgmma forward at 192 and 256, else the sm_80
+  // family's kernels; kernels.flash.sm80 runs the bf16 ones on the sm_80 family there): odd lengths,
   // GQA and MQA, causal or not, Sq < Sk, packed QKV and scores spread over hundreds.
   for (const std::int64_t d : kBuiltCudaHeadDims) {
     if (d == 64 || d == 128) continue;
@@ -77,7 +78,8 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
     }
   }
-  // Head dim 192 with v_head_dim 128 (multi-head latent attention; the sm_80 family on every GPU):
+  // Head dim 192 with v_head_dim 128 (multi-head latent attention; on Hopper the wgmma forward and
+  // the sm_80 backward, the sm_80 family elsewhere):
   // the list above and the ends of the 64 and 128 one (rows past or before every key, scores near
   // 1e4 and spread over tens, GQA 8 with Sq < Sk, a length past four row tiles).
   if (kBuiltCudaValueDimPair) {
