@@ -5,20 +5,24 @@
 //   ringattn-flash-check [--cases 200] [--seed S] [--first-case 0] [--max-len 2048]
 //                        [--family both|hopper|sm80] [--json FILE] [--inject FAULT] [--verbose]
 //
-// Case I draws everything from std::mt19937_64(S + I): dtype, head_dim, batch, lengths (often at
+// Case I draws everything from std::mt19937_64(S + I): dtype, head dims, batch, lengths (often at
 // tile edges), GQA, mask offsets, gain, dQ path, forward and backward modes, then the inputs; the
-// kernel family alternates with I. `--seed S --first-case I --cases 1` (same --max-len, --family)
-// replays case I. Exit status: 0 when every case passed, 1 when one failed, 2 for bad options or
-// errors, 77 without a CUDA GPU. --inject corrupts the kernel's side on purpose (every case it
-// applies to must then fail): it shows what the bounds catch.
+// kernel family alternates with I. The head dims: one head_dim of the build for Q, K and V alike,
+// or one pair of detail::kCudaBlockValueDimPairs (head_dim 192 for Q, K, dQ and dK with
+// v_head_dim 128 for V, O, dO and dV), each pair as often as each head_dim.
+// `--seed S --first-case I --cases 1` (same --max-len, --family) replays case I. Exit status: 0
+// when every case passed, 1 when one failed, 2 for bad options or errors, 77 without a CUDA GPU.
+// --inject corrupts the kernel's side on purpose (every case it applies to must then fail): it
+// shows what the bounds catch.
 //
 // Bounds. u = 2^-8 (bf16), 2^-11 (f16); e = 2^-24 (fp32); Vmax, Kmax, Qmax: max |v|, |k|, |q| of
-// the (batch, head) slice; norms over head_dim. An element passes when |out - ref| <= bound; rows
-// that see no key (LSE -inf, O 0, delta 0, dQ 0) and keys no row sees (dK, dV keep their start)
-// must match exactly; NaN never passes. The backward runs on identical inputs: the reference gets
-// the O that the kernel's prepare gets (its dtype values; in combine mode the running O rounded
-// to the dtype) and the kernel's LSE, so delta, P and dP - delta agree up to fp32 rounding; O and
-// LSE are held to the reference's own by the forward check.
+// the (batch, head) slice; norms over a vector's width (head_dim for q and k, v_head_dim Dv for
+// v, O and dO). An element passes when |out - ref| <= bound; rows that see no key (LSE -inf, O 0,
+// delta 0, dQ 0) and keys no row sees (dK, dV keep their start) must match exactly; NaN never
+// passes. The backward runs on identical inputs: the reference gets the O that the kernel's
+// prepare gets (its dtype values; in combine mode the running O rounded to the dtype) and the
+// kernel's LSE, so delta, P and dP - delta agree up to fp32 rounding; O and LSE are held to the
+// reference's own by the forward check.
 // Model (realistic, not worst case): each side forms an fp32 dot product a.b of length D with an
 // error of a few e |a| |b|: its partial sums stay well under |a| |b|, and the tensor cores' k-steps
 // truncate (one sign), so their D / 16 errors add up linearly. The scores s_ij = scale q_i.k_j,
@@ -38,7 +42,7 @@
 // errors add as a random walk).
 //   O      2 u Vmax + del_i Vmax + u |O_ref| (dtype output only) + 1e-5
 //   LSE    del_i + 4 m e |LSE_ref| + 1e-5                    m merges (1 plain, chunks combine)
-//   delta  2 e sqrt(D) sum_d |dO_id O_id|                    (flash_backward_prepare)
+//   delta  2 e sqrt(Dv) sum_d |dO_id O_id|                   (flash_backward_prepare)
 //   dQ     (4 u + 4 del_i) max|dQ_ref| + scale eta_i Kmax + 1e-5
 //   dK     (4 u + 4 del) max|dK_ref| + scale eta Qmax sqrt(n_j) + out + 1e-5
 //   dV     (4 u + 4 del) max|dV_ref| + out + 1e-5
@@ -119,10 +123,11 @@ constexpr double kDpNoise = 16.0;             // eta_i in units of e |dO_i| max 
 constexpr double kProbabilityRounding = 2.0;  // O: times u Vmax
 constexpr double kGradientRounding = 4.0;     // dQ, dK, dV: times u max|ref|
 constexpr double kGradientScores = 4.0;       // dQ, dK, dV: times del max|ref|
-// Work of one case, batch * q_heads * q_len * k_len * head_dim: the reference is O(S^2) on CUDA
-// cores. Elements of its largest tensor: the host draws and checks each (some 60 bytes apiece).
-// Together they keep a case under a second or so.
-constexpr double kMaxCaseWork = 2e9;
+// Work of one case, batch * q_heads * q_len * k_len * (head_dim + v_head_dim) (the scores' dot
+// products and P V's): the reference is O(S^2) on CUDA cores. Elements of its largest tensor: the
+// host draws and checks each (some 60 bytes apiece). Together they keep a case under a second or
+// so.
+constexpr double kMaxCaseWork = 4e9;
 constexpr double kMaxCaseElements = 0x1p24;
 
 enum class KeyGradients { added, overwritten, rounded };
@@ -153,7 +158,9 @@ Inject parse_inject(const std::string& name) {
 struct Case {
   std::int64_t index = 0;
   DType dtype = DType::bf16;
-  std::int64_t head_dim = 64, batch = 1, q_len = 1, k_len = 1, kv_heads = 1, group = 1;
+  std::int64_t head_dim = 64;    // of Q, K, dQ, dK
+  std::int64_t v_head_dim = 64;  // of V, O, dO, dV: head_dim, or a pair's own
+  std::int64_t batch = 1, q_len = 1, k_len = 1, kv_heads = 1, group = 1;
   bool causal = false;
   std::int64_t q_start = 0, k_start = 0;
   double gain = 1.0;       // q and k are gain * N(0, 1)
@@ -175,14 +182,18 @@ struct Case {
     return std::max<std::int64_t>(0, q_len - first) * group;
   }
   double unit() const { return dtype == DType::bf16 ? 0x1p-8 : 0x1p-11; }
+  // "128", or "192/128" for a pair (head_dim/v_head_dim).
+  std::string head_dims() const {
+    return std::to_string(head_dim) +
+           (v_head_dim == head_dim ? "" : "/" + std::to_string(v_head_dim));
+  }
 
   std::string describe() const {
-    std::string text = std::string(dtype_name(dtype)) + " head_dim " + std::to_string(head_dim) +
-                       " batch " + std::to_string(batch) + " q_len " + std::to_string(q_len) +
-                       " k_len " + std::to_string(k_len) + " heads " + std::to_string(q_heads()) +
-                       "/" + std::to_string(kv_heads) + (causal ? " causal" : " full") +
-                       " q_start " + std::to_string(q_start) + " k_start " +
-                       std::to_string(k_start);
+    std::string text = std::string(dtype_name(dtype)) + " head_dim " + head_dims() + " batch " +
+                       std::to_string(batch) + " q_len " + std::to_string(q_len) + " k_len " +
+                       std::to_string(k_len) + " heads " + std::to_string(q_heads()) + "/" +
+                       std::to_string(kv_heads) + (causal ? " causal" : " full") + " q_start " +
+                       std::to_string(q_start) + " k_start " + std::to_string(k_start);
     char gain_text[32];
     std::snprintf(gain_text, sizeof gain_text, " gain %.3f", gain);
     text += gain_text;
@@ -241,17 +252,29 @@ Case draw_case(std::uint64_t seed, std::int64_t index, std::int64_t max_len, boo
   c.hopper = hopper;
   c.dtype = coin(rng) ? DType::bf16 : DType::f16;
   {
-    const auto& dims = detail::kCudaBlockHeadDims;  // every head dim of the build, alike
-    c.head_dim = dims[uniform(rng, 0, static_cast<std::int64_t>(std::size(dims)) - 1)];
+    // Every head dim of the build and every pair, alike.
+    const auto& dims = detail::kCudaBlockHeadDims;
+    const auto& pairs = detail::kCudaBlockValueDimPairs;
+    const std::int64_t equal = static_cast<std::int64_t>(std::size(dims));
+    const std::int64_t pick = uniform(rng, 0, equal + static_cast<std::int64_t>(pairs.size()) - 1);
+    if (pick < equal) {
+      c.head_dim = c.v_head_dim = dims[pick];
+    } else {
+      c.head_dim = pairs[pick - equal].head_dim;
+      c.v_head_dim = pairs[pick - equal].v_head_dim;
+    }
   }
   c.batch = uniform(rng, 1, 2);
   c.kv_heads = uniform(rng, 1, 2);
   c.group = std::int64_t{1} << uniform(rng, 0, 3);
   c.q_len = draw_length(rng, max_len);
   c.k_len = draw_length(rng, max_len);
-  auto work = [&] { return double(c.batch) * c.q_heads() * c.q_len * c.k_len * c.head_dim; };
+  auto work = [&] {
+    return double(c.batch) * c.q_heads() * c.q_len * c.k_len * (c.head_dim + c.v_head_dim);
+  };
   auto elements = [&] {
-    return double(c.batch) * c.q_heads() * std::max(c.q_len, c.k_len) * c.head_dim;
+    return double(c.batch) * c.q_heads() * std::max(c.q_len, c.k_len) *
+           std::max(c.head_dim, c.v_head_dim);
   };
   while (work() > kMaxCaseWork || elements() > kMaxCaseElements) {
     if (c.batch > 1)
@@ -382,23 +405,24 @@ TensorView device_view(const DeviceBuffer& buffer, DType dtype,
   return TensorView::contiguous(buffer.data(), dtype, shape, Memory::device);
 }
 
-// Names an element of a [B, S, H, D] tensor (head_dim > 1) or of a [B, H, S] one (head_dim 1).
+// Names an element of a [B, S, H, W] tensor (width W > 1: head_dim, or v_head_dim for O, dO and
+// dV) or of a [B, H, S] one (width 1).
 struct Layout {
   const char* tensor;
   const char* row;  // "row" or "key"
-  std::int64_t len, heads, head_dim;
+  std::int64_t len, heads, width;
 
   std::string describe(std::int64_t at) const {
-    const std::int64_t d = at % head_dim, rest = at / head_dim;
+    const std::int64_t d = at % width, rest = at / width;
     std::int64_t b, h, i;
-    if (head_dim == 1) {
+    if (width == 1) {
       i = rest % len, h = (rest / len) % heads, b = rest / (len * heads);
     } else {
       h = rest % heads, i = (rest / heads) % len, b = rest / (heads * len);
     }
     return std::string(tensor) + "[batch " + std::to_string(b) + ", " + row + " " +
            std::to_string(i) + ", head " + std::to_string(h) +
-           (head_dim == 1 ? "" : ", " + std::to_string(d)) + "]";
+           (width == 1 ? "" : ", " + std::to_string(d)) + "]";
   }
 };
 
@@ -456,28 +480,40 @@ void set_environment(const Case& c) {
 
 CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   const std::int64_t B = c.batch, Sq = c.q_len, Sk = c.k_len, Hq = c.q_heads(), Hkv = c.kv_heads,
-                     D = c.head_dim, G = c.group;
+                     D = c.head_dim, Dv = c.v_head_dim, G = c.group;
   const DType dtype = c.dtype;
   const double u = c.unit(), e = kFp32Unit, scale = c.scale();
-  const std::int64_t nq = B * Sq * Hq * D, nk = B * Sk * Hkv * D, rows = B * Hq * Sq;
+  // Elements of Q and dQ, K and dK (head_dim), O and dO, V and dV (v_head_dim); rows.
+  const std::int64_t nq = B * Sq * Hq * D, nk = B * Sk * Hkv * D, no = B * Sq * Hq * Dv,
+                     nv = B * Sk * Hkv * Dv, rows = B * Hq * Sq;
   auto q_at = [&](std::int64_t b, std::int64_t i, std::int64_t h) {
     return ((b * Sq + i) * Hq + h) * D;
   };
   auto k_at = [&](std::int64_t b, std::int64_t j, std::int64_t h) {
     return ((b * Sk + j) * Hkv + h) * D;
   };
+  auto o_at = [&](std::int64_t b, std::int64_t i, std::int64_t h) {
+    return ((b * Sq + i) * Hq + h) * Dv;
+  };
+  auto v_at = [&](std::int64_t b, std::int64_t j, std::int64_t h) {
+    return ((b * Sk + j) * Hkv + h) * Dv;
+  };
+  // The (batch, kv head) slice of element x of a [B, Sk, Hkv, width] tensor.
+  auto key_slice = [&](std::int64_t x, std::int64_t width) {
+    return (x / (width * Hkv * Sk)) * Hkv + (x / width) % Hkv;
+  };
   auto row_at = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
     return (b * Hq + h) * Sq + i;
   };
 
   const Input q = draw_input(rng, dtype, nq, c.gain), k = draw_input(rng, dtype, nk, c.gain);
-  const Input v = draw_input(rng, dtype, nk, 1.0), dout = draw_input(rng, dtype, nq, 1.0);
+  const Input v = draw_input(rng, dtype, nv, 1.0), dout = draw_input(rng, dtype, no, 1.0);
   const DeviceBuffer q_buffer = upload(q.bits), k_buffer = upload(k.bits),
                      v_buffer = upload(v.bits), dout_buffer = upload(dout.bits);
   const TensorView q_view = device_view(q_buffer, dtype, {B, Sq, Hq, D});
   const TensorView k_ref_view = device_view(k_buffer, dtype, {B, Sk, Hkv, D});
-  const TensorView v_view = device_view(v_buffer, dtype, {B, Sk, Hkv, D});
-  const TensorView dout_view = device_view(dout_buffer, dtype, {B, Sq, Hq, D});
+  const TensorView v_view = device_view(v_buffer, dtype, {B, Sk, Hkv, Dv});
+  const TensorView dout_view = device_view(dout_buffer, dtype, {B, Sq, Hq, Dv});
   // The kernel's keys: the reference's, or (--inject key-tile) with keys 64-127 in place of the
   // last tile of 64, as a kernel that loads the wrong tile would see them.
   DeviceBuffer k_wrong;
@@ -499,8 +535,8 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   // Forward: plain into the dtype, or merged chunk by chunk into a running fp32 (O, LSE) that
   // starts at (0, -inf).
   const DType o_dtype = c.combine() ? DType::f32 : dtype;
-  DeviceBuffer o_buffer(nq * dtype_size(o_dtype)), lse_buffer(rows * sizeof(float));
-  const TensorView o_view = device_view(o_buffer, o_dtype, {B, Sq, Hq, D});
+  DeviceBuffer o_buffer(no * dtype_size(o_dtype)), lse_buffer(rows * sizeof(float));
+  const TensorView o_view = device_view(o_buffer, o_dtype, {B, Sq, Hq, Dv});
   const TensorView lse_view = device_view(lse_buffer, DType::f32, {B, Hq, Sq});
   if (c.combine()) {
     RINGATTN_CUDA_CHECK(cudaMemset(o_buffer.data(), 0, o_buffer.bytes()));
@@ -527,11 +563,11 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
     poison(lse_buffer);
     cuda::flash_forward({q_view, k_view, v_view, o_view, lse_view, scale, c.mask(), false});
   }
-  DeviceBuffer o_ref_buffer(nq * sizeof(float)), lse_ref_buffer(rows * sizeof(float));
+  DeviceBuffer o_ref_buffer(no * sizeof(float)), lse_ref_buffer(rows * sizeof(float));
   poison(o_ref_buffer);
   poison(lse_ref_buffer);
   cuda::reference_forward(q_view, k_ref_view, v_view, c.mask(), scale,
-                          device_view(o_ref_buffer, DType::f32, {B, Sq, Hq, D}),
+                          device_view(o_ref_buffer, DType::f32, {B, Sq, Hq, Dv}),
                           device_view(lse_ref_buffer, DType::f32, {B, Hq, Sq}));
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
 
@@ -539,16 +575,16 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   std::vector<std::uint16_t> o_used_bits;
   std::vector<double> o_got;
   if (c.combine()) {
-    const std::vector<float> running = download<float>(o_buffer, nq);
+    const std::vector<float> running = download<float>(o_buffer, no);
     o_got = widen_all(running);
-    o_used_bits.resize(nq);
-    for (std::int64_t x = 0; x < nq; ++x) o_used_bits[x] = narrow(dtype, running[x]);
+    o_used_bits.resize(no);
+    for (std::int64_t x = 0; x < no; ++x) o_used_bits[x] = narrow(dtype, running[x]);
   } else {
-    o_used_bits = download<std::uint16_t>(o_buffer, nq);
+    o_used_bits = download<std::uint16_t>(o_buffer, no);
     o_got = widen_all(dtype, o_used_bits);
   }
   std::vector<double> lse_got = widen_all(download<float>(lse_buffer, rows));
-  const std::vector<double> o_ref = widen_all(download<float>(o_ref_buffer, nq));
+  const std::vector<double> o_ref = widen_all(download<float>(o_ref_buffer, no));
   const std::vector<double> lse_ref = widen_all(download<float>(lse_ref_buffer, rows));
 
   // Slice statistics: per (batch, kv head) max |v|, |k| and max row norms, per (batch, q head)
@@ -559,12 +595,15 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
     for (std::int64_t j = 0; j < Sk; ++j) {
       for (std::int64_t h = 0; h < Hkv; ++h) {
         double k2 = 0.0, v2 = 0.0;
-        const std::int64_t at = k_at(b, j, h), s = b * Hkv + h;
+        const std::int64_t k_first = k_at(b, j, h), v_first = v_at(b, j, h), s = b * Hkv + h;
         for (std::int64_t x = 0; x < D; ++x) {
-          const double kx = k.values[at + x], vx = v.values[at + x];
+          const double kx = k.values[k_first + x];
           k2 += kx * kx;
-          v2 += vx * vx;
           k_max[s] = std::max(k_max[s], std::fabs(kx));
+        }
+        for (std::int64_t x = 0; x < Dv; ++x) {
+          const double vx = v.values[v_first + x];
+          v2 += vx * vx;
           v_max[s] = std::max(v_max[s], std::fabs(vx));
         }
         k_norm_max[s] = std::max(k_norm_max[s], std::sqrt(k2));
@@ -578,12 +617,15 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
       const std::int64_t s = b * Hkv + h / G;
       for (std::int64_t i = 0; i < Sq; ++i) {
         double q2 = 0.0, g2 = 0.0;
-        const std::int64_t at = q_at(b, i, h);
+        const std::int64_t q_first = q_at(b, i, h), o_first = o_at(b, i, h);
         for (std::int64_t x = 0; x < D; ++x) {
-          const double qx = q.values[at + x], gx = dout.values[at + x];
+          const double qx = q.values[q_first + x];
           q2 += qx * qx;
-          g2 += gx * gx;
           q_max[b * Hq + h] = std::max(q_max[b * Hq + h], std::fabs(qx));
+        }
+        for (std::int64_t x = 0; x < Dv; ++x) {
+          const double gx = dout.values[o_first + x];
+          g2 += gx * gx;
         }
         score_noise[row_at(b, h, i)] = kScoreNoise * e * scale * std::sqrt(q2) * k_norm_max[s];
         dp_noise[row_at(b, h, i)] = kDpNoise * e * std::sqrt(g2) * v_norm_max[s];
@@ -596,29 +638,29 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   const std::int64_t victim_row = Sq - 1;
   const bool victim_sees = c.visible(victim_row, 0);
   if (victim_sees) {
-    const std::int64_t at = q_at(B - 1, victim_row, Hq - 1);
+    const std::int64_t at = o_at(B - 1, victim_row, Hq - 1);
     if (inject == Inject::lse_inf)
       lse_got[row_at(B - 1, Hq - 1, victim_row)] = std::numeric_limits<double>::infinity();
-    if (inject == Inject::o_row_zero) std::fill_n(&o_got[at], D, 0.0);
+    if (inject == Inject::o_row_zero) std::fill_n(&o_got[at], Dv, 0.0);
     if (inject == Inject::o_row_off) {
-      for (std::int64_t x = 0; x < D; ++x) o_got[at + x] += 0.5;
+      for (std::int64_t x = 0; x < Dv; ++x) o_got[at + x] += 0.5;
     }
   }
 
   CaseResult result;
   for (int out = 0; out < kOutputs; ++out) result.tallies[out].name = kOutputNames[out];
-  const Layout q_layout{"O", "row", Sq, Hq, D}, lse_layout{"LSE", "row", Sq, Hq, 1};
+  const Layout o_layout{"O", "row", Sq, Hq, Dv}, lse_layout{"LSE", "row", Sq, Hq, 1};
   const double merges = c.combine() ? double(c.chunk_bounds.size() - 1) : 1.0;
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < Hq; ++h) {
       const std::int64_t s = b * Hkv + h / G;
       for (std::int64_t i = 0; i < Sq; ++i) {
-        const std::int64_t r = row_at(b, h, i), at = q_at(b, i, h);
+        const std::int64_t r = row_at(b, h, i), at = o_at(b, i, h);
         if (!c.visible(i, 0)) {
           result.tallies[kLse].exact(lse_got[r], -std::numeric_limits<double>::infinity(),
                                      lse_layout, r);
-          for (std::int64_t x = 0; x < D; ++x) {
-            result.tallies[kO].exact(o_got[at + x], 0.0, q_layout, at + x);
+          for (std::int64_t x = 0; x < Dv; ++x) {
+            result.tallies[kO].exact(o_got[at + x], 0.0, o_layout, at + x);
           }
           continue;
         }
@@ -627,9 +669,9 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
                                    del + 4.0 * merges * e * std::fabs(lse_ref[r]) + kFloor,
                                    lse_layout, r);
         const double o_common = (kProbabilityRounding * u + del) * v_max[s] + kFloor;
-        for (std::int64_t x = 0; x < D; ++x) {
+        for (std::int64_t x = 0; x < Dv; ++x) {
           const double stored = c.combine() ? 0.0 : u * std::fabs(o_ref[at + x]);
-          result.tallies[kO].check(o_got[at + x], o_ref[at + x], o_common + stored, q_layout,
+          result.tallies[kO].check(o_got[at + x], o_ref[at + x], o_common + stored, o_layout,
                                    at + x);
         }
       }
@@ -640,26 +682,26 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   // dtype values) and the kernel's LSE.
   DeviceBuffer o_used_buffer = c.combine() ? upload(o_used_bits) : DeviceBuffer();
   const TensorView o_used_view =
-      c.combine() ? device_view(o_used_buffer, dtype, {B, Sq, Hq, D}) : o_view;
-  std::vector<float> o_used(nq);
-  for (std::int64_t x = 0; x < nq; ++x) o_used[x] = widen(dtype, o_used_bits[x]);
+      c.combine() ? device_view(o_used_buffer, dtype, {B, Sq, Hq, Dv}) : o_view;
+  std::vector<float> o_used(no);
+  for (std::int64_t x = 0; x < no; ++x) o_used[x] = widen(dtype, o_used_bits[x]);
   const DeviceBuffer o_used32_buffer = upload(o_used);
   DeviceBuffer delta_ref_buffer(rows * sizeof(float)), dq_ref_buffer(nq * sizeof(float)),
-      dk_ref_buffer(nk * sizeof(float)), dv_ref_buffer(nk * sizeof(float));
+      dk_ref_buffer(nk * sizeof(float)), dv_ref_buffer(nv * sizeof(float));
   for (const DeviceBuffer* buffer :
        {&delta_ref_buffer, &dq_ref_buffer, &dk_ref_buffer, &dv_ref_buffer}) {
     poison(*buffer);
   }
   cuda::reference_backward(
-      q_view, k_ref_view, v_view, device_view(o_used32_buffer, DType::f32, {B, Sq, Hq, D}),
+      q_view, k_ref_view, v_view, device_view(o_used32_buffer, DType::f32, {B, Sq, Hq, Dv}),
       lse_view, dout_view, c.mask(), scale, device_view(delta_ref_buffer, DType::f32, {B, Hq, Sq}),
       device_view(dq_ref_buffer, DType::f32, {B, Sq, Hq, D}),
       device_view(dk_ref_buffer, DType::f32, {B, Sk, Hkv, D}),
-      device_view(dv_ref_buffer, DType::f32, {B, Sk, Hkv, D}));
+      device_view(dv_ref_buffer, DType::f32, {B, Sk, Hkv, Dv}));
   const std::vector<double> delta_ref = widen_all(download<float>(delta_ref_buffer, rows));
   const std::vector<double> dq_ref = widen_all(download<float>(dq_ref_buffer, nq));
   const std::vector<double> dk_ref = widen_all(download<float>(dk_ref_buffer, nk));
-  const std::vector<double> dv_ref = widen_all(download<float>(dv_ref_buffer, nk));
+  const std::vector<double> dv_ref = widen_all(download<float>(dv_ref_buffer, nv));
 
   // Scales of the gradients: max |ref| of each (batch, head) slice.
   std::vector<double> dq_scale(B * Hq), dk_scale(B * Hkv), dv_scale(B * Hkv);
@@ -668,8 +710,11 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
     dq_scale[b * Hq + h] = std::max(dq_scale[b * Hq + h], std::fabs(dq_ref[x]));
   }
   for (std::int64_t x = 0; x < nk; ++x) {
-    const std::int64_t s = (x / (D * Hkv * Sk)) * Hkv + (x / D) % Hkv;
+    const std::int64_t s = key_slice(x, D);
     dk_scale[s] = std::max(dk_scale[s], std::fabs(dk_ref[x]));
+  }
+  for (std::int64_t x = 0; x < nv; ++x) {
+    const std::int64_t s = key_slice(x, Dv);
     dv_scale[s] = std::max(dv_scale[s], std::fabs(dv_ref[x]));
   }
 
@@ -677,14 +722,16 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   // overwritten (poisoned first), in fp32 or in the dtype.
   const bool rounded = c.key_gradients == KeyGradients::rounded;
   const DType key_dtype = rounded ? dtype : DType::f32;
-  std::vector<float> dk_start(nk, 0.0f), dv_start(nk, 0.0f);
-  DeviceBuffer dk_buffer(nk * dtype_size(key_dtype)), dv_buffer(nk * dtype_size(key_dtype));
+  std::vector<float> dk_start(nk, 0.0f), dv_start(nv, 0.0f);
+  DeviceBuffer dk_buffer(nk * dtype_size(key_dtype)), dv_buffer(nv * dtype_size(key_dtype));
   if (c.key_gradients == KeyGradients::added) {
     std::normal_distribution<double> normal;
-    for (std::int64_t x = 0; x < nk; ++x) {
-      const std::int64_t s = (x / (D * Hkv * Sk)) * Hkv + (x / D) % Hkv;
-      dk_start[x] = static_cast<float>(normal(rng) * (dk_scale[s] > 0.0 ? dk_scale[s] : 1.0));
-      dv_start[x] = static_cast<float>(normal(rng) * (dv_scale[s] > 0.0 ? dv_scale[s] : 1.0));
+    auto start = [&](const std::vector<double>& slice_scale, std::int64_t s) {
+      return static_cast<float>(normal(rng) * (slice_scale[s] > 0.0 ? slice_scale[s] : 1.0));
+    };
+    for (std::int64_t x = 0; x < std::max(nk, nv); ++x) {  // dK's and dV's x-th in turn
+      if (x < nk) dk_start[x] = start(dk_scale, key_slice(x, D));
+      if (x < nv) dv_start[x] = start(dv_scale, key_slice(x, Dv));
     }
     dk_buffer = upload(dk_start);
     dv_buffer = upload(dv_start);
@@ -706,7 +753,7 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
                     delta_view,
                     dq_view,
                     device_view(dk_buffer, key_dtype, {B, Sk, Hkv, D}),
-                    device_view(dv_buffer, key_dtype, {B, Sk, Hkv, D}),
+                    device_view(dv_buffer, key_dtype, {B, Sk, Hkv, Dv}),
                     scale,
                     c.mask(),
                     c.deterministic};
@@ -718,23 +765,20 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   std::vector<double> dk_got, dv_got;
   if (rounded) {
     dk_got = widen_all(dtype, download<std::uint16_t>(dk_buffer, nk));
-    dv_got = widen_all(dtype, download<std::uint16_t>(dv_buffer, nk));
+    dv_got = widen_all(dtype, download<std::uint16_t>(dv_buffer, nv));
   } else {
     dk_got = widen_all(download<float>(dk_buffer, nk));
-    dv_got = widen_all(download<float>(dv_buffer, nk));
+    dv_got = widen_all(download<float>(dv_buffer, nv));
   }
-  for (std::int64_t x = 0; x < nk; ++x) {  // the block's own contributions
-    dk_got[x] -= dk_start[x];
-    dv_got[x] -= dv_start[x];
-  }
+  for (std::int64_t x = 0; x < nk; ++x) dk_got[x] -= dk_start[x];  // the block's own contributions
+  for (std::int64_t x = 0; x < nv; ++x) dv_got[x] -= dv_start[x];
   for (std::int64_t b = 0; b < B && (inject == Inject::dk_double || inject == Inject::dv_lost);
        ++b) {
     for (std::int64_t j = 0; j < std::min<std::int64_t>(Sk, 64); ++j) {
-      for (std::int64_t x = k_at(b, j, 0); x < k_at(b, j, 0) + Hkv * D; ++x) {
-        if (inject == Inject::dk_double)
-          dk_got[x] *= 2.0;
-        else
-          dv_got[x] = 0.0;
+      if (inject == Inject::dk_double) {
+        for (std::int64_t x = k_at(b, j, 0); x < k_at(b, j, 0) + Hkv * D; ++x) dk_got[x] *= 2.0;
+      } else {
+        std::fill_n(&dv_got[v_at(b, j, 0)], Hkv * Dv, 0.0);
       }
     }
   }
@@ -746,12 +790,12 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
     for (std::int64_t h = 0; h < Hq; ++h) {
       const std::int64_t s = b * Hkv + h / G;
       for (std::int64_t i = 0; i < Sq; ++i) {
-        const std::int64_t r = row_at(b, h, i), at = q_at(b, i, h);
+        const std::int64_t r = row_at(b, h, i), at = q_at(b, i, h), o_first = o_at(b, i, h);
         double products = 0.0;
-        for (std::int64_t x = 0; x < D; ++x)
-          products += std::fabs(dout.values[at + x] * double(o_used[at + x]));
+        for (std::int64_t x = 0; x < Dv; ++x)
+          products += std::fabs(dout.values[o_first + x] * double(o_used[o_first + x]));
         result.tallies[kDelta].check(delta_got[r], delta_ref[r],
-                                     2.0 * e * std::sqrt(double(D)) * products, delta_layout, r);
+                                     2.0 * e * std::sqrt(double(Dv)) * products, delta_layout, r);
         if (!c.visible(i, 0)) {
           for (std::int64_t x = 0; x < D; ++x) {
             result.tallies[kDq].exact(dq_got[at + x], 0.0, dq_layout, at + x);
@@ -771,12 +815,12 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
   }
 
   // dK and dV, key by key.
-  const Layout dk_layout{"dK", "key", Sk, Hkv, D}, dv_layout{"dV", "key", Sk, Hkv, D};
+  const Layout dk_layout{"dK", "key", Sk, Hkv, D}, dv_layout{"dV", "key", Sk, Hkv, Dv};
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t j = 0; j < Sk; ++j) {
       const std::int64_t seen_by = c.rows_seeing_key(j);
       for (std::int64_t h = 0; h < Hkv; ++h) {
-        const std::int64_t s = b * Hkv + h, at = k_at(b, j, h);
+        const std::int64_t s = b * Hkv + h, k_first = k_at(b, j, h), v_first = v_at(b, j, h);
         double group_q_max = 0.0;
         for (std::int64_t g = 0; g < G; ++g)
           group_q_max = std::max(group_q_max, q_max[b * Hq + h * G + g]);
@@ -785,19 +829,24 @@ CaseResult run_case(const Case& c, std::mt19937_64& rng, Inject inject) {
             relative * dk_scale[s] +
             scale * dp_noise_max[s] * group_q_max * std::sqrt(double(seen_by)) + kFloor;
         const double dv_common = relative * dv_scale[s] + kFloor;
-        for (std::int64_t x = at; x < at + D; ++x) {
+        auto stored = [&](double ref, double start) {
+          return rounded ? u * std::fabs(ref) : 2.0 * e * (std::fabs(start) + std::fabs(ref));
+        };
+        for (std::int64_t x = k_first; x < k_first + D; ++x) {
           if (seen_by == 0) {
             result.tallies[kDk].exact(dk_got[x], 0.0, dk_layout, x);
-            result.tallies[kDv].exact(dv_got[x], 0.0, dv_layout, x);
-            continue;
+          } else {
+            result.tallies[kDk].check(dk_got[x], dk_ref[x],
+                                      dk_common + stored(dk_ref[x], dk_start[x]), dk_layout, x);
           }
-          auto stored = [&](double ref, double start) {
-            return rounded ? u * std::fabs(ref) : 2.0 * e * (std::fabs(start) + std::fabs(ref));
-          };
-          result.tallies[kDk].check(dk_got[x], dk_ref[x],
-                                    dk_common + stored(dk_ref[x], dk_start[x]), dk_layout, x);
-          result.tallies[kDv].check(dv_got[x], dv_ref[x],
-                                    dv_common + stored(dv_ref[x], dv_start[x]), dv_layout, x);
+        }
+        for (std::int64_t x = v_first; x < v_first + Dv; ++x) {
+          if (seen_by == 0) {
+            result.tallies[kDv].exact(dv_got[x], 0.0, dv_layout, x);
+          } else {
+            result.tallies[kDv].check(dv_got[x], dv_ref[x],
+                                      dv_common + stored(dv_ref[x], dv_start[x]), dv_layout, x);
+          }
         }
       }
     }
@@ -876,7 +925,10 @@ int run(const Options& opt) {
                       t.first.c_str());
         }
       }
-      std::printf("  replay: %s\n", replay_command(opt, index).c_str());
+      // A pair's head dims follow as a shell comment (the seed draws them).
+      std::string replay = replay_command(opt, index);
+      if (c.v_head_dim != c.head_dim) replay += "  # head_dim " + c.head_dims();
+      std::printf("  replay: %s\n", replay.c_str());
     }
     std::fflush(stdout);
   }
