@@ -176,8 +176,8 @@ void set_num_threads(int threads);
 // strides multiples of 8 elements and 16-byte aligned data; the fp32 buffers (running O, dQ, dK,
 // dV) with unit stride along head_dim and even strides. Every mask of Mask: the document starts in
 // device memory (host memory is refused), kept non-decreasing by the caller (the host checks only
-// host lists). Both kernel families (wgmma on Hopper: the forward at head_dim 64, 128, 192, 256
-// and 192/128, the backward at 64 and 128; mma.sync otherwise) skip key tiles that no row sees and run fully visible ones without mask arithmetic.
+// host lists). Both kernel families (wgmma on Hopper: the forward at every head_dim, the backward
+// at 64 and 128; mma.sync otherwise) skip key tiles that no row sees and run fully visible ones without mask arithmetic.
 // `stream` is a cudaStream_t (nullptr: the default stream); the calls are asynchronous to the
 // host. Everything is checked before any launch; a library built without CUDA throws Error.
 namespace cuda {

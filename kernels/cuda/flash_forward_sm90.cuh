@@ -5,9 +5,10 @@
 // (every warp 16), which keep their fp32 O and softmax statistics in registers, and a producer
 // warpgroup that hands most of its registers to them. One producer thread copies Q once and the
 // K and V tiles of 128 keys (64 at head dims 192 and 256) into a ring of shared-memory stages with
-// TMA (128-byte swizzle, rows past the end as zeros); full / empty mbarriers per stage hand each
-// buffer between the producer and the consumers, so no CTA-wide barrier stands in the loop. Q and
-// K are head_dim wide, V and O v_head_dim (192 with 128: multi-head latent attention).
+// TMA (128-byte swizzle; rows past the end, and columns past a head dim that is not a multiple of
+// 64, as zeros); full / empty mbarriers per stage hand each buffer between the producer and the
+// consumers, so no CTA-wide barrier stands in the loop. Q and K are head_dim wide, V and O
+// v_head_dim (192 with 128: multi-head latent attention).
 //
 // Per tile j a consumer warpgroup issues S_j = Q K_j^T (head_dim / 16 wgmmas, both operands in
 // shared memory) and then O += P_{j-1} V_{j-1} (keys / 16 wgmmas of v_head_dim columns, P from
@@ -33,8 +34,13 @@
 
 namespace ringattn::cuda_detail {
 
+// Q, K and V sit in shared memory as whole 64-column panels: a head dim that is not a multiple of
+// 64 (32, 96) fills its last panel with the zeros that TMA writes for the columns past the view's
+// width, which add nothing to Q K^T and make O columns that are never stored.
 template <int kHeadDim, int kValueDim = kHeadDim>
 struct HopperForwardTiles {
+  static constexpr int kQKWidth = (kHeadDim + 63) / 64 * 64;  // Q and K in shared memory
+  static constexpr int kVWidth = (kValueDim + 63) / 64 * 64;  // V, and O in registers
   static constexpr int kConsumerGroups = 2;
   static constexpr int kConsumerThreads = 128 * kConsumerGroups;
   static constexpr int kThreads = kConsumerThreads + 128;  // and the producer warpgroup
@@ -42,15 +48,15 @@ struct HopperForwardTiles {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kRows = 64 * kConsumerGroups;      // query rows per CTA
-  static constexpr int kQBytes = kRows * kHeadDim * 2;
+  static constexpr int kQBytes = kRows * kQKWidth * 2;
   // Q and the K and V stages share at most 220 KiB (the rest of the 227 a CTA may have holds the
   // barriers and the alignment's slack). A stage holds 128 keys where two such stages fit beside
   // Q (head dims up to 128, and 192 with V of 128), else 64 (192 and 256).
   static constexpr int kStageBudget = 220 * 1024;
   static constexpr int kKeys =
-      kQBytes + 2 * 128 * (kHeadDim + kValueDim) * 2 <= kStageBudget ? 128 : 64;
-  static constexpr int kKTileBytes = kKeys * kHeadDim * 2;   // one K stage
-  static constexpr int kVTileBytes = kKeys * kValueDim * 2;  // one V stage
+      kQBytes + 2 * 128 * (kQKWidth + kVWidth) * 2 <= kStageBudget ? 128 : 64;
+  static constexpr int kKTileBytes = kKeys * kQKWidth * 2;  // one K stage
+  static constexpr int kVTileBytes = kKeys * kVWidth * 2;   // one V stage
   // As many stages as fit, at most 4: 4 at head_dim 64, 3 at 192 (and 192 with V of 128: 2), 2 at
   // 128 and 256.
   static constexpr int kStages = (kStageBudget - kQBytes) / (kKTileBytes + kVTileBytes) < 4
@@ -100,9 +106,10 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
   constexpr int kRows = Tiles::kRows, kKeys = Tiles::kKeys, kStages = Tiles::kStages;
   constexpr int kGroups = Tiles::kConsumerGroups;
   constexpr int kKeyTiles = kKeys / 8;       // n-tiles of S
-  constexpr int kPanels = kHeadDim / 64;        // 64-column panels of a Q or K tile
-  constexpr int kValuePanels = kValueDim / 64;  // and of a V tile
-  constexpr int kKTileElements = kKeys * kHeadDim, kVTileElements = kKeys * kValueDim;
+  constexpr int kQKWidth = Tiles::kQKWidth, kVWidth = Tiles::kVWidth;
+  constexpr int kPanels = kQKWidth / 64;      // 64-column panels of a Q or K tile
+  constexpr int kValuePanels = kVWidth / 64;  // and of a V tile
+  constexpr int kKTileElements = kKeys * kQKWidth, kVTileElements = kKeys * kVWidth;
   constexpr int kScheduleBarrier = 1;        // named barriers kScheduleBarrier + warp group
   constexpr int kPairThreads = 256;          // one warpgroup syncs, the previous one arrives
   constexpr float kNegInf = -kInfinity;
@@ -110,8 +117,8 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   T* q_tile = reinterpret_cast<T*>(smem);
-  T* k_tiles = q_tile + kRows * kHeadDim;  // [kStages][kKeys * kHeadDim]
-  T* v_tiles = k_tiles + kStages * kKTileElements;  // [kStages][kKeys * kValueDim]
+  T* k_tiles = q_tile + kRows * kQKWidth;            // [kStages][kKeys * kQKWidth]
+  T* v_tiles = k_tiles + kStages * kKTileElements;  // [kStages][kKeys * kVWidth]
   std::uint64_t* q_full = reinterpret_cast<std::uint64_t*>(v_tiles + kStages * kVTileElements);
   std::uint64_t* k_full = q_full + 1;
   std::uint64_t* v_full = k_full + kStages;
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
   }
 
   warpgroup_registers_increase<Tiles::kConsumerRegisters>();
-  float acc[kValueDim / 8][4] = {};
+  float acc[kVWidth / 8][4] = {};
   float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.f, 0.f};
   const int my_rows[2] = {row0 + warp_group * 64 + warp * 16 + group_row,
                           row0 + warp_group * 64 + warp * 16 + group_row + 8};
@@ -207,7 +214,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
     // S = Q K^T.
     const auto issue_scores = [&](int stage) {
       wgmma_fence();
-      wgmma_rows_times_rows<kKeys, kHeadDim, kRows, kKeys, T>(
+      wgmma_rows_times_rows<kKeys, kQKWidth, kRows, kKeys, T>(
           s, q_rows, k_major_descriptor(k_tiles + stage * kKTileElements));
       wgmma_commit();
     };
@@ -218,7 +225,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
       wgmma_fence();
 #pragma unroll
       for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-        wgmma_rs_mn<kValueDim, T>(acc, probabilities[kstep],
+        wgmma_rs_mn<kVWidth, T>(acc, probabilities[kstep],
                                  descriptor_plus(b0, kstep * 16 * 64 * sizeof(T)), 1);
       }
       wgmma_commit();
@@ -241,7 +248,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
       const TileSoftmax done =
           stale_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
       if (done == TileSoftmax::kNeedsScores) {
-        warp_scores<T, kHeadDim, kRows, kKeys>(s, q_tile, warp_group * 64 + warp * 16,
+        warp_scores<T, kQKWidth, kRows, kKeys>(s, q_tile, warp_group * 64 + warp * 16,
                                                k_tiles + stage * kKTileElements, lane);
         if (masked) apply_mask(key0);
         rescale = online_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);
@@ -297,7 +304,10 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
     pin_registers(acc);
   }
 
-  store_forward_rows<T, kValueDim, kCombine>(p, batch, head, my_rows, acc, row_max, row_sum, lane);
+  // O's first kValueDim columns (the rest, of V's zero padding, are zeros).
+  store_forward_rows<T, kValueDim, kCombine>(
+      p, batch, head, my_rows, reinterpret_cast<const float(&)[kValueDim / 8][4]>(acc), row_max,
+      row_sum, lane);
 #endif  // sm_90a
 }
 

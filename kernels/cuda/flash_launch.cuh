@@ -90,11 +90,8 @@ int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
   return static_cast<int>(std::min(group, pairs));
 }
 
-// The head dims the Hopper family has kernels for: the forward's Q, K and V in 64-column panels
-// (64, 128, 192 and 256, and 192 with V of 128), the backward's 64 and 128 (d_qk == d_v). The
-// others take the sm_80 family on Hopper too.
-template <int kHeadDim, int kValueDim>
-inline constexpr bool kHopperForwardHeadDims = kHeadDim % 64 == 0 && kValueDim % 64 == 0;
+// The head dims the Hopper backward has kernels for (d_qk == d_v, 64 or 128); the others take the
+// sm_80 family's backward on Hopper too. The Hopper forward takes every head dim.
 template <int kHeadDim, int kValueDim>
 inline constexpr bool kHopperBackwardHeadDims =
     kHeadDim == kValueDim && (kHeadDim == 64 || kHeadDim == 128);
@@ -147,11 +144,7 @@ bool launch_forward_hopper(const FlashParams& p, bool combine, cudaStream_t stre
 
 template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_forward(const FlashParams& p, bool combine, bool hopper, cudaStream_t stream) {
-  if constexpr (kHopperForwardHeadDims<kHeadDim, kValueDim>) {
-    if (hopper && launch_forward_hopper<kDtype, kHeadDim, kValueDim>(p, combine, stream)) return;
-  } else {
-    (void)hopper;
-  }
+  if (hopper && launch_forward_hopper<kDtype, kHeadDim, kValueDim>(p, combine, stream)) return;
   launch_forward_sm80<kDtype, kHeadDim, kValueDim>(p, combine, stream);
 }
 

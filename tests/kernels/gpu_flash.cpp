@@ -63,8 +63,8 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 4.0});
     }
   }
-  // Every other head dim of the build (on Hopper the wgmma forward at 192 and 256, else the sm_80
-  // family's kernels; kernels.flash.sm80 runs the bf16 ones on the sm_80 family there): odd lengths,
+  // Every other head dim of the build (on Hopper the wgmma forward and the sm_80 backward;
+  // kernels.flash.sm80 runs the bf16 ones on the sm_80 family there too): odd lengths,
   // GQA and MQA, causal or not, Sq < Sk, packed QKV and scores spread over hundreds.
   for (const std::int64_t d : kBuiltCudaHeadDims) {
     if (d == 64 || d == 128) continue;
