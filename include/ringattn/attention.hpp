@@ -177,7 +177,7 @@ void set_num_threads(int threads);
 // dV) with unit stride along head_dim and even strides. Every mask of Mask: the document starts in
 // device memory (host memory is refused), kept non-decreasing by the caller (the host checks only
 // host lists). Both kernel families (wgmma on Hopper: the forward at every head_dim, the backward
-// at 64 and 128; mma.sync otherwise) skip key tiles that no row sees and run fully visible ones without mask arithmetic.
+// up to 128; mma.sync otherwise) skip key tiles that no row sees and run fully visible ones without mask arithmetic.
 // `stream` is a cudaStream_t (nullptr: the default stream); the calls are asynchronous to the
 // host. Everything is checked before any launch; a library built without CUDA throws Error.
 namespace cuda {

@@ -44,16 +44,20 @@ namespace ringattn::cuda_detail {
 // kTmaDq: dQ is staged in shared memory and added into global memory by TMA reductions (the
 // default mode where the driver can describe dQ), which costs 32 KiB: two Q / dO stages then at
 // head_dim 128 instead of three.
+// Q, K, V and dO sit in shared memory as whole 64-column panels (kWidth): at head dims 32 and 96
+// the last panel holds the zeros TMA writes past the view's width, which add nothing to any product
+// and make gradient columns that are never stored.
 template <int kHeadDim, bool kTmaDq = false>
 struct HopperBackwardTiles {
+  static constexpr int kWidth = (kHeadDim + 63) / 64 * 64;
   static constexpr int kConsumerGroups = 2;
   static constexpr int kThreads = 128 * kConsumerGroups + 128;  // and the copying / dQ warpgroup
   // Registers a thread: the copying warpgroup's and the consumers' when dQ is left to
   // flash_dq_kernel; the dQ warpgroup's (which copies too) and the consumers' otherwise.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static constexpr int kDqConsumerRegisters = kHeadDim == 128 ? 224 : 200;
-  static constexpr int kDqGroupRegisters = kHeadDim == 128 ? 56 : 104;
+  static constexpr int kDqConsumerRegisters = kWidth == 128 ? 224 : 200;
+  static constexpr int kDqGroupRegisters = kWidth == 128 ? 56 : 104;
   // setmaxnreg moves registers within the CTA's allocation: 168 a thread at launch (64K over 384
   // threads, in steps of 8); an increase beyond what the decreases freed would wait forever.
   static constexpr int kLaunchRegisters = 168;
@@ -62,17 +66,17 @@ struct HopperBackwardTiles {
                 "registers beyond the CTA's allocation");
   static constexpr int kKeys = 64 * kConsumerGroups;  // keys per CTA
   static constexpr int kRows = 64;                    // query rows per step
-  static constexpr int kStages = kHeadDim <= 64 ? 4 : (kTmaDq ? 2 : 3);
+  static constexpr int kStages = kWidth <= 64 ? 4 : (kTmaDq ? 2 : 3);
   // dS^T buffers: the consumers write one step's while the dQ warpgroup reads the step before's.
   static constexpr int kDsBuffers = 2;
-  static constexpr int kKeyTileBytes = kKeys * kHeadDim * 2;  // K or V
-  static constexpr int kRowTileBytes = kRows * kHeadDim * 2;  // one stage of Q or dO
+  static constexpr int kKeyTileBytes = kKeys * kWidth * 2;  // K or V
+  static constexpr int kRowTileBytes = kRows * kWidth * 2;  // one stage of Q or dO
   // K/V; full and empty of a stage; full and empty of a dS^T buffer
   static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDsBuffers;
   // Each consumer warp's LSE and delta of a step, two buffers.
   static constexpr int kStatisticsBytes = kConsumerGroups * 4 * 2 * 2 * kRows * 4;
   // A step's 64-row fp32 block of dQ, 64 columns a panel (kTmaDq).
-  static constexpr int kDqStageBytes = kTmaDq ? kHeadDim * 64 * 4 : 0;
+  static constexpr int kDqStageBytes = kTmaDq ? kWidth * 64 * 4 : 0;
   // K, V, the Q and dO stages, dS^T, the dQ blocks, the statistics, the barriers, and the slack
   // that aligns the tiles to the swizzle's 1024-byte period: 201 KiB at head_dim 128 (also with
   // kTmaDq), 137 KiB at 64 (153 with kTmaDq).
@@ -164,11 +168,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kGroups = Tiles::kConsumerGroups;
   constexpr int kRowTiles = kRows / 8;      // n-tiles of S^T
   constexpr int kRowSteps = kRows / 16;     // k-steps of dV and dK
-  constexpr int kPanels = kHeadDim / 64;
-  constexpr int kRowElements = kRows * kHeadDim;
+  constexpr int kWidth = Tiles::kWidth;  // of Q, K, V and dO in shared memory (>= kHeadDim)
+  constexpr int kPanels = kWidth / 64;
+  constexpr int kRowElements = kRows * kWidth;
   constexpr int kDqBarrier = 1;  // the dQ warpgroup's named barrier (kTmaDq)
   constexpr int kDqCols = 32;    // the columns of dQ the dQ warpgroup computes at a time
-  constexpr int kDqParts = kHeadDim / kDqCols;
+  constexpr int kDqParts = kWidth / kDqCols;
   static_assert(kDqParts >= 2 && kDqParts % 2 == 0,
                 "the dQ stage's reductions are waited for two blocks at a time");
   // The third warpgroup's registers and the consumers' (the dQ warpgroup needs more).
@@ -181,11 +186,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   T* k_tile = reinterpret_cast<T*>(smem);
-  T* v_tile = k_tile + kKeys * kHeadDim;
-  T* q_tiles = v_tile + kKeys * kHeadDim;          // [kStages][kRows * kHeadDim]
-  T* do_tiles = q_tiles + kStages * kRowElements;  // [kStages][kRows * kHeadDim]
+  T* v_tile = k_tile + kKeys * kWidth;
+  T* q_tiles = v_tile + kKeys * kWidth;            // [kStages][kRows * kWidth]
+  T* do_tiles = q_tiles + kStages * kRowElements;  // [kStages][kRows * kWidth]
   T* ds_tiles = do_tiles + kStages * kRowElements;  // [kDsBuffers][kKeys * kRows]
-  // [kHeadDim / 64 panels][64 * 64] (kTmaDq), 1024-byte aligned like the tiles before it
+  // [kWidth / 64 panels][64 * 64] (kTmaDq), 1024-byte aligned like the tiles before it
   float* dq_stages = reinterpret_cast<float*>(ds_tiles + Tiles::kDsBuffers * kKeys * kRows);
   // [consumer warps][2 buffers][LSE in log2 units, delta][kRows]
   float* statistics = dq_stages + Tiles::kDqStageBytes / 4;
@@ -339,11 +344,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           pin_registers(dq);
           // The next free stage's copy, with no product in flight (see the consumers' waits).
           if (part == 0 && copier && loaded < steps) load_rows();
-          if (column + kDqCols == kHeadDim && lane == 0) mbarrier_arrive(ds_empty + buffer);
+          if (column + kDqCols == kWidth && lane == 0) mbarrier_arrive(ds_empty + buffer);
           if constexpr (kTmaDq) {
             if (part % 2 == 0) named_barrier_sync(kDqBarrier, 128);
             stage_fp32_block(dq_stages + column * 64, dq, p.scale, warp, lane);
-          } else {
+          } else if (column < kHeadDim) {  // the padding's columns are not dQ's
             add_dq_atomic(p, batch, at.head, row_first + warp * 16 + group_row, column, quad_col,
                           dq);
           }
@@ -352,6 +357,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
           fence_proxy_async_shared();
           named_barrier_sync(kDqBarrier, 128);
           if (copier) {
+            // A block of the padding's columns lies past dQ's width, where TMA writes nothing.
             for (int panel = 0; panel < kPanels; ++panel) {
               const float* block = dq_stages + panel * 64 * 64;
               tma_reduce_add_box(&dq_map, block, panel * 64, row_first, at.head, batch);
@@ -372,8 +378,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   }
 
   warpgroup_registers_increase<kConsumerRegisters>();
-  float dk[kHeadDim / 8][4] = {};
-  float dv[kHeadDim / 8][4] = {};
+  float dk[kWidth / 8][4] = {};
+  float dv[kWidth / 8][4] = {};
   const int wg_key = warp_group * 64;  // this warpgroup's first key within the CTA
   const int my_keys[2] = {key0 + wg_key + warp * 16 + group_row,
                           key0 + wg_key + warp * 16 + group_row + 8};
@@ -434,9 +440,9 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       // dS^T while dV += P^T dO runs.
       float s[kRowTiles][4], dp[kRowTiles][4];
       wgmma_fence();
-      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows, T>(s, k_rows, k_major_descriptor(q_tile));
+      wgmma_rows_times_rows<kRows, kWidth, kKeys, kRows, T>(s, k_rows, k_major_descriptor(q_tile));
       wgmma_commit();
-      wgmma_rows_times_rows<kRows, kHeadDim, kKeys, kRows, T>(dp, v_rows, k_major_descriptor(do_tile));
+      wgmma_rows_times_rows<kRows, kWidth, kKeys, kRows, T>(dp, v_rows, k_major_descriptor(do_tile));
       wgmma_commit();
       wgmma_wait<1>();
       pin_registers(s);
@@ -452,7 +458,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       std::uint32_t a_p[kRowSteps][4], a_ds[kRowSteps][4];
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
-      add_fragments_times_rows<kHeadDim, kRows>(dv, a_p, do_tile);
+      add_fragments_times_rows<kWidth, kRows>(dv, a_p, do_tile);
       wgmma_wait<1>();  // dP^T (dV's group may still run)
       pin_registers(dp);
       delta_rows.load(delta, quad_col);
@@ -482,7 +488,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
         __syncwarp();
         if (lane == 0) mbarrier_arrive(ds_full + ds_buffer);
       }
-      add_fragments_times_rows<kHeadDim, kRows>(dk, a_ds, q_tile);
+      add_fragments_times_rows<kWidth, kRows>(dk, a_ds, q_tile);
       if (step + 1 < steps) stage_statistics(step + 1);
       wgmma_wait<0>();  // dK: the stage's Q is free after it
       pin_registers(dk);
@@ -494,7 +500,10 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   // A CTA with no rows (keys after every query, or an empty part of a split) has nothing to add
   // (but writes its zeros when overwriting); the parts of a split key block add together.
   if (steps > 0 || p.overwrite_key_gradients) {
-    add_key_gradients<T, kHeadDim>(p, batch, kv_head, my_keys, quad_col, dk, dv,
+    // The first kHeadDim columns (the rest are the padding's).
+    using Columns = const float(&)[kHeadDim / 8][4];
+    add_key_gradients<T, kHeadDim>(p, batch, kv_head, my_keys, quad_col,
+                                   reinterpret_cast<Columns>(dk), reinterpret_cast<Columns>(dv),
                                 kRowSplits && p.row_splits > 1);
   }
 #endif  // sm_90a

@@ -90,11 +90,11 @@ int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
   return static_cast<int>(std::min(group, pairs));
 }
 
-// The head dims the Hopper backward has kernels for (d_qk == d_v, 64 or 128); the others take the
+// The head dims the Hopper backward has kernels for (d_qk == d_v up to 128; 32 and 96 as zero-padded
+// 64-column panels); the others (192, 256, 192/128: dK and dV would not fit in registers) take the
 // sm_80 family's backward on Hopper too. The Hopper forward takes every head dim.
 template <int kHeadDim, int kValueDim>
-inline constexpr bool kHopperBackwardHeadDims =
-    kHeadDim == kValueDim && (kHeadDim == 64 || kHeadDim == 128);
+inline constexpr bool kHopperBackwardHeadDims = kHeadDim == kValueDim && kHeadDim <= 128;
 
 template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_forward_sm80(const FlashParams& p, bool combine, cudaStream_t stream) {

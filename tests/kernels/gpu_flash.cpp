@@ -63,8 +63,9 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 4.0});
     }
   }
-  // Every other head dim of the build (on Hopper the wgmma forward and the sm_80 backward;
-  // kernels.flash.sm80 runs the bf16 ones on the sm_80 family there too): odd lengths,
+  // Every other head dim of the build (on Hopper the wgmma kernels, 32 and 96 in zero-padded
+  // panels, and at 192 and 256 the sm_80 backward; kernels.flash.sm80 runs the bf16 ones on the
+  // sm_80 family there too): odd lengths,
   // GQA and MQA, causal or not, Sq < Sk, packed QKV and scores spread over hundreds.
   for (const std::int64_t d : kBuiltCudaHeadDims) {
     if (d == 64 || d == 128) continue;
@@ -168,17 +169,21 @@ TEST(FlashCudaDeterministic, TwoRunsAreBitwiseEqual) {
 // overwrite_key_gradients: dK and dV start as NaN and come out as the block's gradients (zeros for
 // the keys no row sees), dQ still adds into its zeros. Causal with three key blocks after every
 // query (CTAs without rows); unmasked with two key blocks of 16 row tiles x 4 query heads (rows
-// split over CTAs that add: dK and dV zeroed first); head_dim 64 with a 2-key last block; and the
-// causal case at each head dim only the mma.sync family has, 192/128 too (and unmasked there).
+// split over CTAs that add: dK and dV zeroed first); head_dim 64 with a 2-key last block; the
+// causal case at each other head dim, 192/128 too (and unmasked there); and the split rows at 96
+// (zero-padded panels on Hopper).
 TEST(FlashCudaOverwrite, KeyGradientsAreWrittenNotRead) {
   RINGATTN_REQUIRE_GPUS(1);
   SCOPED_TRACE(seed_trace());
   std::vector<Case> cases = {{DType::bf16, 1, 200, 600, 4, 2, 128, true},
                              {DType::bf16, 1, 4096, 256, 4, 1, 128, false},
                              {DType::f16, 2, 3000, 130, 2, 1, 64, false}};
-  for (const CudaDims& dims : built_cuda_dims()) {  // the mma.sync-only head dims
+  for (const CudaDims& dims : built_cuda_dims()) {
     if (dims.v_head_dim != dims.head_dim || (dims.head_dim != 64 && dims.head_dim != 128)) {
       cases.push_back(with_dims({DType::bf16, 1, 200, 600, 4, 2, 0, true}, dims));
+    }
+    if (dims.v_head_dim == 96 && dims.head_dim == 96) {
+      cases.push_back(with_dims({DType::bf16, 1, 4096, 256, 4, 1, 0, false}, dims));
     }
   }
   if (kBuiltCudaValueDimPair) {
