@@ -4,9 +4,9 @@ after warm-up), at the small shape of bench/python_op.py (batch 1, 128 tokens, 4
 causal, bf16). The steps are those of python/ringattn/_ops.py: the whole op (forward, and forward
 + backward), then its parts one by one: the output allocations, the current stream, the device
 guard, the descriptors, the parameter struct, the C API call alone with prepared parameters
-(its checks, tensor maps and launch), and the backward's zero fill, allocations, delta pass, C
-call and dQ rounding. SDPA's cuDNN forward the same way, for reference. A GPU whose work is shorter
-than these host times runs them back to back, so each time is host time.
+(its checks, tensor maps and launch), and the backward's allocations, delta pass (which zeroes
+dQ's accumulator), C call and dQ rounding. SDPA's cuDNN forward the same way, for reference. A GPU
+whose work is shorter than these host times runs them back to back, so each time is host time.
 
     RINGATTN_LIBRARY=build-gpu/libringattn.so PYTHONPATH=python \\
         python3 bench/python_op_parts.py [--json FILE]
@@ -64,6 +64,7 @@ def main():
         dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=1, deterministic=0,
         q_start=0, k_start=0, overwrite_key_gradients=1, **_capi.mask_fields(0, 0, None))
     o_d, dout_d, delta_d = _capi.describe(o), _capi.describe(dout), _capi.describe(delta)
+    dq_d = _capi.describe(dq)
 
     def forward_backward():
         out = ringattn.attention(qg, kg, vg, causal=True)
@@ -94,10 +95,10 @@ def main():
             ("forward: one descriptor", lambda: _capi.describe(q)),
             ("forward: parameters (5 descriptors)", params),
             ("forward: C API call, prepared", lambda: lib.forward(fwd_params, stream)),
-            ("backward: dq zeroed (fp32)", lambda: torch.zeros(q.shape, dtype=torch.float32,
-                                                               device=dev)),
-            ("backward: C API delta pass, prepared",
-             lambda: lib.backward_prepare(o_d, dout_d, delta_d, stream)),
+            ("backward: dq allocated (fp32)", lambda: torch.empty(q.shape, dtype=torch.float32,
+                                                                  device=dev)),
+            ("backward: C API delta pass zeroing dq, prepared",
+             lambda: lib.backward_prepare(o_d, dout_d, delta_d, stream, dq=dq_d)),
             ("backward: C API call, prepared", lambda: lib.backward(bwd_params, stream)),
             ("backward: dq rounded", lambda: dq.to(torch.bfloat16)),
         ]

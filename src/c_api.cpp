@@ -60,6 +60,30 @@ constexpr StructVersion kBackwardVersions[] = {
     {offsetof(ringattn_backward_params_t, key_rotation_cos), "0.2"},
     {offsetof(ringattn_backward_params_t, window_left), "0.3"},
     {sizeof(ringattn_backward_params_t), "0.4"}};
+// delta = rowsum(dout * o), and dq set to zero where given (the backends check its shape and
+// dtype against o's and the accumulator's).
+ringattn_status_t prepare(const ringattn_tensor_t* o, const ringattn_tensor_t* dout,
+                          const ringattn_tensor_t* delta, const ringattn_tensor_t* dq, void* stream,
+                          const char* where) {
+  return guarded([&] {
+    if (o == nullptr || dout == nullptr || delta == nullptr) {
+      detail::fail(where, o == nullptr ? "o" : dout == nullptr ? "dout" : "delta", " is a null pointer");
+    }
+    const TensorView o_view = to_view(*o, "o", where);
+    const TensorView dout_view = to_view(*dout, "dout", where);
+    const TensorView delta_view = to_view(*delta, "delta", where);
+    // The backends check each view but not their overlap.
+    detail::check_prepare_views(o_view, dout_view, delta_view, where);
+    if (dq == nullptr) {
+      flash_backward_prepare(o_view, dout_view, delta_view, stream);
+      return;
+    }
+    const TensorView dq_view = to_view(*dq, "dq", where);
+    detail::check_no_overlap({{"dq", &dq_view}}, {{"o", &o_view}, {"dout", &dout_view}, {"delta", &delta_view}},
+                             where);
+    flash_backward_prepare(o_view, dout_view, delta_view, stream, &dq_view);
+  });
+}
 }  // namespace
 
 extern "C" {
@@ -108,18 +132,19 @@ ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* pa
 ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o,
                                                       const ringattn_tensor_t* dout,
                                                       const ringattn_tensor_t* delta, void* stream) {
-  constexpr const char* kWhere = "ringattn_attention_backward_prepare";
-  return guarded([&] {
-    if (o == nullptr || dout == nullptr || delta == nullptr) {
-      detail::fail(kWhere, o == nullptr ? "o" : dout == nullptr ? "dout" : "delta", " is a null pointer");
-    }
-    const TensorView o_view = to_view(*o, "o", kWhere);
-    const TensorView dout_view = to_view(*dout, "dout", kWhere);
-    const TensorView delta_view = to_view(*delta, "delta", kWhere);
-    // The backends check each view but not their overlap.
-    detail::check_prepare_views(o_view, dout_view, delta_view, kWhere);
-    flash_backward_prepare(o_view, dout_view, delta_view, stream);
-  });
+  return prepare(o, dout, delta, nullptr, stream, "ringattn_attention_backward_prepare");
+}
+
+ringattn_status_t ringattn_attention_backward_prepare_zero_dq(const ringattn_tensor_t* o,
+                                                              const ringattn_tensor_t* dout,
+                                                              const ringattn_tensor_t* delta,
+                                                              const ringattn_tensor_t* dq,
+                                                              void* stream) {
+  constexpr const char* kWhere = "ringattn_attention_backward_prepare_zero_dq";
+  if (dq == nullptr) {
+    return guarded([&] { detail::fail(kWhere, "dq is a null pointer"); });
+  }
+  return prepare(o, dout, delta, dq, stream, kWhere);
 }
 
 ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* params,

@@ -146,6 +146,13 @@ ringattn_status_t ringattn_attention_forward(const ringattn_forward_params_t* pa
 ringattn_status_t ringattn_attention_backward_prepare(const ringattn_tensor_t* o,
                                                       const ringattn_tensor_t* dout,
                                                       const ringattn_tensor_t* delta, void* stream);
+/* Since 0.7: the same pass, which also sets dq (the accumulator dtype, [batch, len, heads, head_dim
+ * of q]) to zero, ready for ringattn_attention_backward to add into: no separate fill of dq. */
+ringattn_status_t ringattn_attention_backward_prepare_zero_dq(const ringattn_tensor_t* o,
+                                                              const ringattn_tensor_t* dout,
+                                                              const ringattn_tensor_t* delta,
+                                                              const ringattn_tensor_t* dq,
+                                                              void* stream);
 ringattn_status_t ringattn_attention_backward(const ringattn_backward_params_t* params,
                                               void* stream);
 

@@ -230,6 +230,8 @@ class Library:
             getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lib.ringattn_attention_backward_prepare.restype = ctypes.c_int
         lib.ringattn_attention_backward_prepare.argtypes = [ctypes.c_void_p] * 4
+        lib.ringattn_attention_backward_prepare_zero_dq.restype = ctypes.c_int
+        lib.ringattn_attention_backward_prepare_zero_dq.argtypes = [ctypes.c_void_p] * 5
         # ringattn_ring_t is a pointer: passed and returned as c_void_p.
         lib.ringattn_ring_create.restype = ctypes.c_int
         lib.ringattn_ring_create.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
@@ -260,9 +262,15 @@ class Library:
     def forward(self, params, stream):
         self.check(self.lib.ringattn_attention_forward(ctypes.byref(params), stream))
 
-    def backward_prepare(self, o, dout, delta, stream):
-        self.check(self.lib.ringattn_attention_backward_prepare(
-            ctypes.byref(o), ctypes.byref(dout), ctypes.byref(delta), stream))
+    def backward_prepare(self, o, dout, delta, stream, dq=None):
+        """delta = rowsum(dout * o); and dq = 0 in the same pass where dq is given."""
+        if dq is None:
+            self.check(self.lib.ringattn_attention_backward_prepare(
+                ctypes.byref(o), ctypes.byref(dout), ctypes.byref(delta), stream))
+        else:
+            self.check(self.lib.ringattn_attention_backward_prepare_zero_dq(
+                ctypes.byref(o), ctypes.byref(dout), ctypes.byref(delta), ctypes.byref(dq),
+                stream))
 
     def backward(self, params, stream):
         self.check(self.lib.ringattn_attention_backward(ctypes.byref(params), stream))

@@ -180,20 +180,20 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
     # forms dS = P * (dP - delta); a gradient g of LSE adds P * g (dLSE/dS = P), so it enters as
     # delta - g. Rows that see no key have P = 0 and take neither.
     delta = torch.empty(lse.shape, dtype=acc, device=q.device)
-    # The C API adds into dq (accumulator dtype), which starts at zero; dk and dv it writes
-    # (overwrite_key_gradients), rounded once to the inputs' dtype.
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    # The C API adds into dq (accumulator dtype), which the prepare pass sets to zero; dk and dv
+    # it writes (overwrite_key_gradients), rounded once to the inputs' dtype.
+    dq = torch.empty(q.shape, dtype=acc, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     stream = _stream(q)
     with _device(q):
-        dout_d, delta_d = _capi.describe(dout), _capi.describe(delta)
-        lib.backward_prepare(_capi.describe(o), dout_d, delta_d, stream)
+        dout_d, delta_d, dq_d = _capi.describe(dout), _capi.describe(delta), _capi.describe(dq)
+        lib.backward_prepare(_capi.describe(o), dout_d, delta_d, stream, dq=dq_d)
         if dlse is not None:
             delta.sub_(dlse.to(acc))
         params = _capi.BackwardParams(
             q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), dout=dout_d,
-            lse=_capi.describe(_viewable(lse)), delta=delta_d, dq=_capi.describe(dq),
+            lse=_capi.describe(_viewable(lse)), delta=delta_d, dq=dq_d,
             dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
             deterministic=int(deterministic), q_start=q_start, k_start=k_start,
             overwrite_key_gradients=1,

@@ -40,6 +40,7 @@ const char* ringattn_last_error(void) {{ return ""; }}
 int ringattn_cuda_device_count(void) {{ return 0; }}
 int ringattn_attention_forward(const void* p, void* s) {{ return 5; }}
 int ringattn_attention_backward_prepare(const void* a, const void* b, const void* c, void* s) {{ return 5; }}
+int ringattn_attention_backward_prepare_zero_dq(const void* a, const void* b, const void* c, const void* d, void* s) {{ return 5; }}
 int ringattn_attention_backward(const void* p, void* s) {{ return 5; }}
 int ringattn_ring_create(const void* c, int m, int l, void** r) {{ return 5; }}
 int ringattn_nccl_unique_id(void* id, unsigned long n) {{ return 5; }}
@@ -80,11 +81,12 @@ def test_version_mismatch_names_both(tmp_path, minor_step):
 
 
 def test_an_older_library_without_the_newer_entry_points_is_named(tmp_path):
-    """A library of the previous minor version, which lacks ringattn_layout_chunks (0.6), is
-    refused by its version, not by the missing symbol."""
+    """A library of the previous minor version, which lacks
+    ringattn_attention_backward_prepare_zero_dq (0.7), is refused by its version, not by the
+    missing symbol."""
     major, minor, _ = (int(x) for x in ringattn.__version__.split("."))
     library = fake_library(tmp_path, major * 10000 + (minor - 1) * 100, f"{major}.{minor - 1}.0",
-                           without=("ringattn_layout_chunks",))
+                           without=("ringattn_attention_backward_prepare_zero_dq",))
     with pytest.raises(ringattn.RingattnError, match=f"is ringattn {major}.{minor - 1}.0 .* must "
                                                      "share major.minor"):
         _capi.Library(library)

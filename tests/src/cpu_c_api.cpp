@@ -118,6 +118,57 @@ TEST(CApi, HostForwardAndBackwardEqualTheCppBlock) {
   EXPECT_EQ(dv, dv2);
 }
 
+// ringattn_attention_backward_prepare_zero_dq: the same delta as the plain prepare, bitwise, and dq
+// (NaN before) zeros, so that the backward adding into it gives the gradients of a zeroed dq; a
+// missing dq, a dq of another shape or dtype, and one that overlaps delta are refused by name.
+TEST(CApi, PrepareCanZeroDqInTheSamePass) {
+  SCOPED_TRACE(ringattn::test::seed_trace());
+  Problem problem;
+  std::mt19937_64 rng = ringattn::test::make_rng(11);
+  Problem::Prepared plain;
+  problem.forward_and_prepare(plain, rng);
+  const std::int64_t B = Problem::B, S = Problem::S, Hq = Problem::Hq, D = Problem::D;
+  std::vector<double> delta = ringattn::test::nan_vector<double>(plain.delta.size());
+  std::vector<double> dq = ringattn::test::nan_vector<double>(problem.q.size());
+  ringattn_tensor_t o_t = describe(problem.o, {B, S, Hq, D}), delta_t = describe(delta, {B, Hq, S});
+  ringattn_tensor_t dq_t = describe(dq, {B, S, Hq, D});
+  ASSERT_EQ(ringattn_attention_backward_prepare_zero_dq(&o_t, &plain.dout_t, &delta_t, &dq_t,
+                                                        nullptr),
+            RINGATTN_SUCCESS)
+      << ringattn_last_error();
+  EXPECT_EQ(delta, plain.delta);
+  EXPECT_EQ(dq, std::vector<double>(dq.size(), 0.0));
+
+  // The backward into the zeroed dq against the same backward into a dq made of zeros.
+  std::vector<double> dk(problem.k.size(), 0.0), dv(problem.v.size(), 0.0);
+  ringattn_backward_params_t bp = problem.backward_params(plain.p, plain.dout_t, delta_t, dq, dk, dv);
+  ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+  std::vector<double> dq2(dq.size(), 0.0), dk2(dk.size(), 0.0), dv2(dv.size(), 0.0);
+  bp = problem.backward_params(plain.p, plain.dout_t, plain.delta_t, dq2, dk2, dv2);
+  ASSERT_EQ(ringattn_attention_backward(&bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
+  EXPECT_EQ(dq, dq2);
+  EXPECT_EQ(dk, dk2);
+  EXPECT_EQ(dv, dv2);
+
+  const auto refused = [&](const ringattn_tensor_t* bad_dq, const std::string& expected) {
+    EXPECT_EQ(ringattn_attention_backward_prepare_zero_dq(&o_t, &plain.dout_t, &delta_t, bad_dq,
+                                                          nullptr),
+              RINGATTN_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ringattn_last_error()).find(expected), std::string::npos)
+        << ringattn_last_error();
+  };
+  refused(nullptr, "ringattn_attention_backward_prepare_zero_dq: dq is a null pointer");
+  ringattn_tensor_t bad = describe(dq, {B, S, Hq - 1, D});
+  refused(&bad, "dq has shape [2, 33, 3, 16]");
+  std::vector<float> dq_f32(dq.size());
+  bad = ringattn::test::describe_at(dq_f32.data(), {B, S, Hq, D});
+  bad.dtype = RINGATTN_F32;
+  refused(&bad, "dq has dtype f32");
+  // dq over o's memory: refused before anything is read or written.
+  bad = describe(problem.o, {B, S, Hq, D});
+  refused(&bad, "dq overlaps o");
+}
+
 // v (and so o, dout and dv) of a head dim of its own, d_v 20 against d_qk 12, each descriptor with
 // its own shape: forward, prepare and backward through the C API against the fp64 oracle; an o of
 // d_qk is refused with a message naming both head dims.
