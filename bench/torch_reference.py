@@ -12,6 +12,11 @@ AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the matrices other than t
 the trainer). --recompute checkpoints each block (torch.utils.checkpoint, use_reentrant=False).
 --profile PREFIX runs two more steps per shape under torch.profiler and writes each kernel's device
 time over them to PREFIX-SEQxBATCH.txt (the timed steps are not profiled).
+--documents MU,SIGMA packs each row with documents of log-normal lengths (as the text files of
+bench/trainer_documents.sh; drawn here with a seed of their own, so the lengths follow the same law
+but not the same draw): attention causal within each document through FlexAttention (its block
+mask made once per shape, before the steps; compiled with the model), RoPE positions restarting at
+each document, and no loss where a document's last token would predict the next one's first.
 
 Model FLOPs per token (recomputation not counted, so MFU means the same with and without it):
 
@@ -21,7 +26,8 @@ Model FLOPs per token (recomputation not counted, so MFU means the same with and
       product, the output head counted once whether tied or not (the embedding lookup and the norm
       gains are no matrix products); 6 = 2 (multiply-add) x 3 (forward, grad input, grad weight).
     attention: QK^T and PV are 4 * head_dim FLOPs per (query, key) pair and head in the forward,
-      12 with the backward, over seq keys: 12 * L * n_heads * head_dim * seq, halved for causal.
+      12 with the backward, over seq keys: 12 * L * n_heads * head_dim * seq, halved for causal;
+      with --documents, over the mean count of keys a query sees instead.
 
 MFU = FLOPs per token * tokens/s / --peak-tflops (989: H200 dense bf16). Step time is the median
 of the timed steps (torch.cuda.synchronize + time.perf_counter); peak memory is
@@ -47,6 +53,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 # The trainer's defaults for keys a config file leaves out (TrainConfig{} = configs/tiny-cpu.yaml).
@@ -108,13 +115,18 @@ class Block(nn.Module):
         self.w_gate_up = nn.Linear(d, 2 * f, bias=False)  # rows: gate, then up
         self.w_down = nn.Linear(f, d, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, block_mask=None):
         b, s, _ = x.shape
         qkv = self.wqkv(self.attn_norm(x)).view(b, s, self.hq + 2 * self.hkv, self.hd)
         q, k, v = qkv.split([self.hq, self.hkv, self.hkv], dim=2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, enable_gqa=self.hq != self.hkv)
+        if block_mask is None:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True,
+                                               enable_gqa=self.hq != self.hkv)
+        else:  # packed documents: causal within each
+            o = flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               block_mask=block_mask, enable_gqa=self.hq != self.hkv)
         x = x + self.wo(o.transpose(1, 2).reshape(b, s, self.hq * self.hd))
         gate, up = self.w_gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.w_down(F.silu(gate) * up)
@@ -141,13 +153,17 @@ class Model(nn.Module):
             else:
                 nn.init.ones_(p)
 
-    def forward(self, tokens, targets):
+    def forward(self, tokens, targets, positions=None, block_mask=None):
+        """positions [B, S]: each token's RoPE position (None: its place in the row)."""
         h = self.tok_embedding(tokens)
+        cos, sin = self.cos, self.sin
+        if positions is not None:  # [B, S, 1, head_dim / 2]
+            cos, sin = cos[positions], sin[positions]
         for block in self.layers:
             if self.recompute:
-                h = checkpoint(block, h, self.cos, self.sin, use_reentrant=False)
+                h = checkpoint(block, h, cos, sin, block_mask, use_reentrant=False)
             else:
-                h = block(h, self.cos, self.sin)
+                h = block(h, cos, sin, block_mask)
         head = self.tok_embedding.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(self.final_norm(h), head)
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -161,8 +177,32 @@ def counts(c):
     return params, L * per_layer + v * d
 
 
-def flops_per_token(c, seq):
-    return 6 * counts(c)[1] + 6 * c["n_layers"] * c["n_heads"] * c["head_dim"] * seq
+def flops_per_token(c, seq, keys_per_query=None):
+    """keys_per_query: the mean count of keys a query sees, (seq + 1) / 2 causal (the default
+    counts seq / 2)."""
+    keys = seq / 2 if keys_per_query is None else keys_per_query
+    return 6 * counts(c)[1] + 12 * c["n_layers"] * c["n_heads"] * c["head_dim"] * keys
+
+
+def packed_documents(batch, seq, mu, sigma, generator):
+    """Document ids [batch, seq + 1] of rows packed with documents of log-normal lengths (natural
+    log mean mu, sigma; at least 16 tokens; the last one cut at the row's end), each token's
+    position in its document, and the mean count of keys a query sees (causal within its
+    document) over the first seq tokens."""
+    ids = torch.empty(batch, seq + 1, dtype=torch.int64)
+    positions = torch.empty(batch, seq + 1, dtype=torch.int64)
+    pairs = 0
+    for b in range(batch):
+        start, doc = 0, 0
+        while start < seq + 1:
+            length = max(16, int(torch.empty(1).log_normal_(mu, sigma, generator=generator)))
+            end = min(start + length, seq + 1)
+            ids[b, start:end] = doc
+            positions[b, start:end] = torch.arange(end - start)
+            visible = min(end, seq) - start
+            pairs += visible * (visible + 1) // 2 if visible > 0 else 0
+            start, doc = end, doc + 1
+    return ids, positions, pairs / (batch * seq)
 
 
 def train_steps(args, c, device, seq, batch, recompute, steps):
@@ -181,9 +221,23 @@ def train_steps(args, c, device, seq, batch, recompute, steps):
     run = torch.compile(model) if args.compile else model
     data = torch.randint(0, c["vocab_size"], (batch, seq + 1), device=device)
     tokens, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    positions = block_mask = None
+    if args.documents:
+        # No loss across a boundary: a document's last token predicts nothing (-100: ignored).
+        ids, positions, _ = packed_documents(batch, seq, *args.documents,
+                                             torch.Generator().manual_seed(99))
+        ids, positions = ids.to(device), positions[:, :-1].contiguous().to(device)
+        targets = targets.masked_fill(ids[:, 1:] != ids[:, :-1], -100)
+        doc = ids[:, :-1].contiguous()
+
+        def same_document_causal(b, h, q, kv):
+            return (doc[b, q] == doc[b, kv]) & (kv <= q)
+        block_mask = create_block_mask(same_document_causal, batch, None, seq, seq,
+                                       device=device)
+
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = run(tokens, targets)
+            loss = run(tokens, targets, positions, block_mask)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -239,8 +293,13 @@ def measure(args, c, device, seq, batch, recompute, steps, warmup):
     if row["status"] == "ok":
         ms = statistics.median(times)
         tps = batch * seq / (ms / 1e3)
+        keys = None
+        if args.documents:
+            keys = packed_documents(batch, seq, *args.documents,
+                                    torch.Generator().manual_seed(99))[2]
+            row["keys_per_query"] = round(keys, 1)
         row.update(step_ms=round(ms, 3), tokens_per_s=round(tps, 1),
-                   mfu=round(flops_per_token(c, seq) * tps / (args.peak_tflops * 1e12), 4))
+                   mfu=round(flops_per_token(c, seq, keys) * tps / (args.peak_tflops * 1e12), 4))
         if times:
             # The timed steps on the wall clock, for power samples (bench/power.py).
             row["timed_window_unix"] = [round(starts[warmup], 3), round(ends[-1], 3)]
@@ -301,6 +360,12 @@ def main():
     p.add_argument("--fit-start", type=int, default=32768)
     p.add_argument("--fit-granularity", type=int, default=8192)
     p.add_argument("--fit-max", type=int, default=1 << 24)
+    p.add_argument("--documents", metavar="MU,SIGMA",
+                   type=lambda text: tuple(float(x) for x in text.split(",")),
+                   help="rows packed with documents of log-normal lengths (natural log mean MU, "
+                        "sigma SIGMA, at least 16 tokens): attention causal within each "
+                        "document (FlexAttention), RoPE positions restarting at each, no loss "
+                        "across a boundary")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--profile", metavar="PREFIX",
                    help="also profile 2 more steps per shape: PREFIX-SEQxBATCH.txt, by kernel")
@@ -330,7 +395,10 @@ def main():
                   config=dict(model=c, parameters=params, matmul_parameters=matmul,
                               compile=args.compile, dtype="bf16 autocast", steps=args.steps,
                               warmup=args.warmup, peak_tflops=args.peak_tflops,
-                              flops_per_token="6 * N_matmul + 6 * L * n_heads * head_dim * seq"),
+                              documents=args.documents,
+                              flops_per_token="6 * N_matmul + 12 * L * n_heads * head_dim * "
+                                              "keys_per_query (seq / 2 causal; with documents "
+                                              "the mean count of keys a query sees)"),
                   results=[])
     if args.fit:
         longest, trials, cut = fit(args, c, device, over_budget)

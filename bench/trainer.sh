@@ -11,6 +11,11 @@
 #                  both see the machine alike; a shape's figures are then the medians over the
 #                  rounds and its ratio the median of the rounds' ratios (bench/trainer_results.py)
 #   TRAINER_SET    more `--set key=value` for every ringattn-train run, space-separated
+#   TRAINER_DOCUMENTS=MU,SIGMA  packed documents: ringattn-train reads text files of log-normal
+#                  lengths (natural log mean MU, sigma SIGMA, at least 16 bytes; made here with
+#                  ringattn-data, each file a document: causal attention within each, RoPE positions
+#                  restarting at each, no loss across a boundary), and PyTorch gets the same through
+#                  FlexAttention (bench/torch_reference.py --documents: lengths of the same law)
 #   CUDA_VISIBLE_DEVICES limits the GPUs (the cp = 2 runs need two); RINGATTN_REVISION names the
 #   revision in the JSON (default: tools/revision.sh, git's HEAD and the digest of the sources)
 #
@@ -36,6 +41,40 @@ fi
 extra=()
 for kv in ${TRAINER_SET:-}; do extra+=(--set "$kv"); done
 shapes="${TRAINER_SHAPES:-8192x4,32768x1,131072x1}"
+torch_documents=()
+if [[ -n "${TRAINER_DOCUMENTS:-}" ]]; then
+  if ! [[ $TRAINER_DOCUMENTS =~ ^[0-9.]+,[0-9.]+$ ]]; then
+    echo "bench/trainer.sh: TRAINER_DOCUMENTS is '$TRAINER_DOCUMENTS'; expected MU,SIGMA (e.g. 7.2,1)" >&2
+    exit 2
+  fi
+  # Twice the tokens of the longest run's steps, so that no run reads a document twice.
+  need=0
+  for shape in ${shapes//,/ }; do
+    (( ${shape%x*} * ${shape#*x} * steps * 2 > need )) && need=$(( ${shape%x*} * ${shape#*x} * steps * 2 ))
+  done
+  documents="$out/documents"
+  rm -rf "${documents:?}" && mkdir -p "$documents/text"
+  python3 - "$documents/text" "$TRAINER_DOCUMENTS" "$need" <<'PY' || exit 2
+import random, sys
+folder, law, need = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mu, sigma = (float(x) for x in law.split(","))
+random.seed(7)
+total = index = 0
+while total < need:
+    n = max(16, int(random.lognormvariate(mu, sigma)))
+    with open(f"{folder}/d{index:06d}.txt", "wb") as f:
+        f.write(bytes(random.randrange(32, 127) for _ in range(n)))
+    total, index = total + n, index + 1
+print(f"{index} documents, {total} bytes")
+PY
+  "$build/ringattn-data" --out "$documents/text.h5" "$documents"/text/*.txt >"$documents/data.log" 2>&1 || {
+    echo "bench/trainer.sh: ringattn-data failed; see $documents/data.log" >&2
+    exit 2
+  }
+  extra+=(--set data.source=hdf5 --set data.train_path="$documents/text.train.h5"
+          --set data.val_path="$documents/text.val.h5")
+  torch_documents=(--documents "$TRAINER_DOCUMENTS")
+fi
 # The GPUs the runs may use: CUDA_VISIBLE_DEVICES's list when it is set, else every GPU.
 if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
   gpus="$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)"
@@ -95,7 +134,8 @@ for ((round = 1; round <= rounds; ++round)); do
     for shape in "${one_gpu[@]}"; do
       echo "=== PyTorch reference (bench/torch_reference.py), $shape"
       python3 bench/torch_reference.py --config configs/small-32k.yaml --shapes "$shape" \
-        --steps "$((steps - 3))" --warmup 3 --json "$out/trainer_torch-$shape$suffix.json" 2>&1 |
+        --steps "$((steps - 3))" --warmup 3 "${torch_documents[@]}" \
+        --json "$out/trainer_torch-$shape$suffix.json" 2>&1 |
         tail -2
     done
   fi
