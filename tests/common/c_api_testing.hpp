@@ -41,6 +41,16 @@ inline ringattn_tensor_t describe(std::vector<double>& data, std::initializer_li
   return describe_at(data.data(), shape);
 }
 
+// The window and documents of the mask fields every parameter struct ends with, from `from` to `to`.
+template <typename From, typename To>
+void copy_window_and_documents(const From& from, To& to) {
+  to.window_left = from.window_left;
+  to.window_right = from.window_right;
+  to.document_starts = from.document_starts;
+  to.num_documents = from.num_documents;
+  to.document_batch_stride = from.document_batch_stride;
+}
+
 // The backward's parameters for a forward's: its q, k, v, lse, scale and whole mask (causal,
 // q_start, k_start, window, documents), with dout, delta and the gradients given; a struct of
 // this version (struct_size = sizeof).
@@ -65,11 +75,7 @@ inline ringattn_backward_params_t backward_params_of(const ringattn_forward_para
   bp.causal = p.causal;
   bp.q_start = p.q_start;
   bp.k_start = p.k_start;
-  bp.window_left = p.window_left;
-  bp.window_right = p.window_right;
-  bp.document_starts = p.document_starts;
-  bp.num_documents = p.num_documents;
-  bp.document_batch_stride = p.document_batch_stride;
+  copy_window_and_documents(p, bp);
   return bp;
 }
 
@@ -115,11 +121,7 @@ inline ringattn_ring_backward_params_t ring_backward_params_of(
   bp.dv = dv;
   bp.scale = p.scale;
   bp.causal = p.causal;
-  bp.window_left = p.window_left;
-  bp.window_right = p.window_right;
-  bp.document_starts = p.document_starts;
-  bp.num_documents = p.num_documents;
-  bp.document_batch_stride = p.document_batch_stride;
+  copy_window_and_documents(p, bp);
   return bp;
 }
 

@@ -27,6 +27,7 @@ namespace ringattn {
 namespace {
 
 using test::describe_device_at;
+using test::ring_backward_params_of;
 using test::world_rank;
 using test::world_size;
 
@@ -90,23 +91,12 @@ struct Shards {
   }
 
   ringattn_ring_backward_params_t backward(const ringattn_ring_forward_params_t& f) {
-    ringattn_ring_backward_params_t p{};
-    p.struct_size = sizeof(p);
-    p.q = f.q;
-    p.k = f.k;
-    p.v = f.v;
-    p.o = f.o;
-    p.lse = f.lse;
-    p.dout = describe_device_at(dout.data(), RINGATTN_BF16, {kBatch, kTokens, kHeads, kHeadDim});
-    p.dq = describe_device_at(dq.data(), RINGATTN_F32, {kBatch, kTokens, kHeads, kHeadDim});
-    p.dk = describe_device_at(dk.data(), RINGATTN_F32, {kBatch, kTokens, kKvHeads, kHeadDim});
-    p.dv = describe_device_at(dv.data(), RINGATTN_F32, {kBatch, kTokens, kKvHeads, kHeadDim});
-    p.scale = f.scale;
-    p.causal = f.causal;
+    ringattn_ring_backward_params_t p = ring_backward_params_of(
+        f, describe_device_at(dout.data(), RINGATTN_BF16, {kBatch, kTokens, kHeads, kHeadDim}),
+        describe_device_at(dq.data(), RINGATTN_F32, {kBatch, kTokens, kHeads, kHeadDim}),
+        describe_device_at(dk.data(), RINGATTN_F32, {kBatch, kTokens, kKvHeads, kHeadDim}),
+        describe_device_at(dv.data(), RINGATTN_F32, {kBatch, kTokens, kKvHeads, kHeadDim}));
     p.deterministic = 1;
-    p.window_left = f.window_left;
-    p.document_starts = f.document_starts;
-    p.num_documents = f.num_documents;
     return p;
   }
 

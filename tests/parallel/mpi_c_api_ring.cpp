@@ -43,19 +43,9 @@ TEST(CApiRing, ForwardAndBackwardEqualTheCppRing) {
   fp.scale = 0.3;
   fp.causal = 1;
   ASSERT_EQ(ringattn_ring_forward(ring, &fp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
-  ringattn_ring_backward_params_t bp{};
-  bp.struct_size = sizeof(bp);
-  bp.q = fp.q;
-  bp.k = fp.k;
-  bp.v = fp.v;
-  bp.o = fp.o;
-  bp.lse = fp.lse;
-  bp.dout = describe(g, {B, Sl, Hq, D});
-  bp.dq = describe(dq, {B, Sl, Hq, D});
-  bp.dk = describe(dk, {B, Sl, Hkv, D});
-  bp.dv = describe(dv, {B, Sl, Hkv, D});
-  bp.scale = 0.3;
-  bp.causal = 1;
+  ringattn_ring_backward_params_t bp = ringattn::test::ring_backward_params_of(
+      fp, describe(g, {B, Sl, Hq, D}), describe(dq, {B, Sl, Hq, D}), describe(dk, {B, Sl, Hkv, D}),
+      describe(dv, {B, Sl, Hkv, D}));
   ASSERT_EQ(ringattn_ring_backward(ring, &bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
   EXPECT_EQ(ringattn_ring_destroy(ring), RINGATTN_SUCCESS);
 

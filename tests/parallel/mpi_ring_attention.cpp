@@ -258,19 +258,9 @@ TEST(MpiRingValueDimsCApi, ForwardAndBackwardEqualTheCppRing) {
   fp.scale = default_scale(D);
   fp.causal = 1;
   ASSERT_EQ(ringattn_ring_forward(ring, &fp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
-  ringattn_ring_backward_params_t bp{};
-  bp.struct_size = sizeof(bp);
-  bp.q = fp.q;
-  bp.k = fp.k;
-  bp.v = fp.v;
-  bp.o = fp.o;
-  bp.lse = fp.lse;
-  bp.dout = test::describe(g, {B, Sl, Hq, Dv});
-  bp.dq = test::describe(dq, {B, Sl, Hq, D});
-  bp.dk = test::describe(dk, {B, Sl, Hkv, D});
-  bp.dv = test::describe(dv, {B, Sl, Hkv, Dv});
-  bp.scale = fp.scale;
-  bp.causal = 1;
+  ringattn_ring_backward_params_t bp = test::ring_backward_params_of(
+      fp, test::describe(g, {B, Sl, Hq, Dv}), test::describe(dq, {B, Sl, Hq, D}),
+      test::describe(dk, {B, Sl, Hkv, D}), test::describe(dv, {B, Sl, Hkv, Dv}));
   ASSERT_EQ(ringattn_ring_backward(ring, &bp, nullptr), RINGATTN_SUCCESS) << ringattn_last_error();
   // o of d_qk: refused, naming both head dims, with the invalid-argument status.
   std::vector<double> o_qk(B * Sl * Hq * D);

@@ -21,6 +21,7 @@
 #include "ringattn/ring.hpp"
 #include "ringattn/ringattn.h"
 #include "ringattn/runtime.hpp"
+#include "tests/common/c_api_testing.hpp"
 #include "tests/common/head_dims.hpp"
 
 namespace ringattn {
@@ -248,19 +249,8 @@ TEST_F(RingHeadDims, CApiDeviceRingRefusesAnUnsupportedHeadDim) {
     fp.lse = describe(b.lse);
     fp.scale = 0.125;
     fp.causal = 1;
-    ringattn_ring_backward_params_t bp{};
-    bp.struct_size = sizeof(bp);
-    bp.q = fp.q;
-    bp.k = fp.k;
-    bp.v = fp.v;
-    bp.o = fp.o;
-    bp.lse = fp.lse;
-    bp.dout = describe(b.dout);
-    bp.dq = describe(b.dq);
-    bp.dk = describe(b.dk);
-    bp.dv = describe(b.dv);
-    bp.scale = 0.125;
-    bp.causal = 1;
+    ringattn_ring_backward_params_t bp = test::ring_backward_params_of(
+        fp, describe(b.dout), describe(b.dq), describe(b.dk), describe(b.dv));
     for (const bool forward : {true, false}) {
       const ringattn_status_t status = forward ? ringattn_ring_forward(ring, &fp, nullptr)
                                                : ringattn_ring_backward(ring, &bp, nullptr);
