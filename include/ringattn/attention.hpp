@@ -170,7 +170,7 @@ void set_num_threads(int threads);
 // The CUDA flash block (tensor cores, sm_80 and later): the same contract on device memory.
 // Inputs f16 or bf16; head_dim 32, 64, 96, 128, 192 or 256 (those of RINGATTN_CUDA_HEAD_DIMS), the
 // same for Q, K and V, or head_dim 192 with v_head_dim 128 (multi-head latent attention: Q, K, dQ,
-// dK of 192, V, O, dO, dV of 128; built with head_dim 192, on the mma.sync family on every GPU).
+// dK of 192, V, O, dO, dV of 128; built with head_dim 192).
 // Any other v_head_dim is refused as ErrorKind::unsupported, naming both head dims and the pairs
 // taken. Every tensor in device memory; Q, K, V, O and dO with unit stride along head_dim, other
 // strides multiples of 8 elements and 16-byte aligned data; the fp32 buffers (running O, dQ, dK,

@@ -329,8 +329,11 @@ __device__ __forceinline__ void scaled_key_gradient(const FlashParams& p, int ke
 // atomics (dK scaled by the softmax scale, its RoPE undone where asked), or written: fp32, or
 // rounded to T. kParts / part: which columns the arrays hold (key_gradient_tile); dK has kHeadDim
 // columns, dV kValueDim. The loops run over the wider and skip the narrower's missing tiles.
+// kWithKey / kWithValue: which of the two this thread holds (a warpgroup of the wide Hopper
+// kernel holds one); the other array is then never read.
 template <typename T, int kHeadDim, int kValueDim = kHeadDim, int kParts = 1,
-          int kKeyTiles = kHeadDim / 8 / kParts, int kValueTiles = kValueDim / 8 / kParts>
+          int kKeyTiles = kHeadDim / 8 / kParts, int kValueTiles = kValueDim / 8 / kParts,
+          bool kWithKey = true, bool kWithValue = true>
 __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batch, int kv_head,
                                                   const int (&keys)[2], int quad_col,
                                                   const float (&dk)[kKeyTiles][4],
@@ -351,7 +354,9 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     const int key = keys[half];
     if (key >= p.k_len) continue;
     float k[kKeyTiles][2];
-    scaled_key_gradient<kHeadDim, kParts>(p, key, half, quad_col, part, dk, k);
+    if constexpr (kWithKey) {
+      scaled_key_gradient<kHeadDim, kParts>(p, key, half, quad_col, part, dk, k);
+    }
     const std::int64_t at_k =
         batch * p.dk_strides[0] + key * p.dk_strides[1] + kv_head * p.dk_strides[2];
     const std::int64_t at_v =
@@ -361,10 +366,10 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
       T* out_v = static_cast<T*>(p.dv) + at_v;
 #pragma unroll
       for (int dt = 0; dt < kTiles; ++dt) {
-        if (has_step<kKeyTiles, kTiles>(dt)) {
+        if (kWithKey && has_step<kKeyTiles, kTiles>(dt)) {
           *reinterpret_cast<std::uint32_t*>(out_k + columns_k[dt]) = pack2<T>(k[dt][0], k[dt][1]);
         }
-        if (has_step<kValueTiles, kTiles>(dt)) {
+        if (kWithValue && has_step<kValueTiles, kTiles>(dt)) {
           *reinterpret_cast<std::uint32_t*>(out_v + columns_v[dt]) =
               pack2<T>(dv[dt][2 * half], dv[dt][2 * half + 1]);
         }
@@ -376,10 +381,10 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (p.overwrite_key_gradients && !shared_keys) {
 #pragma unroll
       for (int dt = 0; dt < kTiles; ++dt) {
-        if (has_step<kKeyTiles, kTiles>(dt)) {
+        if (kWithKey && has_step<kKeyTiles, kTiles>(dt)) {
           *reinterpret_cast<float2*>(out_k + columns_k[dt]) = make_float2(k[dt][0], k[dt][1]);
         }
-        if (has_step<kValueTiles, kTiles>(dt)) {
+        if (kWithValue && has_step<kValueTiles, kTiles>(dt)) {
           *reinterpret_cast<float2*>(out_v + columns_v[dt]) =
               make_float2(dv[dt][2 * half], dv[dt][2 * half + 1]);
         }
@@ -389,10 +394,10 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     if (shared_keys) {  // other CTAs add into the same keys
 #pragma unroll
       for (int dt = 0; dt < kTiles; ++dt) {
-        if (has_step<kKeyTiles, kTiles>(dt)) {
+        if (kWithKey && has_step<kKeyTiles, kTiles>(dt)) {
           add_pair_atomic(out_k + columns_k[dt], k[dt][0], k[dt][1]);
         }
-        if (has_step<kValueTiles, kTiles>(dt)) {
+        if (kWithValue && has_step<kValueTiles, kTiles>(dt)) {
           add_pair_atomic(out_v + columns_v[dt], dv[dt][2 * half], dv[dt][2 * half + 1]);
         }
       }
@@ -400,7 +405,8 @@ __device__ __forceinline__ void add_key_gradients(const FlashParams& p, int batc
     }
 #pragma unroll
     for (int dt = 0; dt < kTiles; ++dt) {
-      const bool has_k = has_step<kKeyTiles, kTiles>(dt), has_v = has_step<kValueTiles, kTiles>(dt);
+      const bool has_k = kWithKey && has_step<kKeyTiles, kTiles>(dt);
+      const bool has_v = kWithValue && has_step<kValueTiles, kTiles>(dt);
       float2* gk = reinterpret_cast<float2*>(out_k + columns_k[has_k ? dt : 0]);
       float2* gv = reinterpret_cast<float2*>(out_v + columns_v[has_v ? dt : 0]);
       float2 vk{}, vv{};

@@ -128,6 +128,18 @@ __device__ __forceinline__ void stage_fp32_block(float* stage, const float (&acc
   }
 }
 
+// A k-step's dS^T A fragment (keys key, key + 8; rows row, row + 1, row + 8, row + 9) into the
+// dQ warpgroup's buffer: [kKeys][kRows] in PanelSwizzle, rows contiguous.
+template <int kKeys, int kRows, typename T>
+__device__ __forceinline__ void store_ds_fragment(T* ds_tile, int key, int row,
+                                                  const std::uint32_t (&a)[4]) {
+  const PanelSwizzle<kKeys, kRows> layout{};
+  *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key, row)) = a[0];
+  *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row)) = a[1];
+  *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key, row + 8)) = a[2];
+  *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row + 8)) = a[3];
+}
+
 // dS^T = P^T (dP^T - delta) in place of dP^T, with P^T as rounded in its A fragments: the fp32
 // P^T is then dead once they are built, which leaves the consumers room for the dQ warpgroup's
 // registers. It repeats ds_from_probabilities' loop on purpose: one loop for both, taking P^T
@@ -145,6 +157,185 @@ __device__ __forceinline__ void ds_from_fragments(float (&dp)[kRowTiles][4],
       const float2 prob = unpack2<T>(a_p[nt / 2][(nt % 2) * 2 + pair]);
       dp[nt][2 * pair] = prob.x * (dp[nt][2 * pair] - delta.v[nt][0]);
       dp[nt][2 * pair + 1] = prob.y * (dp[nt][2 * pair + 1] - delta.v[nt][1]);
+    }
+  }
+}
+
+// The row tiles (kRows rows each) that see some key of a Hopper backward CTA whose keys start at
+// key0: causal hides rows before key0 - shift, a local mask the rows outside the first key's
+// first row and the last key's last; kRowSplits takes part `z % row_splits` of them.
+struct BackwardRows {
+  int first_tile, row_tiles;
+};
+template <bool kCausal, bool kRowSplits, int kRows, int kKeys>
+__device__ __forceinline__ BackwardRows backward_rows(const FlashParams& p, int batch, int key0,
+                                                      int z) {
+  int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
+  if constexpr (kCausal) {
+    if (p.local) {
+      const detail::LocalRange first = local_key_rows(p, batch, key0);
+      const detail::LocalRange last = local_key_rows(p, batch, min(key0 + kKeys, p.k_len) - 1);
+      first_tile = static_cast<int>(first.first) / kRows;
+      row_tiles = last.last > first.first
+                      ? static_cast<int>((last.last + kRows - 1) / kRows) - first_tile
+                      : 0;
+    } else {
+      first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
+      row_tiles -= first_tile;
+    }
+  } else if constexpr (kRowSplits) {
+    const int all_tiles = row_tiles, split = z % p.row_splits;
+    first_tile = all_tiles * split / p.row_splits;
+    row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
+  }
+  return {first_tile, row_tiles};
+}
+
+// A walk over a Hopper backward CTA's steps: step i covers query head first + i / row_tiles, row
+// tile i % row_tiles (counted from the first visible one). Each walk (the copier's loads, the
+// consumers' steps and their statistics, ahead) keeps its place in counters: a division a step
+// would cost every warp a reciprocal on the MUFU that the exponentials use.
+struct StepWalk {
+  int head, tile;
+  __device__ __forceinline__ void advance(int tiles) {
+    if (++tile == tiles) {
+      tile = 0;
+      ++head;
+    }
+  }
+};
+
+// The tensor maps of a Hopper backward launch (the kernel's __grid_constant__ parameters).
+struct BackwardMaps {
+  const CUtensorMap &k, &v, &q, &dout, &dq;
+};
+
+// The third warpgroup of both Hopper backward kernels, after its registers went to the consumers.
+// One thread (the copier) copies the CTA's kKeys keys of K (kWidth columns) and V (kValueWidth)
+// once, then Q and dO of each step into stage step % kStages once both consumer warpgroups have
+// freed it (rows_empty), all in 64-column panels (K and V panels of kKeys rows, Q and dO of kRows).
+// In the default mode (kAtomicDq) the warpgroup also computes each step's dQ (kRows rows) = dS K
+// over the CTA's keys, from the dS^T the consumers leave in buffer step % kDsBuffers ([keys][rows]
+// in PanelSwizzle, read M-major: its 16-key steps kRows * 32 bytes apart) and K (read MN-major),
+// 32 columns at a time, so that the consumers keep almost every register. kTmaDq: the step's
+// fp32 block is staged in `dq_stages` (64-column panels of [rows][32] halves) and added into
+// global dQ by TMA reductions; else with atomics from the registers. Only the first kHeadDim
+// columns are dQ's (the rest are zero padding).
+template <typename T, int kKeys, int kRows, int kWidth, int kValueWidth, int kHeadDim, int kStages,
+          int kDsBuffers, bool kAtomicDq, bool kTmaDq, typename StepRows>
+__device__ __forceinline__ void backward_copy_and_dq_steps(
+    const FlashParams& p, const BackwardMaps& maps, int batch, int kv_head, int key0, int steps,
+    StepWalk first_step, int row_tiles, StepRows&& step_rows, T* k_tile, T* v_tile, T* q_tiles,
+    T* do_tiles, const T* ds_tiles, float* dq_stages, std::uint64_t* kv_full,
+    std::uint64_t* rows_full, std::uint64_t* rows_empty, std::uint64_t* ds_full,
+    std::uint64_t* ds_empty) {
+  const bool copier = threadIdx.x % 128 == 0;
+  StepWalk loading = first_step;  // the step whose rows the copier loads next
+  int loaded = 0;
+  const auto load_rows = [&] {
+    const int stage = loaded % kStages;
+    const int head = loading.head, row_first = step_rows(loading);
+    mbarrier_wait(rows_empty + stage, ((loaded / kStages) & 1) ^ 1);
+    mbarrier_arrive_expect_bytes(rows_full + stage, kRows * (kWidth + kValueWidth) * 2);
+    for (int panel = 0; panel < kWidth / 64; ++panel) {
+      tma_load_box(q_tiles + (stage * kWidth + panel * 64) * kRows, &maps.q, panel * 64, row_first,
+                   head, batch, rows_full + stage);
+    }
+    for (int panel = 0; panel < kValueWidth / 64; ++panel) {
+      tma_load_box(do_tiles + (stage * kValueWidth + panel * 64) * kRows, &maps.dout, panel * 64,
+                   row_first, head, batch, rows_full + stage);
+    }
+    ++loaded;
+    loading.advance(row_tiles);
+  };
+  if (copier) {
+    mbarrier_arrive_expect_bytes(kv_full, kKeys * (kWidth + kValueWidth) * 2);
+    for (int panel = 0; panel < kWidth / 64; ++panel) {
+      tma_load_box(k_tile + panel * kKeys * 64, &maps.k, panel * 64, key0, kv_head, batch,
+                   kv_full);
+    }
+    for (int panel = 0; panel < kValueWidth / 64; ++panel) {
+      tma_load_box(v_tile + panel * kKeys * 64, &maps.v, panel * 64, key0, kv_head, batch,
+                   kv_full);
+    }
+    // Every stage at once: their first waits pass. In the default mode the later ones are copied
+    // between dQ's products, the rest here.
+    while (loaded < steps && (!kAtomicDq || loaded < kStages)) load_rows();
+  }
+  if constexpr (kAtomicDq) {
+    constexpr int kPanels = kWidth / 64;
+    constexpr int kDqBarrier = 1;  // the dQ warpgroup's named barrier (kTmaDq)
+    constexpr int kDqCols = 32;    // the columns of dQ computed at a time
+    constexpr int kDqParts = kWidth / kDqCols;
+    static_assert(kDqParts >= 2 && kDqParts % 2 == 0,
+                  "the dQ stage's reductions are waited for two blocks at a time");
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int group_row = lane / 4, quad_col = 2 * (lane % 4);
+    std::uint64_t dq_keys[kPanels];
+  #pragma unroll
+    for (int panel = 0; panel < kPanels; ++panel) {
+      dq_keys[panel] = mn_major_descriptor(k_tile + panel * kKeys * 64, kKeys);
+    }
+    mbarrier_wait(kv_full, 0);
+    StepWalk at = first_step;
+    for (int step = 0; step < steps; ++step, at.advance(row_tiles)) {
+      const int buffer = step % kDsBuffers;
+      const int row_first = step_rows(at);
+      mbarrier_wait(ds_full + buffer, (step / kDsBuffers) & 1);
+      const std::uint64_t a_ds0 =
+          wgmma_descriptor(ds_tiles + buffer * kKeys * kRows, 16, kSwizzleAtomBytes);
+  #pragma unroll
+      for (int part = 0; part < kDqParts; ++part) {
+        const int column = part * kDqCols, panel = column / 64;
+        float dq[kDqCols / 8][4];
+        wgmma_fence();
+  #pragma unroll
+        for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
+          wgmma_ss_mn<kDqCols, T>(
+              dq, descriptor_plus(a_ds0, kstep * 16 * kRows * sizeof(T)),
+              descriptor_plus(dq_keys[panel], (kstep * 16 * 64 + column % 64) * sizeof(T)),
+              kstep > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        // While an even part runs, (kTmaDq) the wait for the reductions of the step before to
+        // have read this part's block of the stage and the next one's. Each 64 x 32 block's
+        // reduction is a bulk group of its own and they read in order, so part 0 waits for two
+        // blocks and part 2 for the other two. (Waiting for the whole stage at part 0 held the
+        // warpgroup at its barrier, and through it the consumers at their dS^T buffers for
+        // about 12% of their time at 32k tokens.) Only the copier has groups; the others pass.
+        if constexpr (kTmaDq) {
+          if (part % 2 == 0) bulk_wait_group_read_at_most(kDqParts - 2 - part);
+        }
+        wgmma_wait<0>();
+        pin_registers(dq);
+        if (part == 0 && copier && loaded < steps) load_rows();  // with no product in flight
+        if (column + kDqCols == kWidth && lane == 0) mbarrier_arrive(ds_empty + buffer);
+        if constexpr (kTmaDq) {
+          if (part % 2 == 0) named_barrier_sync(kDqBarrier, 128);
+          stage_fp32_block(dq_stages + column * 64, dq, p.scale, warp, lane);
+        } else if (column < kHeadDim) {  // the padding's columns are not dQ's
+          add_dq_atomic(p, batch, at.head, row_first + warp * 16 + group_row, column, quad_col, dq);
+        }
+      }
+      if constexpr (kTmaDq) {
+        fence_proxy_async_shared();
+        named_barrier_sync(kDqBarrier, 128);
+        if (copier) {
+          // A block of the padding's columns lies past dQ's width, where TMA writes nothing.
+          for (int panel = 0; panel < kPanels; ++panel) {
+            const float* block = dq_stages + panel * 64 * 64;
+            tma_reduce_add_box(&maps.dq, block, panel * 64, row_first, at.head, batch);
+            bulk_commit_group();
+            tma_reduce_add_box(&maps.dq, block + 64 * 32, panel * 64 + 32, row_first, at.head,
+                               batch);
+            bulk_commit_group();
+          }
+        }
+      }
+    }
+    // The last reductions finish before the CTA's shared memory goes.
+    if constexpr (kTmaDq) {
+      if (copier) bulk_wait_group<0>();
     }
   }
 }
@@ -169,19 +360,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kRowTiles = kRows / 8;      // n-tiles of S^T
   constexpr int kRowSteps = kRows / 16;     // k-steps of dV and dK
   constexpr int kWidth = Tiles::kWidth;  // of Q, K, V and dO in shared memory (>= kHeadDim)
-  constexpr int kPanels = kWidth / 64;
   constexpr int kRowElements = kRows * kWidth;
-  constexpr int kDqBarrier = 1;  // the dQ warpgroup's named barrier (kTmaDq)
-  constexpr int kDqCols = 32;    // the columns of dQ the dQ warpgroup computes at a time
-  constexpr int kDqParts = kWidth / kDqCols;
-  static_assert(kDqParts >= 2 && kDqParts % 2 == 0,
-                "the dQ stage's reductions are waited for two blocks at a time");
   // The third warpgroup's registers and the consumers' (the dQ warpgroup needs more).
   constexpr int kThirdGroupRegisters =
       kAtomicDq ? Tiles::kDqGroupRegisters : Tiles::kProducerRegisters;
   constexpr int kConsumerRegisters =
       kAtomicDq ? Tiles::kDqConsumerRegisters : Tiles::kConsumerRegisters;
-  using DsLayout = PanelSwizzle<kKeys, kRows>;  // dS^T: [keys][rows], rows contiguous
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
@@ -204,51 +388,18 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   // Causal: the first key blocks see the most rows; they start first (causal_grid_place).
-  const GridPlace place = kCausal ? causal_grid_place(p.schedule_group)
-                                  : GridPlace{static_cast<int>(blockIdx.x),
-                                              static_cast<int>(blockIdx.y),
-                                              static_cast<int>(blockIdx.z)};
+  const GridPlace place = grid_place<kCausal>(p.schedule_group);
   const int key0 = place.order * kKeys;
   const int kv_head = place.y, batch = kRowSplits ? place.z / p.row_splits : place.z;
 
-  // Row tiles that see some key of this CTA: causal hides rows before key0 - shift, a local mask
-  // the rows outside the first key's first row and the last key's last; kRowSplits takes part
-  // place.z % row_splits of them.
-  int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
-  if constexpr (kCausal) {
-    if (p.local) {
-      const detail::LocalRange first = local_key_rows(p, batch, key0);
-      const detail::LocalRange last = local_key_rows(p, batch, min(key0 + kKeys, p.k_len) - 1);
-      first_tile = static_cast<int>(first.first) / kRows;
-      row_tiles = last.last > first.first
-                      ? static_cast<int>((last.last + kRows - 1) / kRows) - first_tile
-                      : 0;
-    } else {
-      first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
-      row_tiles -= first_tile;
-    }
-  } else if constexpr (kRowSplits) {
-    const int all_tiles = row_tiles, split = place.z % p.row_splits;
-    first_tile = all_tiles * split / p.row_splits;
-    row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
-  }
+  const BackwardRows visible = backward_rows<kCausal, kRowSplits, kRows, kKeys>(p, batch, key0,
+                                                                                place.z);
+  const int first_tile = visible.first_tile, row_tiles = visible.row_tiles;
   const int steps = row_tiles > 0 ? row_tiles * p.group : 0;
   // Step i covers query head kv_head * group + i / row_tiles, row tile first_tile + i % row_tiles:
   // the CTAs in flight walk the same rows together. Starting each on a row tile of its own (tile
   // b or 5b for key block b, wrapping around) ran 3-4% slower on an H200 at 32k-128k tokens
   // without a mask, even with every start set to 0 at run time.
-  // Each walk of the steps (the copier's loads, the consumers' steps and their statistics, two
-  // steps ahead) keeps its place in counters: a division a step would cost every warp a
-  // reciprocal on the MUFU that the exponentials use.
-  struct StepWalk {
-    int head, tile;  // the step's query head and its row tile, counted from first_tile
-    __device__ __forceinline__ void advance(int tiles) {
-      if (++tile == tiles) {
-        tile = 0;
-        ++head;
-      }
-    }
-  };
   const StepWalk first_step{kv_head * p.group, 0};
   const auto step_rows = [&](const StepWalk& at) { return (first_tile + at.tile) * kRows; };
 
@@ -271,109 +422,12 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
     // consumers have freed its stage; in the default mode the warpgroup also computes each step's
     // dQ = dS K from the consumers' dS^T and adds it into global dQ.
     warpgroup_registers_decrease<kThirdGroupRegisters>();
-    const bool copier = threadIdx.x % 128 == 0;
     if (steps == 0) return;
-    StepWalk loading = first_step;  // the step whose rows the copier loads next
-    int loaded = 0;
-    const auto load_rows = [&] {
-      const int stage = loaded % kStages;
-      const int head = loading.head, row_first = step_rows(loading);
-      mbarrier_wait(rows_empty + stage, ((loaded / kStages) & 1) ^ 1);
-      mbarrier_arrive_expect_bytes(rows_full + stage, 2 * Tiles::kRowTileBytes);
-      for (int panel = 0; panel < kPanels; ++panel) {
-        const int offset = stage * kRowElements + panel * kRows * 64;
-        tma_load_box(q_tiles + offset, &q_map, panel * 64, row_first, head, batch,
-                     rows_full + stage);
-        tma_load_box(do_tiles + offset, &do_map, panel * 64, row_first, head, batch,
-                     rows_full + stage);
-      }
-      ++loaded;
-      loading.advance(row_tiles);
-    };
-    if (copier) {
-      mbarrier_arrive_expect_bytes(kv_full, 2 * Tiles::kKeyTileBytes);
-      for (int panel = 0; panel < kPanels; ++panel) {
-        tma_load_box(k_tile + panel * kKeys * 64, &k_map, panel * 64, key0, kv_head, batch,
-                     kv_full);
-        tma_load_box(v_tile + panel * kKeys * 64, &v_map, panel * 64, key0, kv_head, batch,
-                     kv_full);
-      }
-      // Every stage at once: their first waits pass.
-      while (loaded < steps && (!kAtomicDq || loaded < kStages)) load_rows();
-    }
-    if constexpr (kAtomicDq) {
-      // dQ (64 rows, 64 columns a panel) = dS K over all kKeys keys: dS read M-major from dS^T
-      // (its 16-key steps 2048 bytes apart), K MN-major (its panel's 16-key steps too).
-      std::uint64_t dq_keys[kPanels];
-#pragma unroll
-      for (int panel = 0; panel < kPanels; ++panel) {
-        dq_keys[panel] = mn_major_descriptor(k_tile + panel * kKeys * 64, kKeys);
-      }
-      mbarrier_wait(kv_full, 0);
-      StepWalk at = first_step;
-      for (int step = 0; step < steps; ++step, at.advance(row_tiles)) {
-        const int buffer = step % Tiles::kDsBuffers;
-        const int row_first = step_rows(at);
-        mbarrier_wait(ds_full + buffer, (step / Tiles::kDsBuffers) & 1);
-        const std::uint64_t a_ds0 = wgmma_descriptor(ds_tiles + buffer * kKeys * kRows, 16,
-                                                     kSwizzleAtomBytes);
-        // 32 columns at a time (kDqCols), so that the consumers keep almost every register.
-#pragma unroll
-        for (int part = 0; part < kDqParts; ++part) {
-          const int column = part * kDqCols, panel = column / 64;
-          float dq[kDqCols / 8][4];
-          wgmma_fence();
-#pragma unroll
-          for (int kstep = 0; kstep < kKeys / 16; ++kstep) {
-            wgmma_ss_mn<kDqCols, T>(
-                dq, descriptor_plus(a_ds0, kstep * 16 * kRows * sizeof(T)),
-                descriptor_plus(dq_keys[panel], (kstep * 16 * 64 + column % 64) * sizeof(T)),
-                kstep > 0 ? 1 : 0);
-          }
-          wgmma_commit();
-          // While an even part runs, (kTmaDq) the wait for the reductions of the step before to
-          // have read this part's block of the stage and the next one's. Each 64 x 32 block's
-          // reduction is a bulk group of its own and they read in order, so part 0 waits for two
-          // blocks and part 2 for the other two. (Waiting for the whole stage at part 0 held the
-          // warpgroup at its barrier, and through it the consumers at their dS^T buffers for
-          // about 12% of their time at 32k tokens.) Only the copier has groups; the others pass.
-          if constexpr (kTmaDq) {
-            if (part % 2 == 0) bulk_wait_group_read_at_most(kDqParts - 2 - part);
-          }
-          wgmma_wait<0>();
-          pin_registers(dq);
-          // The next free stage's copy, with no product in flight (see the consumers' waits).
-          if (part == 0 && copier && loaded < steps) load_rows();
-          if (column + kDqCols == kWidth && lane == 0) mbarrier_arrive(ds_empty + buffer);
-          if constexpr (kTmaDq) {
-            if (part % 2 == 0) named_barrier_sync(kDqBarrier, 128);
-            stage_fp32_block(dq_stages + column * 64, dq, p.scale, warp, lane);
-          } else if (column < kHeadDim) {  // the padding's columns are not dQ's
-            add_dq_atomic(p, batch, at.head, row_first + warp * 16 + group_row, column, quad_col,
-                          dq);
-          }
-        }
-        if constexpr (kTmaDq) {
-          fence_proxy_async_shared();
-          named_barrier_sync(kDqBarrier, 128);
-          if (copier) {
-            // A block of the padding's columns lies past dQ's width, where TMA writes nothing.
-            for (int panel = 0; panel < kPanels; ++panel) {
-              const float* block = dq_stages + panel * 64 * 64;
-              tma_reduce_add_box(&dq_map, block, panel * 64, row_first, at.head, batch);
-              bulk_commit_group();
-              tma_reduce_add_box(&dq_map, block + 64 * 32, panel * 64 + 32, row_first, at.head,
-                                 batch);
-              bulk_commit_group();
-            }
-          }
-        }
-      }
-      // The last reductions finish before the CTA's shared memory goes.
-      if constexpr (kTmaDq) {
-        if (copier) bulk_wait_group<0>();
-      }
-    }
+    backward_copy_and_dq_steps<T, kKeys, kRows, kWidth, kWidth, kHeadDim, kStages,
+                               Tiles::kDsBuffers, kAtomicDq, kTmaDq>(
+        p, BackwardMaps{k_map, v_map, q_map, do_map, dq_map}, batch, kv_head, key0, steps,
+        first_step, row_tiles, step_rows, k_tile, v_tile, q_tiles, do_tiles, ds_tiles, dq_stages,
+        kv_full, rows_full, rows_empty, ds_full, ds_empty);
     return;
   }
 
@@ -475,12 +529,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       for (int kstep = 0; kstep < kRowSteps; ++kstep) {
         probability_fragment<T>(a_ds[kstep], dp, kstep);
         if constexpr (kAtomicDq) {
-          const DsLayout layout{};
-          const int key = wg_key + warp * 16 + group_row, row = kstep * 16 + quad_col;
-          *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key, row)) = a_ds[kstep][0];
-          *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row)) = a_ds[kstep][1];
-          *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key, row + 8)) = a_ds[kstep][2];
-          *reinterpret_cast<std::uint32_t*>(ds_tile + layout(key + 8, row + 8)) = a_ds[kstep][3];
+          store_ds_fragment<kKeys, kRows>(ds_tile, wg_key + warp * 16 + group_row,
+                                          kstep * 16 + quad_col, a_ds[kstep]);
         }
       }
       if constexpr (kAtomicDq) {

@@ -93,6 +93,13 @@ __device__ __forceinline__ GridPlace causal_grid_place(int group) {
   return {at / members, pair % static_cast<int>(gridDim.y), pair / static_cast<int>(gridDim.y)};
 }
 
+// This CTA's place: causal_grid_place in a causal grid, else its block index as it is.
+template <bool kCausal>
+__device__ __forceinline__ GridPlace grid_place(int schedule_group) {
+  if constexpr (kCausal) return causal_grid_place(schedule_group);
+  return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+}
+
 // Keys [0, end) that some query row of [row0, row0 + rows) can see: all of them, or when causal
 // those up to the last row's position.
 template <bool kCausal>

@@ -129,10 +129,7 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
   // Causal: the last row blocks see the most keys; start them first so that the short ones fill
   // the tail of the grid.
-  const GridPlace place = kCausal ? causal_grid_place(p.schedule_group)
-                                  : GridPlace{static_cast<int>(blockIdx.x),
-                                              static_cast<int>(blockIdx.y),
-                                              static_cast<int>(blockIdx.z)};
+  const GridPlace place = grid_place<kCausal>(p.schedule_group);
   const int row_block = kCausal ? gridDim.x - 1 - place.order : place.order;
   const int row0 = row_block * kRows;
   const int head = place.y, batch = place.z, kv_head = head / p.group;

@@ -14,6 +14,7 @@
 #include "kernels/cuda/backward_row_splits.hpp"
 #include "kernels/cuda/flash_backward.cuh"
 #include "kernels/cuda/flash_backward_sm90.cuh"
+#include "kernels/cuda/flash_backward_sm90_wide.cuh"
 #include "kernels/cuda/flash_forward.cuh"
 #include "kernels/cuda/flash_forward_sm90.cuh"
 #include "kernels/cuda/flash_launch.hpp"
@@ -90,11 +91,24 @@ int causal_schedule_group(int blocks, std::int64_t pairs, Work&& work) {
   return static_cast<int>(std::min(group, pairs));
 }
 
-// The head dims the Hopper backward has kernels for (d_qk == d_v up to 128; 32 and 96 as zero-padded
-// 64-column panels); the others (192, 256, 192/128: dK and dV would not fit in registers) take the
-// sm_80 family's backward on Hopper too. The Hopper forward takes every head dim.
+// The head dims of flash_backward_sm90_kernel (d_qk == d_v up to 128; 32 and 96 as zero-padded
+// 64-column panels); the others (192, 256, 192/128: dK and dV of 64 keys would not fit in one
+// warpgroup's registers) take flash_backward_sm90_wide_kernel.
 template <int kHeadDim, int kValueDim>
 inline constexpr bool kHopperBackwardHeadDims = kHeadDim == kValueDim && kHeadDim <= 128;
+
+// The causal schedule group of a Hopper backward grid of key blocks of kKeys keys: block i of a
+// pair is key block i, with the steps of its visible row tiles (kRows rows) and one for its keys.
+template <int kKeys, int kRows>
+int backward_causal_group(const FlashParams& p, int key_blocks) {
+  const int row_tiles = (p.q_len + kRows - 1) / kRows;
+  return causal_schedule_group(
+      key_blocks, static_cast<std::int64_t>(p.kv_heads) * p.batch, [&](int i) {
+        const std::int64_t first_row =
+            std::clamp<std::int64_t>(std::int64_t{i} * kKeys - p.shift, 0, p.q_len);
+        return (row_tiles - first_row / kRows) * std::int64_t{p.group} + 1;
+      });
+}
 
 template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_forward_sm80(const FlashParams& p, bool combine, cudaStream_t stream) {
@@ -225,14 +239,7 @@ bool launch_backward_hopper(const FlashParams& params, bool deterministic, cudaS
     const int row_tiles = (p.q_len + HopperTiles::kRows - 1) / HopperTiles::kRows;
     const dim3 grid(key_blocks, p.kv_heads, p.batch);
     if (causal.value) {
-      // Block i of a pair is key block i: the steps of its visible row tiles, and one for its
-      // keys.
-      p.schedule_group = causal_schedule_group(
-          key_blocks, static_cast<std::int64_t>(p.kv_heads) * p.batch, [&](int i) {
-            const std::int64_t first_row = std::clamp<std::int64_t>(
-                std::int64_t{i} * HopperTiles::kKeys - p.shift, 0, p.q_len);
-            return (row_tiles - first_row / HopperTiles::kRows) * std::int64_t{p.group} + 1;
-          });
+      p.schedule_group = backward_causal_group<HopperTiles::kKeys, HopperTiles::kRows>(p, key_blocks);
     }
     if constexpr (atomic_dq.value) {
       if (!causal.value && tma_dq) {
@@ -272,6 +279,49 @@ bool launch_backward_hopper(const FlashParams& params, bool deterministic, cudaS
   return true;
 }
 
+// flash_backward_sm90_wide_kernel (head dims 192, 256, 192/128), where the driver can describe
+// the views as tensor maps; false (nothing launched) where it cannot.
+template <DType kDtype, int kHeadDim, int kValueDim>
+bool launch_backward_hopper_wide(const FlashParams& params, bool deterministic,
+                                 cudaStream_t stream) {
+  using T = typename CudaType<kDtype>::type;
+  using Tiles = HopperWideBackwardTiles<kHeadDim, kValueDim>;
+  using TmaTiles = HopperWideBackwardTiles<kHeadDim, kValueDim, true>;
+  FlashParams p = params;
+  CUtensorMap k_map, v_map, q_map, do_map, dq_map{};
+  const bool tma = make_row_tile_map(k_map, "k", p.k, p.k_strides, p.batch, p.k_len, p.kv_heads,
+                                     kHeadDim, Tiles::kKeys) &&
+                   make_row_tile_map(v_map, "v", p.v, p.v_strides, p.batch, p.k_len, p.kv_heads,
+                                     kValueDim, Tiles::kKeys) &&
+                   make_row_tile_map(q_map, "q", p.q, p.q_strides, p.batch, p.q_len, p.q_heads,
+                                     kHeadDim, Tiles::kRows) &&
+                   make_row_tile_map(do_map, "dout", p.dout, p.dout_strides, p.batch, p.q_len,
+                                     p.q_heads, kValueDim, Tiles::kRows);
+  if (!tma) return false;
+  // TMA reductions for dQ where a step's fp32 block fits beside the tiles (not at 256).
+  const bool tma_dq = TmaTiles::kFits && !deterministic && !dq_atomics_forced() &&
+                      make_fp32_row_tile_map(dq_map, p.dq, p.dq_strides, p.batch, p.q_len,
+                                             p.q_heads, kHeadDim, Tiles::kRows);
+  const int key_blocks = (p.k_len + Tiles::kKeys - 1) / Tiles::kKeys;
+  if (p.causal) p.schedule_group = backward_causal_group<Tiles::kKeys, Tiles::kRows>(p, key_blocks);
+  const dim3 grid(key_blocks, p.kv_heads, p.batch);
+  with_flags(p.causal, !deterministic, [&](auto causal, auto atomic_dq) {
+    if constexpr (atomic_dq.value && TmaTiles::kFits) {
+      if (tma_dq) {
+        launch(flash_backward_sm90_wide_kernel<T, kHeadDim, kValueDim, causal.value, true, true>,
+               grid, Tiles::kThreads, TmaTiles::kSmemBytes, stream, p, k_map, v_map, q_map,
+               do_map, dq_map);
+        return;
+      }
+    }
+    launch(flash_backward_sm90_wide_kernel<T, kHeadDim, kValueDim, causal.value, atomic_dq.value,
+                                           false>,
+           grid, Tiles::kThreads, Tiles::kSmemBytes, stream, p, k_map, v_map, q_map, do_map,
+           dq_map);
+  });
+  return true;
+}
+
 template <DType kDtype, int kHeadDim, int kValueDim>
 void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cudaStream_t stream) {
   using T = typename CudaType<kDtype>::type;
@@ -279,7 +329,8 @@ void launch_backward(const FlashParams& p, bool deterministic, bool hopper, cuda
   if constexpr (kHopperBackwardHeadDims<kHeadDim, kValueDim>) {
     launched = hopper && launch_backward_hopper<kDtype, kHeadDim>(p, deterministic, stream);
   } else {
-    (void)hopper;
+    launched =
+        hopper && launch_backward_hopper_wide<kDtype, kHeadDim, kValueDim>(p, deterministic, stream);
   }
   if (!launched) launch_backward_sm80<kDtype, kHeadDim, kValueDim>(p, deterministic, stream);
   if (deterministic) {

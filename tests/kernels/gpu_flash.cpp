@@ -64,9 +64,10 @@ std::vector<Case> shape_list() {
     }
   }
   // Every other head dim of the build (on Hopper the wgmma kernels, 32 and 96 in zero-padded
-  // panels, and at 192 and 256 the sm_80 backward; kernels.flash.sm80 runs the bf16 ones on the
-  // sm_80 family there too): odd lengths,
-  // GQA and MQA, causal or not, Sq < Sk, packed QKV and scores spread over hundreds.
+  // panels, 192 and 256 on the wide backward; kernels.flash.sm80 runs the bf16 ones on the sm_80
+  // family there too): odd lengths, GQA and MQA, causal or not, Sq < Sk, packed QKV and scores
+  // spread over hundreds; at 192 and 256 also the ends of the list above (one row, rows past or
+  // before every key, scores near 1e4 and spread over tens, many key blocks).
   for (const std::int64_t d : kBuiltCudaHeadDims) {
     if (d == 64 || d == 128) continue;
     for (DType dtype : {DType::bf16, DType::f16}) {
@@ -77,10 +78,17 @@ std::vector<Case> shape_list() {
       cases.push_back({dtype, 1, 100, 300, 4, 1, d, true});               // Sq < Sk
       cases.push_back({dtype, 2, 257, 257, 6, 2, d, true, 0, 0, true});  // packed QKV
       cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 12.0});
+      if (d < 192) continue;
+      cases.push_back({dtype, 2, 1, 1, 2, 2, d, true});
+      cases.push_back({dtype, 1, 300, 100, 2, 2, d, true, 200, 0});
+      cases.push_back({dtype, 1, 130, 200, 2, 1, d, true, 0, 60});
+      cases.push_back({dtype, 1, 129, 129, 2, 2, d, false, 0, 0, false, 12.0});
+      cases.push_back({dtype, 1, 200, 700, 2, 2, d, true, 500, 0, false, 4.0});
+      cases.push_back({dtype, 1, 700, 700, 4, 2, d, false});
     }
   }
   // Head dim 192 with v_head_dim 128 (multi-head latent attention; on Hopper the wgmma forward and
-  // the sm_80 backward, the sm_80 family elsewhere):
+  // the wide backward, the sm_80 family elsewhere):
   // the list above and the ends of the 64 and 128 one (rows past or before every key, scores near
   // 1e4 and spread over tens, GQA 8 with Sq < Sk, a length past four row tiles).
   if (kBuiltCudaValueDimPair) {
