@@ -94,14 +94,17 @@ template <int kPending>
 __device__ __forceinline__ void bulk_wait_group() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-// bulk_wait_group_read with a count known only once a loop is unrolled, 0 to 3 (a larger count
-// waits as for 3: longer than needed, never shorter).
+// bulk_wait_group_read with a count known only once a loop is unrolled, 0 to 5 (a larger count
+// waits as for 5: longer than needed, never shorter). The dQ warpgroup's reductions at head dim
+// 192 leave up to 4 groups pending.
 __device__ __forceinline__ void bulk_wait_group_read_at_most(int pending) {
   switch (pending) {
     case 0: bulk_wait_group_read<0>(); break;
     case 1: bulk_wait_group_read<1>(); break;
     case 2: bulk_wait_group_read<2>(); break;
-    default: bulk_wait_group_read<3>(); break;
+    case 3: bulk_wait_group_read<3>(); break;
+    case 4: bulk_wait_group_read<4>(); break;
+    default: bulk_wait_group_read<5>(); break;
   }
 }
 
