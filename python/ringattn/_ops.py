@@ -115,14 +115,28 @@ def _viewable(t):
     return t if ok else t.contiguous()
 
 
+# torch's current raw stream of a device index, without the Stream object that
+# torch.cuda.current_stream builds (None where this torch lacks it).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_NO_DEVICE_CHANGE = contextlib.nullcontext()
+
+
 def _stream(t):
-    # The current stream of the tensor's device: the library's calls queue behind torch's work.
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+    """The current stream of the tensor's device: the library's calls queue behind torch's work."""
+    if not t.is_cuda:
+        return None
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def _device(t):
-    """torch.cuda.device(t.device) for CUDA tensors: the library launches on the current device."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    """A context in which the tensor's device is current (the library launches on the current
+    device): nothing to do for CPU tensors and where it already is, torch.cuda.device otherwise."""
+    if not t.is_cuda or (_current_device is not None and _current_device() == t.get_device()):
+        return _NO_DEVICE_CHANGE
+    return torch.cuda.device(t.device)
 
 
 def _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, window_left,
