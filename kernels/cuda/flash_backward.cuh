@@ -68,6 +68,10 @@ constexpr int prepare_row_lanes(int head_dim, int value_dim) {
 // dQ columns (dQ's rows have even strides: float2 stores), those of its O chunks where dQ is as
 // wide as O; chunk j of lane `part` is chunk part + j * lanes of the row, so that each access of
 // the row's threads covers a contiguous stretch. O and dO have kValueDim columns, dQ kHeadDim.
+// delta's sum takes the same order whatever dQ's width: that of the kernel of kValueDim alone
+// (kSumLanes threads a row, a butterfly over them), each thread here summing the chunks of the
+// kSumLanes / kLanes threads it stands for apart and adding them as the butterfly would, so that
+// the prepare with and without dQ (192/128 and 128/128) give the same bits.
 template <typename T, int kHeadDim, int kValueDim = kHeadDim>
 __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   constexpr int kLanes = prepare_row_lanes(kHeadDim, kValueDim);
@@ -75,10 +79,14 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
   constexpr int kDqChunks = kHeadDim / 8 / kLanes;
   static_assert(kLanes * kChunks * 8 == kValueDim && kLanes * kDqChunks * 8 == kHeadDim,
                 "a row's chunks split evenly over its threads");
+  constexpr int kSumLanes = prepare_row_lanes(kValueDim, kValueDim);
+  constexpr int kStandsFor = kSumLanes / kLanes;  // threads of the kValueDim kernel
+  static_assert(kStandsFor * kLanes == kSumLanes && kChunks % kStandsFor == 0,
+                "a thread stands for whole threads of the value width's kernel");
+  float sums[kStandsFor] = {};
   const int head = blockIdx.y, batch = blockIdx.z;
   const int row = static_cast<int>(blockIdx.x * (blockDim.x / kLanes) + threadIdx.x / kLanes);
   const int part = static_cast<int>(threadIdx.x % kLanes);
-  float sum = 0.f;
   if (row < p.q_len) {  // no early return: every lane of the warp takes part in the shuffles
     const T* o = static_cast<const T*>(p.o) + batch * p.o_strides[0] + row * p.o_strides[1] +
                  head * p.o_strides[2];
@@ -105,11 +113,19 @@ __global__ void flash_backward_prepare_kernel(const FlashParams p) {
       if (has_step<kChunks, kRowChunks>(j)) {
         const T* o8 = reinterpret_cast<const T*>(&o_raw);
         const T* g8 = reinterpret_cast<const T*>(&g_raw);
+        float& sum = sums[j % kStandsFor];  // chunk j is chunk j / kStandsFor of that thread
 #pragma unroll
         for (int x = 0; x < 8; ++x) sum += to_float(o8[x]) * to_float(g8[x]);
       }
     }
   }
+  // The butterfly's offsets of kLanes and above, within the thread: the lower partner first.
+#pragma unroll
+  for (int offset = kStandsFor / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int m = 0; m < offset; ++m) sums[m] = sums[m] + sums[m + offset];
+  }
+  float sum = sums[0];
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
