@@ -11,8 +11,10 @@
 // Each holds one fp32 gradient of 64 keys (d / 2 registers a thread: 128 at 256) and does
 // d_qk + d_v columns of products a step, whatever the two widths. P^T goes from one to the other
 // through shared memory in its register-fragment order (thread t writes what thread t reads: no
-// layout, no conflicts), as rounded for dV's product; both A operands of the gradients' products
-// stay in registers. The third warpgroup copies K and V once and the Q and dO tiles of each step
+// layout, no conflicts), in f16 whatever the inputs' dtype (P^T lies in [0, 1], where f16 keeps
+// three more bits than bf16), so that dS^T = P^T (dP^T - delta) carries less of P^T's rounding
+// than the rounded bf16 P^T of dV's product would give it; both A operands of the gradients'
+// products stay in registers. The third warpgroup copies K and V once and the Q and dO tiles of each step
 // into two stages with TMA, and in the default mode computes dQ = dS K from the key warpgroup's
 // dS^T (dq_warpgroup_steps), adding it by TMA reductions where the shared memory has room for a
 // step's fp32 block (192, 192/128), else with atomics (256).
@@ -82,6 +84,7 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kKeys = Tiles::kKeys, kRows = Tiles::kRows, kStages = Tiles::kStages;
   constexpr int kRowTiles = kRows / 8;   // n-tiles of S^T and dP^T
   constexpr int kRowSteps = kRows / 16;  // k-steps of dV and dK
+  using ExchangeT = __half;              // P^T's dtype in the exchange
   constexpr int kThirdGroupRegisters =
       kAtomicDq ? Tiles::kDqGroupRegisters : Tiles::kProducerRegisters;
   constexpr int kConsumerRegisters =
@@ -128,8 +131,10 @@ __global__ void __launch_bounds__(384, 1)
       mbarrier_init(ds_full + buffer, 4);   // one per warp of the key warpgroup
       mbarrier_init(ds_empty + buffer, 4);  // one per warp of the dQ warpgroup
     }
-    mbarrier_init(p_full, 4);   // the value warpgroup's warps
-    mbarrier_init(p_empty, 4);  // the key warpgroup's
+    // Every thread of a warpgroup arrives at the exchange's barriers: an arrival releases only
+    // its own thread's shared-memory accesses.
+    mbarrier_init(p_full, 128);   // the value warpgroup's threads
+    mbarrier_init(p_empty, 128);  // the key warpgroup's
     mbarrier_init_fence();
   }
   __syncthreads();
@@ -200,19 +205,21 @@ __global__ void __launch_bounds__(384, 1)
       pin_registers(s);
       const bool masked = tile_needs_mask<kCausal>(p, batch, row_first, kRows, key0, kKeys);
       probabilities<kCausal>(s, my_keys, row_first, quad_col, masked, lse_rows, p, batch);
-      std::uint32_t a_p[kRowSteps][4];
+      std::uint32_t a_p[kRowSteps][4], shared_p[kRowSteps][4];
 #pragma unroll
-      for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
+      for (int kstep = 0; kstep < kRowSteps; ++kstep) {
+        probability_fragment<T>(a_p[kstep], s, kstep);
+        probability_fragment<ExchangeT>(shared_p[kstep], s, kstep);
+      }
 
       // P^T to the key warpgroup once it has taken the step before's.
       mbarrier_wait(p_empty, (step & 1) ^ 1);
 #pragma unroll
       for (int kstep = 0; kstep < kRowSteps; ++kstep) {
-        my_exchange[kstep * 128] = make_uint4(a_p[kstep][0], a_p[kstep][1], a_p[kstep][2],
-                                              a_p[kstep][3]);
+        my_exchange[kstep * 128] = make_uint4(shared_p[kstep][0], shared_p[kstep][1],
+                                              shared_p[kstep][2], shared_p[kstep][3]);
       }
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive(p_full);
+      mbarrier_arrive(p_full);
 
       add_fragments_times_rows<kValueDim, kRows>(dv, a_p, do_tile);
       if (step + 1 < steps) stage_statistics(step + 1);
@@ -262,11 +269,10 @@ __global__ void __launch_bounds__(384, 1)
       a_p[kstep][2] = fragment.z;
       a_p[kstep][3] = fragment.w;
     }
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(p_empty);
+    mbarrier_arrive(p_empty);
     FragmentRows<kRowTiles> delta_rows;
     delta_rows.load(warp_statistics + (step % 2) * kRows, quad_col);
-    ds_from_fragments<T>(dp, a_p, delta_rows);
+    ds_from_fragments<ExchangeT>(dp, a_p, delta_rows);
 
     // dS^T as A fragments, and (kAtomicDq) into shared memory for the dQ warpgroup.
     T* ds_tile = ds_tiles + ds_buffer * kKeys * kRows;
