@@ -7,7 +7,7 @@
 #   build        configure build-gpu/ (Ninja, Release, CUDA on, CMAKE_CUDA_ARCHITECTURES from
 #                RINGATTN_GPU_ARCH, default 90a) and build it with every core
 #   tests        ctest -L 'gpu|mpi' in build-gpu/, JUnit report in DIR/tests-junit.xml;
-#                RINGATTN_CTEST_JOBS (default 1) tests at a time (tests that must run alone
+#                RINGATTN_CTEST_JOBS (default 4) tests at a time (tests that must run alone
 #                are RUN_SERIAL)
 #   bench-NAME   bench/NAME.sh DIR
 #   all          build tests (the default)
@@ -49,7 +49,7 @@ part_build() {
 
 part_tests() {
   ctest --test-dir build-gpu -L 'gpu|mpi' --no-tests=error --output-on-failure \
-    -j "${RINGATTN_CTEST_JOBS:-1}" --output-junit "$out/tests-junit.xml"
+    -j "${RINGATTN_CTEST_JOBS:-4}" --output-junit "$out/tests-junit.xml"
 }
 
 part_bench() {

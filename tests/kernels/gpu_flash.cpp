@@ -1,7 +1,9 @@
 // The CUDA flash block against the fp64 oracle with the FlashAttention criterion (TESTING.md),
 // over the shape list that breaks tiling, both dtypes, every head dim of the build and 192/128 (V
 // of its own width), masks by global position, GQA, packed QKV views, combine mode, the
-// deterministic backward, and its argument checks.
+// deterministic backward, and its argument checks. Four ctests, each a quarter of the cases, so
+// that their fp64 oracles run side by side on the host:
+// ringattn-gpu-shards: 4
 #include <gtest/gtest.h>
 
 #include <algorithm>

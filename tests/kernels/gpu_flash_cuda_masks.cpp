@@ -4,7 +4,9 @@
 // rows or keys), one-token and empty documents, one list per batch row, windows of 1 and around
 // tile sizes, both sides, windows with documents, chunks of a longer sequence whose rows or keys
 // see nothing, scores near 1e4, GQA and packed QKV; the atomic and the deterministic backward,
-// combine mode over key chunks, and two deterministic runs bitwise equal.
+// combine mode over key chunks, and two deterministic runs bitwise equal. Two ctests, each half
+// of the cases:
+// ringattn-gpu-shards: 2
 #include <gtest/gtest.h>
 
 #include <cmath>

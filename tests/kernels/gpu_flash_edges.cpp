@@ -10,7 +10,8 @@
 // family), forward, combine and backward (deterministic or not; dK and dV added, overwritten, or
 // rounded to the input dtype), against the fp64 oracle with the FlashAttention criterion plus,
 // element by element, what the algorithm itself costs where the naive baseline is exact by luck
-// (algorithm_allowances below).
+// (algorithm_allowances below). Two ctests, each half of the cases:
+// ringattn-gpu-shards: 2
 //
 // The scores are exact on both sides. Row i of head h has Q = a * u on 16 random columns (u = +-1)
 // and noise on other columns; key j has K = b_j * u / 16 on the same 16 columns and noise on yet
