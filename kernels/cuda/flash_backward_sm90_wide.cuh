@@ -14,10 +14,10 @@
 // layout, no conflicts), in f16 whatever the inputs' dtype (P^T lies in [0, 1], where f16 keeps
 // three more bits than bf16), so that dS^T = P^T (dP^T - delta) carries less of P^T's rounding
 // than the rounded bf16 P^T of dV's product would give it; both A operands of the gradients'
-// products stay in registers. The third warpgroup copies K and V once and the Q and dO tiles of each step
-// into two stages with TMA, and in the default mode computes dQ = dS K from the key warpgroup's
-// dS^T (dq_warpgroup_steps), adding it by TMA reductions where the shared memory has room for a
-// step's fp32 block (192, 192/128), else with atomics (256).
+// products stay in registers. The third warpgroup copies K and V once and the Q and dO tiles of
+// each step into two stages with TMA, and in the default mode computes dQ = dS K from the key
+// warpgroup's dS^T (dq_warpgroup_steps), adding it by TMA reductions where the shared memory has
+// room for a step's fp32 block (192, 192/128), else with atomics (256).
 #pragma once
 
 #include <cuda.h>
