@@ -19,6 +19,15 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
+CONFIGURATION = dict(
+    dtype="bf16", batch="16384/seq", hidden=2048,
+    flops="4*b*h*s^2*d forward (half when causal), backward 2.5x",
+    timing="CUDA events, median; every backward returns bf16 dQ, dK and dV (SDPA: "
+           "torch.autograd.grad; ringattn: the rowsum(dO*O) pass zeroing the fp32 dQ accumulator, "
+           "the block writing dK and dV rounded, dQ rounded); backward_add_ms: ringattn's ring "
+           "contract, fp32 gradients zeroed and added into")
+
+
 def median_ms(fn, warmup=3, repeats=20):
     for _ in range(warmup):
         fn()
@@ -88,6 +97,17 @@ def main():
             for r in run_bench("sm80")["rows"]}
 
     rows = []
+
+    def write(complete):
+        # After every row too, so that a run cut short (a device call's time limit) keeps its rows.
+        result = dict(benchmark="attention", gpu=torch.cuda.get_device_name(),
+                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      revision=args.revision, torch=torch.__version__, complete=complete,
+                      configuration=CONFIGURATION, rows=rows)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
     print(f"\n{'d':>7} {'mask':6} {'seq':>6} | {'ringattn fwd/bwd TF/s':>21} | {'sm80 fwd/bwd':>13} | "
           f"{'FA2 fwd/bwd':>13} | "
           f"{'cuDNN fwd/bwd':>13} | {'x FA2 fwd/bwd':>13} | {'x cuDNN fwd/bwd':>15}")
@@ -120,22 +140,9 @@ def main():
               f"{pair(row['ratio_flash_forward'], row['ratio_flash_backward'], 13, '{:.2f}')} | "
               f"{pair(row['ratio_cudnn_forward'], row['ratio_cudnn_backward'], 15, '{:.2f}')}")
         sys.stdout.flush()
+        write(False)
 
-    result = dict(benchmark="attention", gpu=torch.cuda.get_device_name(),
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  revision=args.revision, torch=torch.__version__,
-                  configuration=dict(dtype="bf16", batch="16384/seq", hidden=2048,
-                                     flops="4*b*h*s^2*d forward (half when causal), backward 2.5x",
-                                     timing="CUDA events, median; every backward returns bf16 dQ, dK "
-                                            "and dV (SDPA: torch.autograd.grad; ringattn: the "
-                                            "rowsum(dO*O) pass zeroing the fp32 dQ accumulator, the "
-                                            "block writing dK and dV rounded, dQ rounded); "
-                                            "backward_add_ms: ringattn's ring contract, fp32 "
-                                            "gradients zeroed and added into"),
-                  rows=rows)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write(True)
     print(f"\nwrote {args.out}")
 
 
