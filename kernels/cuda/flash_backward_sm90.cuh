@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/flash_backward.cuh"
 #include "kernels/cuda/flash_params.hpp"
@@ -360,6 +361,11 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   constexpr int kRowTiles = kRows / 8;      // n-tiles of S^T
   constexpr int kRowSteps = kRows / 16;     // k-steps of dV and dK
   constexpr int kWidth = Tiles::kWidth;  // of Q, K, V and dO in shared memory (>= kHeadDim)
+  // The dtype of the P^T fragments that dS^T is formed from in the default mode: f16 where the
+  // registers allow (64 columns: no spills either way), whose three more bits than bf16 on [0, 1]
+  // keep P's rounding out of dS; at 128 the second set of fragments spills (ptxas: 48-164 bytes
+  // against 0-84), and dS takes the rounded P of dV's product.
+  using DsProbability = std::conditional_t<kWidth <= 64, __half, T>;
   constexpr int kRowElements = kRows * kWidth;
   // The third warpgroup's registers and the consumers' (the dQ warpgroup needs more).
   constexpr int kThirdGroupRegisters =
@@ -510,14 +516,24 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       // when both warpgroups computed dQ) it is live at the step's register peak, which then
       // leaves too few for the dQ warpgroup. (The LSE rows read after S^T's issue cost 3-6%.)
       std::uint32_t a_p[kRowSteps][4], a_ds[kRowSteps][4];
+      [[maybe_unused]] std::uint32_t ds_p[kRowSteps][4];  // (DsProbability other than T)
 #pragma unroll
-      for (int kstep = 0; kstep < kRowSteps; ++kstep) probability_fragment<T>(a_p[kstep], s, kstep);
+      for (int kstep = 0; kstep < kRowSteps; ++kstep) {
+        probability_fragment<T>(a_p[kstep], s, kstep);
+        if constexpr (kAtomicDq && !std::is_same_v<DsProbability, T>) {
+          probability_fragment<DsProbability>(ds_p[kstep], s, kstep);
+        }
+      }
       add_fragments_times_rows<kWidth, kRows>(dv, a_p, do_tile);
       wgmma_wait<1>();  // dP^T (dV's group may still run)
       pin_registers(dp);
       delta_rows.load(delta, quad_col);
       if constexpr (kAtomicDq) {
-        ds_from_fragments<T>(dp, a_p, delta_rows);
+        if constexpr (std::is_same_v<DsProbability, T>) {
+          ds_from_fragments<T>(dp, a_p, delta_rows);
+        } else {
+          ds_from_fragments<DsProbability>(dp, ds_p, delta_rows);
+        }
       } else {
         ds_from_probabilities(dp, s, delta_rows);
       }
