@@ -51,20 +51,21 @@ def main():
     o, lse = _ops._forward_impl(q, k, v, None, True, scale, 0, 0, 0, 0, False)
     dout = torch.randn_like(o)
     stream = torch.cuda.current_stream(dev).cuda_stream
-    fwd_params = _capi.ForwardParams(
-        q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), o=_capi.describe(o),
-        lse=_capi.describe(lse), scale=scale, causal=1, combine=0, q_start=0, k_start=0,
-        **_capi.mask_fields(0, 0, None))
+    values, packed = _capi.tensor_values, _capi.tensor_bytes
+
+    def params():
+        return _capi.FORWARD.pack(*values(q), *values(k), *values(v), *values(o), *values(lse),
+                                  scale, 1, 0, 0, 0, *_capi.mask_values(0, 0, None))
+
+    fwd_params = params()
     delta = torch.empty(lse.shape, dtype=torch.float32, device=dev)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=dev)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    bwd_params = _capi.BackwardParams(
-        q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), dout=_capi.describe(dout),
-        lse=_capi.describe(lse), delta=_capi.describe(delta), dq=_capi.describe(dq),
-        dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=1, deterministic=0,
-        q_start=0, k_start=0, overwrite_key_gradients=1, **_capi.mask_fields(0, 0, None))
-    o_d, dout_d, delta_d = _capi.describe(o), _capi.describe(dout), _capi.describe(delta)
-    dq_d = _capi.describe(dq)
+    bwd_params = _capi.BACKWARD.pack(
+        *values(q), *values(k), *values(v), *values(dout), *values(lse), *values(delta),
+        *values(dq), *values(dk), *values(dv), scale, 1, 0, 0, 0, 1, *_capi.NO_TENSOR,
+        *_capi.NO_TENSOR, *_capi.mask_values(0, 0, None))
+    o_d, dout_d, delta_d, dq_d = packed(o), packed(dout), packed(delta), packed(dq)
 
     def forward_backward():
         out = ringattn.attention(qg, kg, vg, causal=True)
@@ -75,13 +76,8 @@ def main():
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
 
     def guard():
-        with torch.cuda.device(dev):
+        with _ops._device(q):
             pass
-
-    def params():
-        _capi.ForwardParams(q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v),
-                            o=_capi.describe(o), lse=_capi.describe(lse), scale=scale, causal=1,
-                            combine=0, q_start=0, k_start=0, **_capi.mask_fields(0, 0, None))
 
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
         parts = [
@@ -90,10 +86,10 @@ def main():
             ("SDPA cuDNN forward", sdpa_forward),
             ("forward: _check", lambda: _ops._check(q, k, v)),
             ("forward: o and lse allocated", lambda: (torch.empty_like(o), torch.empty_like(lse))),
-            ("forward: current stream", lambda: torch.cuda.current_stream(dev).cuda_stream),
+            ("forward: current stream", lambda: _ops._stream(q)),
             ("forward: device guard", guard),
-            ("forward: one descriptor", lambda: _capi.describe(q)),
-            ("forward: parameters (5 descriptors)", params),
+            ("forward: one descriptor's values", lambda: values(q)),
+            ("forward: parameters packed (5 descriptors)", params),
             ("forward: C API call, prepared", lambda: lib.forward(fwd_params, stream)),
             ("backward: dq allocated (fp32)", lambda: torch.empty(q.shape, dtype=torch.float32,
                                                                   device=dev)),

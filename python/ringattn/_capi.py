@@ -54,16 +54,19 @@ MASK_FIELDS = [("window_left", ctypes.c_int64), ("window_right", ctypes.c_int64)
                ("document_batch_stride", ctypes.c_int64)]
 
 
+def mask_values(window_left, window_right, document_starts):
+    """The MASK_FIELDS' values, in order, of a window and of an int64 tensor of document starts
+    ([count], or [batch, count] with unit stride along count; None: one document)."""
+    if document_starts is None or document_starts.shape[-1] == 0:
+        return window_left, window_right, 0, 0, 0
+    return (window_left, window_right, document_starts.data_ptr(), document_starts.shape[-1],
+            document_starts.stride(0) if document_starts.dim() == 2 else 0)
+
+
 def mask_fields(window_left, window_right, document_starts):
-    """The MASK_FIELDS of a window and of an int64 tensor of document starts ([count], or
-    [batch, count] with unit stride along count; None: one document)."""
-    fields = dict(window_left=window_left, window_right=window_right)
-    if document_starts is not None and document_starts.shape[-1] > 0:
-        fields.update(document_starts=document_starts.data_ptr(),
-                      num_documents=document_starts.shape[-1],
-                      document_batch_stride=document_starts.stride(0)
-                      if document_starts.dim() == 2 else 0)
-    return fields
+    """The MASK_FIELDS by name (mask_values), for a ctypes parameter struct."""
+    return dict(zip((name for name, _ in MASK_FIELDS),
+                    mask_values(window_left, window_right, document_starts)))
 
 
 class ForwardParams(ctypes.Structure):
@@ -135,18 +138,72 @@ class LayoutParams(ctypes.Structure):
 
 # ringattn_tensor_t's bytes as struct packs them (native alignment, as ctypes lays it out):
 # one pack and one copy a descriptor, the cheapest way to one from Python.
-_TENSOR_BYTES = struct.Struct("@Piii4q4q")
+_TENSOR_FORMAT = "Piii4q4q"
+_TENSOR_BYTES = struct.Struct("@" + _TENSOR_FORMAT)
 assert (_TENSOR_BYTES.size == ctypes.sizeof(Tensor) and Tensor.shape.offset == 24
         and Tensor.strides.offset == 56), "ringattn_tensor_t's layout is not the one packed"
 _NO_EXTENTS = ((), (0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
 
 
+def tensor_values(t):
+    """The fields of a torch tensor's descriptor (rank <= 4, a view: no copy), in order."""
+    pad = _NO_EXTENTS[4 - t.dim()]
+    return (t.data_ptr(), DTYPE_CODES[t.dtype], DEVICE if t.is_cuda else HOST, t.dim(), *t.shape,
+            *pad, *t.stride(), *pad)
+
+
+# tensor_values of the rank-0 descriptor that stands for no tensor.
+NO_TENSOR = (0,) * 12
+
+
 def describe(t):
     """The descriptor of a torch tensor of rank <= 4 (a view: no copy)."""
-    pad = _NO_EXTENTS[4 - t.dim()]
-    return Tensor.from_buffer_copy(_TENSOR_BYTES.pack(
-        t.data_ptr(), DTYPE_CODES[t.dtype], DEVICE if t.is_cuda else HOST, t.dim(), *t.shape, *pad,
-        *t.stride(), *pad))
+    return Tensor.from_buffer_copy(_TENSOR_BYTES.pack(*tensor_values(t)))
+
+
+def tensor_bytes(t):
+    """describe(t)'s bytes, which every Library method takes in place of a descriptor."""
+    return _TENSOR_BYTES.pack(*tensor_values(t))
+
+
+_FORMAT_CODES = {ctypes.c_size_t: "N", ctypes.c_int32: "i", ctypes.c_int64: "q",
+                 ctypes.c_double: "d", ctypes.c_void_p: "P", Tensor: _TENSOR_FORMAT}
+
+
+class Packed:
+    """A parameter struct's bytes from one struct.pack of its fields in order (a tensor as its
+    tensor_values), struct_size set to the struct's sizeof: several times cheaper than building
+    the ctypes struct, and what a hot call passes. Every Library method takes these bytes in
+    place of the struct (the C API only reads it). The layout is checked against ctypes' own
+    field by field."""
+
+    def __init__(self, structure):
+        fmt = "@"
+        for name, ctype in structure._fields_:
+            code = _FORMAT_CODES[ctype]
+            offset = struct.calcsize(fmt + code) - struct.calcsize("@" + code)
+            assert offset == getattr(structure, name).offset, (
+                f"{structure.__name__}.{name}: struct puts it at {offset}")
+            fmt += code
+        self.size = ctypes.sizeof(structure)
+        assert struct.calcsize(fmt) == self.size, f"{structure.__name__}'s size differs"
+        self._pack = struct.Struct(fmt).pack
+
+    def pack(self, *values):
+        """The struct's bytes: values of every field after struct_size, in order."""
+        return self._pack(self.size, *values)
+
+
+FORWARD = Packed(ForwardParams)
+BACKWARD = Packed(BackwardParams)
+RING_FORWARD = Packed(RingForwardParams)
+RING_BACKWARD = Packed(RingBackwardParams)
+
+
+def _ref(params):
+    """The pointer argument of a parameter struct or descriptor: packed bytes as they are (the C
+    API only reads them), a ctypes struct by reference."""
+    return params if type(params) is bytes else ctypes.byref(params)
 
 
 def _version_tuple(text):
@@ -260,20 +317,19 @@ class Library:
             raise RingattnError(f"{message} (ringattn status {status}: {name})", status=status)
 
     def forward(self, params, stream):
-        self.check(self.lib.ringattn_attention_forward(ctypes.byref(params), stream))
+        self.check(self.lib.ringattn_attention_forward(_ref(params), stream))
 
     def backward_prepare(self, o, dout, delta, stream, dq=None):
         """delta = rowsum(dout * o); and dq = 0 in the same pass where dq is given."""
         if dq is None:
             self.check(self.lib.ringattn_attention_backward_prepare(
-                ctypes.byref(o), ctypes.byref(dout), ctypes.byref(delta), stream))
+                _ref(o), _ref(dout), _ref(delta), stream))
         else:
             self.check(self.lib.ringattn_attention_backward_prepare_zero_dq(
-                ctypes.byref(o), ctypes.byref(dout), ctypes.byref(delta), ctypes.byref(dq),
-                stream))
+                _ref(o), _ref(dout), _ref(delta), _ref(dq), stream))
 
     def backward(self, params, stream):
-        self.check(self.lib.ringattn_attention_backward(ctypes.byref(params), stream))
+        self.check(self.lib.ringattn_attention_backward(_ref(params), stream))
 
     def ring_create(self, mpi_comm_address, memory, layout):
         """A new ring handle over the MPI_Comm at mpi_comm_address (collective)."""
@@ -299,10 +355,10 @@ class Library:
         self.check(self.lib.ringattn_ring_destroy(handle))
 
     def ring_forward(self, handle, params, stream):
-        self.check(self.lib.ringattn_ring_forward(handle, ctypes.byref(params), stream))
+        self.check(self.lib.ringattn_ring_forward(handle, _ref(params), stream))
 
     def ring_backward(self, handle, params, stream):
-        self.check(self.lib.ringattn_ring_backward(handle, ctypes.byref(params), stream))
+        self.check(self.lib.ringattn_ring_backward(handle, _ref(params), stream))
 
     def layout_chunks(self, params):
         """[(global_start, length)] of a rank's chunks in local order (ringattn_layout_chunks);

@@ -150,10 +150,10 @@ def _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, win
     batch, q_len, q_heads, _ = q.shape
     o = torch.empty(batch, q_len, q_heads, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype), device=q.device)
-    params = _capi.ForwardParams(q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v),
-                                 o=_capi.describe(o), lse=_capi.describe(lse), scale=scale,
-                                 causal=int(causal), combine=0, q_start=q_start, k_start=k_start,
-                                 **_capi.mask_fields(window_left, window_right, documents))
+    values = _capi.tensor_values
+    params = _capi.FORWARD.pack(*values(q), *values(k), *values(v), *values(o), *values(lse),
+                                scale, int(causal), 0, q_start, k_start,
+                                *_capi.mask_values(window_left, window_right, documents))
     with _device(q):
         lib.forward(params, _stream(q))
     return o, lse
@@ -200,18 +200,17 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     stream = _stream(q)
+    values, packed = _capi.tensor_values, _capi.tensor_bytes
     with _device(q):
-        dout_d, delta_d, dq_d = _capi.describe(dout), _capi.describe(delta), _capi.describe(dq)
-        lib.backward_prepare(_capi.describe(o), dout_d, delta_d, stream, dq=dq_d)
+        lib.backward_prepare(packed(o), packed(dout), packed(delta), stream, dq=packed(dq))
         if dlse is not None:
             delta.sub_(dlse.to(acc))
-        params = _capi.BackwardParams(
-            q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), dout=dout_d,
-            lse=_capi.describe(_viewable(lse)), delta=delta_d, dq=dq_d,
-            dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
-            deterministic=int(deterministic), q_start=q_start, k_start=k_start,
-            overwrite_key_gradients=1,
-            **_capi.mask_fields(window_left, window_right, documents))
+        params = _capi.BACKWARD.pack(
+            *values(q), *values(k), *values(v), *values(dout), *values(_viewable(lse)),
+            *values(delta), *values(dq), *values(dk), *values(dv), scale, int(causal),
+            int(deterministic), q_start, k_start, 1,  # overwrite_key_gradients
+            *_capi.NO_TENSOR, *_capi.NO_TENSOR,  # no key rotation
+            *_capi.mask_values(window_left, window_right, documents))
         lib.backward(params, stream)
     return dq.to(q.dtype), dk, dv
 

@@ -276,10 +276,10 @@ def _ring_forward_impl(q, k, v, document_starts, ring_id, causal, scale, window_
     o_shape, lse_shape = _output_shapes(q, v)
     o = torch.empty(o_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=_accumulator_dtype(q.dtype), device=q.device)
-    params = _capi.RingForwardParams(q=_capi.describe(q), k=_capi.describe(k),
-                                     v=_capi.describe(v), o=_capi.describe(o),
-                                     lse=_capi.describe(lse), scale=scale, causal=int(causal),
-                                     **_capi.mask_fields(window_left, window_right, documents))
+    values = _capi.tensor_values
+    params = _capi.RING_FORWARD.pack(*values(q), *values(k), *values(v), *values(o),
+                                     *values(lse), scale, int(causal),
+                                     *_capi.mask_values(window_left, window_right, documents))
     with _device(q):
         ring._lib.ring_forward(ring._handle, params, _stream(q))
     return o, lse
@@ -342,12 +342,11 @@ def _ring_backward_impl(dout, dlse, q, k, v, o, lse, document_starts, ring_id, c
     dq = torch.empty(q.shape, dtype=acc, device=q.device)
     dk = torch.empty(k.shape, dtype=acc, device=q.device)
     dv = torch.empty(v.shape, dtype=acc, device=q.device)
-    params = _capi.RingBackwardParams(
-        q=_capi.describe(q), k=_capi.describe(k), v=_capi.describe(v), o=_capi.describe(o),
-        lse=_capi.describe(_viewable(lse)), dout=_capi.describe(dout), dq=_capi.describe(dq),
-        dk=_capi.describe(dk), dv=_capi.describe(dv), scale=scale, causal=int(causal),
-        deterministic=int(deterministic),
-        **_capi.mask_fields(window_left, window_right, documents))
+    values = _capi.tensor_values
+    params = _capi.RING_BACKWARD.pack(
+        *values(q), *values(k), *values(v), *values(o), *values(_viewable(lse)), *values(dout),
+        *values(dq), *values(dk), *values(dv), scale, int(causal), int(deterministic),
+        *_capi.mask_values(window_left, window_right, documents))
     with _device(q):
         ring._lib.ring_backward(ring._handle, params, _stream(q))
     if extra_column:

@@ -221,6 +221,38 @@ def test_struct_layouts_match_the_compiler(tmp_path):
     assert c_layout.split("\n")[:-1] == ours
 
 
+PACKED = [(_capi.FORWARD, _capi.ForwardParams), (_capi.BACKWARD, _capi.BackwardParams),
+          (_capi.RING_FORWARD, _capi.RingForwardParams),
+          (_capi.RING_BACKWARD, _capi.RingBackwardParams)]
+
+
+@pytest.mark.parametrize("packed,struct", PACKED, ids=[s.__name__ for _, s in PACKED])
+def test_packed_parameters_are_the_ctypes_struct_bytes(packed, struct):
+    """Every field after struct_size given a value of its own (tensors: their 12 fields), the
+    packed bytes are the ctypes struct's, set field by field, byte for byte."""
+    counter = iter(range(1, 10_000))
+    values, expected = [], struct()
+    for name, ctype in struct._fields_[1:]:
+        if ctype is _capi.Tensor:
+            fields = [next(counter) * 7 for _ in range(12)]
+            values += fields
+            t = getattr(expected, name)
+            t.data, t.dtype, t.memory, t.rank = fields[:4]
+            t.shape[:], t.strides[:] = fields[4:8], fields[8:]
+        else:
+            value = next(counter) + (0.5 if ctype is ctypes.c_double else 0)
+            values.append(value)
+            setattr(expected, name, value)
+    assert packed.pack(*values) == bytes(expected)
+    assert expected.struct_size == packed.size == ctypes.sizeof(struct)
+
+
+def test_a_packed_descriptor_is_describe():
+    t = torch.empty(3, 5, 2, 8)[:, 1:4].transpose(1, 2)
+    assert _capi.tensor_bytes(t) == bytes(_capi.describe(t))
+    assert _capi.describe(t).strides[:] == list(t.stride()) and _capi.describe(t).rank == 4
+
+
 def test_wheel_builds_offline_with_the_installed_setuptools(tmp_path):
     """`pip wheel --no-build-isolation --no-index` of python/: no download, a pure-Python wheel
     with the package and its version. Built from a copy: setuptools writes build/ and
