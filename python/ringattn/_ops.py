@@ -284,8 +284,12 @@ def plain_eager(q, k, v):
 
 
 def eager_attention(q, k, v, document_starts, *args):
-    """(O, LSE) of attention_forward's arguments: through _EagerAttention where the call is plain
-    eager (plain_eager), else through the custom op, which handles the rest."""
+    """(O, LSE) of attention_forward's arguments: where the call is plain eager (plain_eager),
+    through _EagerAttention, or straight to the forward when no input needs a gradient (what the
+    Function would return too: outputs outside any graph); else through the custom op, which
+    handles the rest."""
     if plain_eager(q, k, v):
-        return _EagerAttention.apply(q, k, v, document_starts, *args)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _EagerAttention.apply(q, k, v, document_starts, *args)
+        return _forward_impl(q, k, v, document_starts, *args)  # no graph to record
     return attention_forward(q, k, v, document_starts, *args)

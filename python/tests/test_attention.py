@@ -297,6 +297,26 @@ def test_eager_path_is_bitwise_the_custom_op():
         assert torch.equal(a, b), name
 
 
+def test_calls_without_gradients_record_no_graph():
+    """Inputs that need no gradient, or torch.no_grad: the same O and LSE, bitwise, as a call
+    recorded for autograd, and outputs outside any graph. A later call with gradients records
+    one again."""
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(1, 9, 2, 8, dtype=torch.float64, generator=g) for _ in range(3))
+    recorded = ringattn.attention(q.requires_grad_(), k, v, causal=True, return_lse=True)
+    q.requires_grad_(False)
+    plain = ringattn.attention(q, k, v, causal=True, return_lse=True)
+    with torch.no_grad():
+        quiet = ringattn.attention(q.clone().requires_grad_(), k, v, causal=True, return_lse=True)
+    assert all(t.grad_fn is not None for t in recorded)
+    for name, (o, lse) in (("plain", plain), ("no_grad", quiet)):
+        assert o.grad_fn is None and lse.grad_fn is None and not o.requires_grad, name
+        assert torch.equal(o, recorded[0].detach()) and torch.equal(lse, recorded[1].detach()), name
+    again = ringattn.attention(q, k.requires_grad_(), v, causal=True)
+    again.sum().backward()
+    assert k.grad is not None and k.grad.abs().sum() > 0
+
+
 def test_meta_tensors_give_shapes_and_dtypes():
     for dtype, acc in ((torch.float32, torch.float32), (torch.float64, torch.float64),
                        (torch.bfloat16, torch.float32), (torch.float16, torch.float32)):
