@@ -2,7 +2,9 @@
 timed alone, back to back on the host (time.perf_counter, no sync between calls, best of 5 rounds
 after warm-up), at the small shape of bench/python_op.py (batch 1, 128 tokens, 4 heads of 64,
 causal, bf16). The steps are those of python/ringattn/_ops.py: the whole op (forward, and forward
-+ backward), then its parts one by one: the output allocations, the current stream, the device
++ backward), the same through torch.autograd.grad (no .grad accumulation) beside SDPA's and
+beside an identity autograd.Function (the engine's cost for one Python node on CUDA), the
+backward's Python body called directly, then its parts one by one: the output allocations, the current stream, the device
 guard, the descriptors, the parameter struct, the C API call alone with prepared parameters
 (its checks, tensor maps and launch), and the backward's allocations, delta pass (which zeroes
 dQ's accumulator), C call and dQ rounding. SDPA's cuDNN forward the same way, for reference. A GPU
@@ -71,6 +73,31 @@ def main():
         out = ringattn.attention(qg, kg, vg, causal=True)
         out.backward(dout)
 
+    def forward_then_grad():  # no .grad accumulation: the op's own nodes alone
+        out = ringattn.attention(qg, kg, vg, causal=True)
+        torch.autograd.grad(out, (qg, kg, vg), dout)
+
+    def backward_impl():  # the backward's Python body on this thread, outside autograd
+        _ops._backward_impl(dout, None, q, k, v, o, lse, None, True, scale, 0, 0, 0, 0, False)
+
+    class Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    def identity_forward_then_grad():  # the engine and one Python node on CUDA, no library
+        out = Identity.apply(qg)
+        torch.autograd.grad(out, (qg,), dout)
+
+    def sdpa_forward_then_grad():
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), is_causal=True)
+        torch.autograd.grad(out, (qg, kg, vg), dout.transpose(1, 2))
+
     def sdpa_forward():
         torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
@@ -84,6 +111,10 @@ def main():
             ("ringattn.attention forward", lambda: ringattn.attention(q, k, v, causal=True)),
             ("ringattn.attention forward + backward", forward_backward),
             ("SDPA cuDNN forward", sdpa_forward),
+            ("ringattn.attention forward, then autograd.grad", forward_then_grad),
+            ("SDPA cuDNN forward, then autograd.grad", sdpa_forward_then_grad),
+            ("autograd: an identity Function, then autograd.grad", identity_forward_then_grad),
+            ("backward: its Python body, called directly", backward_impl),
             ("forward: _check", lambda: _ops._check(q, k, v)),
             ("forward: o and lse allocated", lambda: (torch.empty_like(o), torch.empty_like(lse))),
             ("forward: current stream", lambda: _ops._stream(q)),
@@ -100,7 +131,7 @@ def main():
         ]
         rows = []
         for name, fn in parts:
-            calls = 500 if "backward" in name and "+" in name else 2000
+            calls = 500 if ("backward" in name and "+" in name) or "grad" in name else 2000
             rows.append({"part": name, "host_us": best_us(fn, calls)})
             print(f"{rows[-1]['host_us']:8.1f} us  {name}", flush=True)
     if args.json:
