@@ -8,7 +8,9 @@
 #                RINGATTN_GPU_ARCH, default 90a) and build it with every core
 #   tests        ctest -L 'gpu|mpi' in build-gpu/, JUnit report in DIR/tests-junit.xml;
 #                RINGATTN_CTEST_JOBS (default 4) tests at a time (tests that must run alone
-#                are RUN_SERIAL)
+#                are RUN_SERIAL); RINGATTN_CTEST_SECONDS=N stops the tests N s after they
+#                start (ctest --stop-time: running ones are killed, the rest not run) and the
+#                part reports itself incomplete with the count it reached
 #   bench-NAME   bench/NAME.sh DIR
 #   all          build tests (the default)
 # DIR defaults to $OUT, else ./gpu-check-out. Each part logs to DIR/<part>.log; the end prints a
@@ -48,8 +50,23 @@ part_build() {
 }
 
 part_tests() {
+  local stop=()
+  if [[ -n "${RINGATTN_CTEST_SECONDS:-}" ]]; then
+    stop=(--stop-time "$(date -d "+${RINGATTN_CTEST_SECONDS} seconds" +%H:%M:%S)")
+  fi
   ctest --test-dir build-gpu -L 'gpu|mpi' --no-tests=error --output-on-failure \
-    -j "${RINGATTN_CTEST_JOBS:-4}" --output-junit "$out/tests-junit.xml"
+    -j "${RINGATTN_CTEST_JOBS:-4}" --output-junit "$out/tests-junit.xml" "${stop[@]}"
+}
+
+# "incomplete: ..." when the tests stopped at RINGATTN_CTEST_SECONDS, naming how many of the
+# selected tests ran and how many of those failed (a test killed at the stop counts as failed).
+tests_stopped_status() {
+  grep -q "The stop time has been passed" "$out/tests.log" || return 1
+  local total reached failures
+  total="$(ctest --test-dir build-gpu -L 'gpu|mpi' -N 2>/dev/null | sed -n 's/^Total Tests: //p')"
+  reached="$(grep -m1 -o '\btests="[0-9]*"' "$out/tests-junit.xml" 2>/dev/null | tr -dc 0-9)"
+  failures="$(grep -m1 -o 'failures="[0-9]*"' "$out/tests-junit.xml" 2>/dev/null | tr -dc 0-9)"
+  echo "incomplete: stopped after ${RINGATTN_CTEST_SECONDS} s, ${reached:-?} of ${total:-?} tests ran, ${failures:-?} failed or were stopped"
 }
 
 part_bench() {
@@ -83,6 +100,7 @@ for part in "${parts[@]}"; do
     else
       status=failed
       [[ $part == build ]] && build_failed=1
+      [[ $part == tests ]] && status="$(tests_stopped_status || echo failed)"
     fi
   fi
   names+=("$part") statuses+=("$status") seconds+=($((SECONDS - start)))
