@@ -156,14 +156,14 @@ def tensor_values(t):
 NO_TENSOR = (0,) * 12
 
 
-def describe(t):
-    """The descriptor of a torch tensor of rank <= 4 (a view: no copy)."""
-    return Tensor.from_buffer_copy(_TENSOR_BYTES.pack(*tensor_values(t)))
-
-
 def tensor_bytes(t):
     """describe(t)'s bytes, which every Library method takes in place of a descriptor."""
     return _TENSOR_BYTES.pack(*tensor_values(t))
+
+
+def describe(t):
+    """The descriptor of a torch tensor of rank <= 4 (a view: no copy)."""
+    return Tensor.from_buffer_copy(tensor_bytes(t))
 
 
 _FORMAT_CODES = {ctypes.c_size_t: "N", ctypes.c_int32: "i", ctypes.c_int64: "q",
