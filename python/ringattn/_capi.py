@@ -156,9 +156,10 @@ def tensor_values(t):
 NO_TENSOR = (0,) * 12
 
 
-def tensor_bytes(t):
-    """describe(t)'s bytes, which every Library method takes in place of a descriptor."""
-    return _TENSOR_BYTES.pack(*tensor_values(t))
+def tensor_bytes(t, values=None):
+    """describe(t)'s bytes, which every Library method takes in place of a descriptor; from its
+    tensor_values where the caller has them already."""
+    return _TENSOR_BYTES.pack(*(tensor_values(t) if values is None else values))
 
 
 def describe(t):

@@ -201,13 +201,15 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     stream = _stream(q)
     values, packed = _capi.tensor_values, _capi.tensor_bytes
+    dout_v, delta_v, dq_v = values(dout), values(delta), values(dq)  # in both calls
     with _device(q):
-        lib.backward_prepare(packed(o), packed(dout), packed(delta), stream, dq=packed(dq))
+        lib.backward_prepare(packed(o), packed(dout, dout_v), packed(delta, delta_v), stream,
+                             dq=packed(dq, dq_v))
         if dlse is not None:
             delta.sub_(dlse.to(acc))
         params = _capi.BACKWARD.pack(
-            *values(q), *values(k), *values(v), *values(dout), *values(_viewable(lse)),
-            *values(delta), *values(dq), *values(dk), *values(dv), scale, int(causal),
+            *values(q), *values(k), *values(v), *dout_v, *values(_viewable(lse)),
+            *delta_v, *dq_v, *values(dk), *values(dv), scale, int(causal),
             int(deterministic), q_start, k_start, 1,  # overwrite_key_gradients
             *_capi.NO_TENSOR, *_capi.NO_TENSOR,  # no key rotation
             *_capi.mask_values(window_left, window_right, documents))
