@@ -193,12 +193,14 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
     # delta = rowsum(dO * O), a fresh buffer [B, Hq, Sq] of the accumulator dtype. The backward
     # forms dS = P * (dP - delta); a gradient g of LSE adds P * g (dLSE/dS = P), so it enters as
     # delta - g. Rows that see no key have P = 0 and take neither.
-    delta = torch.empty(lse.shape, dtype=acc, device=q.device)
+    # (empty_like: the gradients keep their inputs' strides where those are dense, and a torch.Size
+    # argument would cost torch.empty twice the host time.)
+    delta = torch.empty_like(lse, dtype=acc)
     # The C API adds into dq (accumulator dtype), which the prepare pass sets to zero; dk and dv
     # it writes (overwrite_key_gradients), rounded once to the inputs' dtype.
-    dq = torch.empty(q.shape, dtype=acc, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+    dq = torch.empty_like(q, dtype=acc)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
     stream = _stream(q)
     values, packed = _capi.tensor_values, _capi.tensor_bytes
     dout_v, delta_v, dq_v = values(dout), values(delta), values(dq)  # in both calls
