@@ -167,6 +167,10 @@ def describe(t):
     return Tensor.from_buffer_copy(tensor_bytes(t))
 
 
+# One data pointer, and how many call shapes a Packed keeps templates for (pack_cached).
+_POINTER = struct.Struct("@P")
+_TEMPLATES_KEPT = 64
+
 _FORMAT_CODES = {ctypes.c_size_t: "N", ctypes.c_int32: "i", ctypes.c_int64: "q",
                  ctypes.c_double: "d", ctypes.c_void_p: "P", Tensor: _TENSOR_FORMAT}
 
@@ -189,10 +193,33 @@ class Packed:
         self.size = ctypes.sizeof(structure)
         assert struct.calcsize(fmt) == self.size, f"{structure.__name__}'s size differs"
         self._pack = struct.Struct(fmt).pack
+        # Where each tensor field's data pointer sits (a descriptor's first field).
+        self._pointer_offsets = tuple(getattr(structure, name).offset
+                                      for name, ctype in structure._fields_ if ctype is Tensor)
+        self._templates = {}
 
     def pack(self, *values):
         """The struct's bytes: values of every field after struct_size, in order."""
         return self._pack(self.size, *values)
+
+    def pack_cached(self, key, pointers, values):
+        """pack(*values()) for a call in which key determines every field but the tensors' data
+        pointers: the bytes packed at key's first call, with pointers (one a tensor field, in
+        order, 0 for no tensor) written over them. values is called at a key's first call only.
+        About half the host time of pack where the tensors are described alike call after call;
+        the caller owns key's completeness (shapes, strides and dtypes of every tensor field, or
+        what they follow from, and every other field's value)."""
+        template = self._templates.get(key)
+        if template is None:
+            if len(self._templates) >= _TEMPLATES_KEPT:
+                self._templates.clear()
+            params = self._templates[key] = self.pack(*values())
+            return params
+        params = bytearray(template)
+        write = _POINTER.pack_into
+        for offset, pointer in zip(self._pointer_offsets, pointers):
+            write(params, offset, pointer)
+        return bytes(params)
 
 
 FORWARD = Packed(ForwardParams)

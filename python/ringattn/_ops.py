@@ -120,6 +120,7 @@ def _viewable(t):
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _NO_DEVICE_CHANGE = contextlib.nullcontext()
+_CONTIGUOUS = torch.contiguous_format
 
 
 def _stream(t):
@@ -151,9 +152,18 @@ def _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, win
     o = torch.empty(batch, q_len, q_heads, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype), device=q.device)
     values = _capi.tensor_values
-    params = _capi.FORWARD.pack(*values(q), *values(k), *values(v), *values(o), *values(lse),
-                                scale, int(causal), 0, q_start, k_start,
-                                *_capi.mask_values(window_left, window_right, documents))
+
+    def fields():
+        return (*values(q), *values(k), *values(v), *values(o), *values(lse), scale, int(causal),
+                0, q_start, k_start, *_capi.mask_values(window_left, window_right, documents))
+
+    if documents is None:  # o and lse follow from q's and v's shapes and q's dtype
+        params = _capi.FORWARD.pack_cached(
+            (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
+             v.dtype, q.is_cuda, scale, causal, q_start, k_start, window_left, window_right),
+            (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()), fields)
+    else:
+        params = _capi.FORWARD.pack(*fields())
     with _device(q):
         lib.forward(params, _stream(q))
     return o, lse
@@ -193,14 +203,14 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
     # delta = rowsum(dO * O), a fresh buffer [B, Hq, Sq] of the accumulator dtype. The backward
     # forms dS = P * (dP - delta); a gradient g of LSE adds P * g (dLSE/dS = P), so it enters as
     # delta - g. Rows that see no key have P = 0 and take neither.
-    # (empty_like: the gradients keep their inputs' strides where those are dense, and a torch.Size
-    # argument would cost torch.empty twice the host time.)
-    delta = torch.empty_like(lse, dtype=acc)
+    # (Each buffer contiguous, by empty_like: torch.empty of a torch.Size takes twice its host
+    # time.)
+    delta = torch.empty_like(lse, dtype=acc, memory_format=_CONTIGUOUS)
     # The C API adds into dq (accumulator dtype), which the prepare pass sets to zero; dk and dv
     # it writes (overwrite_key_gradients), rounded once to the inputs' dtype.
-    dq = torch.empty_like(q, dtype=acc)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dq = torch.empty_like(q, dtype=acc, memory_format=_CONTIGUOUS)
+    dk = torch.empty_like(k, memory_format=_CONTIGUOUS)
+    dv = torch.empty_like(v, memory_format=_CONTIGUOUS)
     stream = _stream(q)
     values, packed = _capi.tensor_values, _capi.tensor_bytes
     dout_v, delta_v, dq_v = values(dout), values(delta), values(dq)  # in both calls
@@ -209,12 +219,24 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
                              dq=packed(dq, dq_v))
         if dlse is not None:
             delta.sub_(dlse.to(acc))
-        params = _capi.BACKWARD.pack(
-            *values(q), *values(k), *values(v), *dout_v, *values(_viewable(lse)),
-            *delta_v, *dq_v, *values(dk), *values(dv), scale, int(causal),
-            int(deterministic), q_start, k_start, 1,  # overwrite_key_gradients
-            *_capi.NO_TENSOR, *_capi.NO_TENSOR,  # no key rotation
-            *_capi.mask_values(window_left, window_right, documents))
+        lse = _viewable(lse)
+
+        def fields():
+            return (*values(q), *values(k), *values(v), *dout_v, *values(lse), *delta_v, *dq_v,
+                    *values(dk), *values(dv), scale, int(causal), int(deterministic), q_start,
+                    k_start, 1,  # overwrite_key_gradients
+                    *_capi.NO_TENSOR, *_capi.NO_TENSOR,  # no key rotation
+                    *_capi.mask_values(window_left, window_right, documents))
+
+        if documents is None:  # delta, dq, dk and dv follow from lse's, q's, k's and v's shapes
+            params = _capi.BACKWARD.pack_cached(
+                (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
+                 v.dtype, dout_v[1:], lse.shape, lse.stride(), lse.dtype, q.is_cuda, scale, causal,
+                 deterministic, q_start, k_start, window_left, window_right),
+                (q.data_ptr(), k.data_ptr(), v.data_ptr(), dout_v[0], lse.data_ptr(),
+                 delta_v[0], dq_v[0], dk.data_ptr(), dv.data_ptr(), 0, 0), fields)
+        else:
+            params = _capi.BACKWARD.pack(*fields())
         lib.backward(params, stream)
     return dq.to(q.dtype), dk, dv
 

@@ -206,6 +206,40 @@ def test_strided_views(gen, dtype):
         check_lse(lse, ref_lse, FORWARD_TOL[dtype], name)
 
 
+def test_calls_alike_but_for_one_field_each_get_their_own(gen):
+    """The op packs its parameters from a template per call shape (_capi.Packed.pack_cached):
+    calls of one shape that differ in strides, dtype, scale, causal, offsets or window, each
+    made twice and interleaved with the others, give each its own values and gradients."""
+    b, s, h, d = 1, 19, 2, 16
+    bhsd = randn(gen, b, h, s, d, dtype=torch.float64)
+    base = dict(q=randn(gen, b, s, h, d, dtype=torch.float64), kwargs={})
+    variants = {
+        "base": base,
+        "transposed q": dict(q=bhsd.transpose(1, 2), kwargs={}),
+        "f32": dict(q=base["q"].float(), kwargs={}),
+        "scale": dict(q=base["q"], kwargs={"scale": 0.7}),
+        "causal": dict(q=base["q"], kwargs={"causal": True}),
+        "offsets": dict(q=base["q"], kwargs={"causal": True, "q_start": 3, "k_start": 5}),
+        "window": dict(q=base["q"], kwargs={"causal": True, "window": (4, None)}),
+    }
+    k, v = randn(gen, b, s, h, d, dtype=torch.float64), randn(gen, b, s, h, d, dtype=torch.float64)
+    do = randn(gen, b, s, h, d, dtype=torch.float64)
+    for _ in range(2):
+        for name, case in variants.items():
+            dtype = case["q"].dtype
+            q, kk, vv = (t.detach().clone() if t is not case["q"] else t.detach()
+                         for t in (case["q"], k.to(dtype), v.to(dtype)))
+            q, kk, vv = (t.requires_grad_() for t in (q, kk, vv))
+            o = ringattn.attention(q, kk, vv, **case["kwargs"])
+            o.backward(do.to(dtype))
+            rq, rk, rv = (t.detach().double().requires_grad_() for t in (q, kk, vv))
+            ref_o, _ = reference(rq, rk, rv, **case["kwargs"])
+            ref_o.backward(do)
+            check_close(o, ref_o, FORWARD_TOL[dtype], name + " O")
+            for got, want, what in ((q, rq, "dQ"), (kk, rk, "dK"), (vv, rv, "dV")):
+                check_close(got.grad, want.grad, GRAD_TOL[dtype], f"{name} {what}")
+
+
 def test_randomized_differential(gen):
     """32 random problems (shapes, GQA ratio, head dims, offsets, mask, dtype, scale), each
     forward and backward against the oracle. Scores stay of order 1 to 10 (f64 inputs also of

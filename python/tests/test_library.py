@@ -247,6 +247,28 @@ def test_packed_parameters_are_the_ctypes_struct_bytes(packed, struct):
     assert expected.struct_size == packed.size == ctypes.sizeof(struct)
 
 
+def test_a_cached_pack_is_the_pack_with_its_own_pointers():
+    """pack_cached: a key's first call packs values(); a later call of that key gives pack's bytes
+    with the new pointers written into the tensor fields; another key packs its own values."""
+    packed = _capi.Packed(_capi.ForwardParams)
+    tensors = [torch.empty(2, 9, 4, 8), torch.empty(2, 11, 2, 8), torch.empty(2, 11, 2, 8),
+               torch.empty(2, 9, 4, 8), torch.empty(2, 4, 9)]
+
+    def values(pointers, scale):
+        fields = []
+        for t, pointer in zip(tensors, pointers):
+            fields += [pointer, *_capi.tensor_values(t)[1:]]
+        return (*fields, scale, 1, 0, 3, 5, *_capi.mask_values(7, 0, None))
+
+    first, second = (11, 22, 33, 44, 55), (101, 202, 303, 404, 505)
+    assert packed.pack_cached("a", first, lambda: values(first, 0.5)) == packed.pack(
+        *values(first, 0.5))
+    assert packed.pack_cached("a", second, lambda: pytest.fail("a key packs once")) == packed.pack(
+        *values(second, 0.5))
+    assert packed.pack_cached("b", second, lambda: values(second, 0.25)) == packed.pack(
+        *values(second, 0.25))
+
+
 def test_a_packed_descriptor_is_describe():
     t = torch.empty(3, 5, 2, 8)[:, 1:4].transpose(1, 2)
     assert _capi.tensor_bytes(t) == bytes(_capi.describe(t))
