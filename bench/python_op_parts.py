@@ -38,6 +38,8 @@ def best_us(fn, calls=2000, rounds=5):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--profile", help="write torch.profiler's table of 200 forward, then "
+                        "autograd.grad calls (host time by op) here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench/python_op_parts.py: no CUDA GPU", file=sys.stderr)
@@ -137,12 +139,65 @@ def main():
              lambda: lib.backward_prepare(o_d, dout_d, delta_d, stream, dq=dq_d)),
             ("backward: C API call, prepared", lambda: lib.backward(bwd_params, stream)),
             ("backward: dq rounded", lambda: dq.to(torch.bfloat16)),
+            ("forward recording its autograd node (inputs need grad)",
+             lambda: ringattn.attention(qg, kg, vg, causal=True)),
+            ("SDPA cuDNN forward recording its autograd node", lambda: (
+                torch.nn.functional.scaled_dot_product_attention(
+                    qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2), is_causal=True))),
         ]
         rows = []
         for name, fn in parts:
             calls = 500 if ("backward" in name and "+" in name) or "grad" in name else 2000
             rows.append({"part": name, "host_us": best_us(fn, calls)})
             print(f"{rows[-1]['host_us']:8.1f} us  {name}", flush=True)
+        # The op's two Python bodies timed where autograd runs them (the backward on the engine's
+        # device thread), around each call, over forward_then_grad.
+        spent = {"_forward_impl": 0.0, "_backward_impl": 0.0}
+        originals = {name: getattr(_ops, name) for name in spent}
+
+        def timed(name):
+            original = originals[name]
+
+            def call(*a):
+                start = time.perf_counter()
+                try:
+                    return original(*a)
+                finally:
+                    spent[name] += time.perf_counter() - start
+            return call
+
+        for name in spent:
+            setattr(_ops, name, timed(name))
+        try:
+            calls = 2000
+            for _ in range(200):
+                forward_then_grad()
+            torch.cuda.synchronize()
+            spent.update({name: 0.0 for name in spent})
+            start = time.perf_counter()
+            for _ in range(calls):
+                forward_then_grad()
+            whole = time.perf_counter() - start
+            torch.cuda.synchronize()
+        finally:
+            for name, original in originals.items():
+                setattr(_ops, name, original)
+        for name, what in (("_forward_impl", "forward: its Python body inside autograd.Function"),
+                           ("_backward_impl", "backward: its Python body on the engine's thread")):
+            rows.append({"part": what + " (mean over forward, then autograd.grad)",
+                         "host_us": spent[name] / calls * 1e6})
+            print(f"{rows[-1]['host_us']:8.1f} us  {rows[-1]['part']}", flush=True)
+        rows.append({"part": "forward, then autograd.grad, with the two bodies timed (mean)",
+                     "host_us": whole / calls * 1e6})
+        print(f"{rows[-1]['host_us']:8.1f} us  {rows[-1]['part']}", flush=True)
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(200):
+                    forward_then_grad()
+                torch.cuda.synchronize()
+            with open(args.profile, "w") as f:
+                f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "python_op_parts", "gpu": torch.cuda.get_device_name(),
