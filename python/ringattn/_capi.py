@@ -211,6 +211,8 @@ class Packed:
         what they follow from, and every other field's value)."""
         template = self._templates.get(key)
         if template is None:
+            assert len(pointers) == len(self._pointer_offsets), (
+                f"{len(pointers)} pointers for {len(self._pointer_offsets)} tensor fields")
             if len(self._templates) >= _TEMPLATES_KEPT:
                 self._templates.clear()
             params = self._templates[key] = self.pack(*values())
