@@ -278,10 +278,11 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerAttention(torch.autograd.Function):
     """The custom ops' two implementations as one autograd node, for eager calls (see
-    eager_attention). Gradients that did not reach O or LSE arrive as None."""
+    eager_attention). Gradients that did not reach O or LSE arrive as None. The scalar arguments
+    come as one tuple: apply's host time grows with its argument count."""
 
     @staticmethod
-    def forward(ctx, q, k, v, document_starts, *args):
+    def forward(ctx, q, k, v, document_starts, args):
         ctx.set_materialize_grads(False)
         o, lse = _forward_impl(q, k, v, document_starts, *args)
         ctx.save_for_backward(q, k, v, o, lse, document_starts)
@@ -292,7 +293,7 @@ class _EagerAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, o, lse, document_starts = ctx.saved_tensors
         dq, dk, dv = _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, *ctx.args)
-        return (dq, dk, dv, None) + (None,) * len(ctx.args)
+        return dq, dk, dv, None, None
 
 
 def _functorch_active():
@@ -316,6 +317,6 @@ def eager_attention(q, k, v, document_starts, *args):
     handles the rest."""
     if plain_eager(q, k, v):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return _EagerAttention.apply(q, k, v, document_starts, *args)
+            return _EagerAttention.apply(q, k, v, document_starts, args)
         return _forward_impl(q, k, v, document_starts, *args)  # no graph to record
     return attention_forward(q, k, v, document_starts, *args)
