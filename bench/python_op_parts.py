@@ -57,12 +57,9 @@ def main():
     stream = torch.cuda.current_stream(dev).cuda_stream
     values, packed = _capi.tensor_values, _capi.tensor_bytes
 
-    def fields():
-        return (*values(q), *values(k), *values(v), *values(o), *values(lse), scale, 1, 0, 0, 0,
-                *_capi.mask_values(0, 0, None))
-
     def params():
-        return _capi.FORWARD.pack(*fields())
+        return _capi.FORWARD.pack(*values(q), *values(k), *values(v), *values(o), *values(lse),
+                                  scale, 1, 0, 0, 0, *_capi.mask_values(0, 0, None))
 
     fwd_params = params()
     delta = torch.empty(lse.shape, dtype=torch.float32, device=dev)
@@ -127,11 +124,7 @@ def main():
             ("forward: one descriptor's values", lambda: values(q)),
             ("forward: parameters packed (5 descriptors)", params),
             ("forward: parameters from the call shape's template (what the op does)",
-             lambda: _capi.FORWARD.pack_cached(
-                 (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape,
-                  v.stride(), v.dtype, q.is_cuda, scale, True, 0, 0, 0, 0),
-                 (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()),
-                 fields)),
+             lambda: _ops._forward_params(q, k, v, o, lse, None, True, scale, 0, 0, 0, 0)),
             ("forward: C API call, prepared", lambda: lib.forward(fwd_params, stream)),
             ("backward: dq allocated (fp32)", lambda: torch.empty(q.shape, dtype=torch.float32,
                                                                   device=dev)),

@@ -151,22 +151,30 @@ def _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, win
     batch, q_len, q_heads, _ = q.shape
     o = torch.empty(batch, q_len, q_heads, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, q_heads, q_len, dtype=_accumulator_dtype(q.dtype), device=q.device)
+    params = _forward_params(q, k, v, o, lse, documents, causal, scale, q_start, k_start,
+                             window_left, window_right)
+    with _device(q):
+        lib.forward(params, _stream(q))
+    return o, lse
+
+
+def _forward_params(q, k, v, o, lse, documents, causal, scale, q_start, k_start, window_left,
+                    window_right):
+    """The forward's parameter struct as bytes, for o and lse as _forward_impl allocates them
+    (which follow from q's and v's shapes and q's dtype): from the call shape's template where
+    there are no documents (whose pointer is not a tensor field's), else packed in full."""
     values = _capi.tensor_values
 
     def fields():
         return (*values(q), *values(k), *values(v), *values(o), *values(lse), scale, int(causal),
                 0, q_start, k_start, *_capi.mask_values(window_left, window_right, documents))
 
-    if documents is None:  # o and lse follow from q's and v's shapes and q's dtype
-        params = _capi.FORWARD.pack_cached(
-            (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
-             v.dtype, q.is_cuda, scale, causal, q_start, k_start, window_left, window_right),
-            (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()), fields)
-    else:
-        params = _capi.FORWARD.pack(*fields())
-    with _device(q):
-        lib.forward(params, _stream(q))
-    return o, lse
+    if documents is not None:
+        return _capi.FORWARD.pack(*fields())
+    return _capi.FORWARD.pack_cached(
+        (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype,
+         q.is_cuda, scale, causal, q_start, k_start, window_left, window_right),
+        (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()), fields)
 
 
 @torch.library.custom_op("ringattn::attention_forward", mutates_args=())
