@@ -4,7 +4,7 @@ ringattn_ctypes) and called on the same bf16 inputs, the libraries taking turns 
 rounds so that they share the GPU's state. Masks: causal; causal with a window; causal within
 packed documents (bench/masks.py's log-normal draw); documents and the window. Times (CUDA
 events, median of 10 calls): the forward, and the backward alone (its delta pass that zeroes
-dQ's accumulator, then the backward call; buffers made once). TFLOP/s count the visible pairs
+dQ's accumulator, then the backward call; buffers made once), beside the delta pass alone. TFLOP/s count the visible pairs
 (4 pairs d forward, 2.5x that backward); ratios are to the first library's mean.
 
 Before timing, each library's O, LSE, dK and dV are compared with the first library's (max
@@ -96,32 +96,40 @@ def main():
                 ra.library.backward_prepare(o_d, do_d, delta_d, stream, dq=dq_d)
                 ra.library.backward(params, stream)
 
-            calls.append((lambda ra=ra: ra.forward(q, k, v, **kw), backward, comparison))
+            def prepare(ra=ra, o_d=o_d, do_d=do_d, delta_d=delta_d, dq_d=dq_d, stream=stream,
+                        tensors=(o, delta, dq_acc)):
+                ra.library.backward_prepare(o_d, do_d, delta_d, stream, dq=dq_d)
+
+            calls.append((lambda ra=ra: ra.forward(q, k, v, **kw), backward, prepare, comparison))
         forward_ms = [[] for _ in libraries]
         backward_ms = [[] for _ in libraries]
+        prepare_ms = [[] for _ in libraries]
         for _ in range(args.rounds):
-            for i, (forward, backward, _) in enumerate(calls):
+            for i, (forward, backward, prepare, _) in enumerate(calls):
                 forward_ms[i].append(median_ms(forward, device))
                 backward_ms[i].append(median_ms(backward, device))
+                prepare_ms[i].append(median_ms(prepare, device))
         flop_f = 4.0 * pairs * d * heads
         flop_b = 2.5 * flop_f
         base_f, base_b = statistics.mean(forward_ms[0]), statistics.mean(backward_ms[0])
         for i, path in enumerate(args.libraries):
             mean_f, mean_b = statistics.mean(forward_ms[i]), statistics.mean(backward_ms[i])
             row = dict(mask=name, library=path, visible_pairs=pairs, forward_ms=forward_ms[i],
-                       backward_ms=backward_ms[i], forward_tflops=flop_f / mean_f / 1e9,
+                       backward_ms=backward_ms[i], delta_pass_ms=prepare_ms[i],
+                       forward_tflops=flop_f / mean_f / 1e9,
                        backward_tflops=flop_b / mean_b / 1e9,
                        forward_speedup=base_f / mean_f, backward_speedup=base_b / mean_b,
                        forward_backward_speedup=(base_f + base_b) / (mean_f + mean_b),
-                       against_first=calls[i][2])
+                       against_first=calls[i][3])
             rows.append(row)
-            equal = "".join(key if calls[i][2][key]["bitwise_equal"] else "-"
+            equal = "".join(key if calls[i][3][key]["bitwise_equal"] else "-"
                             for key in ("o", "lse", "dk", "dv"))
             print(f"{name:36} lib {i}  fwd {mean_f:7.3f} ms {row['forward_tflops']:5.0f} TF/s "
                   f"x{row['forward_speedup']:.3f} | bwd {mean_b:7.3f} ms "
-                  f"{row['backward_tflops']:5.0f} TF/s x{row['backward_speedup']:.3f} | "
+                  f"{row['backward_tflops']:5.0f} TF/s x{row['backward_speedup']:.3f} "
+                  f"(delta pass {statistics.mean(prepare_ms[i]):.3f} ms) | "
                   f"f+b x{row['forward_backward_speedup']:.3f} | equal to lib 0: {equal} "
-                  f"(dq {calls[i][2]['dq']['max_abs_difference']:.2e})")
+                  f"(dq {calls[i][3]['dq']['max_abs_difference']:.2e})")
         sys.stdout.flush()
     if args.json:
         result = dict(benchmark="masks_ab",
