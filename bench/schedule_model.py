@@ -14,8 +14,6 @@ import heapq
 import itertools
 import math
 
-from masks import lognormal_starts  # the documents of bench/masks.py, the same draw
-
 
 def grid_time(costs, sms):
     free = [0.0] * sms
@@ -63,6 +61,7 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--sms", type=int, default=132)
     args = parser.parse_args()
+    from masks import lognormal_starts  # bench/masks.py's documents, the same draw (needs torch)
     groups = [g for g in (1, 2, 4, 8, 16, 32, 64) if g < args.heads] + [args.heads]
     print(f"{args.seq} tokens, {args.heads} pairs, {args.sms} SMs; grid time / even spread")
     print("mean  order     pass      " + "  ".join(f"group {g:<3d}" for g in groups) +
