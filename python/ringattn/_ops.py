@@ -158,6 +158,12 @@ def _forward_impl(q, k, v, document_starts, causal, scale, q_start, k_start, win
     return o, lse
 
 
+def _inputs_key(q, k, v):
+    """The part of a call shape's template key (_capi.Packed.pack_cached) that q, k and v make."""
+    return (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
+            v.dtype, q.is_cuda)
+
+
 def _forward_params(q, k, v, o, lse, documents, causal, scale, q_start, k_start, window_left,
                     window_right):
     """The forward's parameter struct as bytes, for o and lse as _forward_impl allocates them
@@ -172,8 +178,7 @@ def _forward_params(q, k, v, o, lse, documents, causal, scale, q_start, k_start,
     if documents is not None:
         return _capi.FORWARD.pack(*fields())
     return _capi.FORWARD.pack_cached(
-        (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype,
-         q.is_cuda, scale, causal, q_start, k_start, window_left, window_right),
+        (*_inputs_key(q, k, v), scale, causal, q_start, k_start, window_left, window_right),
         (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr()), fields)
 
 
@@ -238,9 +243,8 @@ def _backward_impl(dout, dlse, q, k, v, o, lse, document_starts, causal, scale, 
 
         if documents is None:  # delta, dq, dk and dv follow from lse's, q's, k's and v's shapes
             params = _capi.BACKWARD.pack_cached(
-                (q.shape, q.stride(), q.dtype, k.shape, k.stride(), k.dtype, v.shape, v.stride(),
-                 v.dtype, dout_v[1:], lse.shape, lse.stride(), lse.dtype, q.is_cuda, scale, causal,
-                 deterministic, q_start, k_start, window_left, window_right),
+                (*_inputs_key(q, k, v), dout_v[1:], lse.shape, lse.stride(), lse.dtype, scale,
+                 causal, deterministic, q_start, k_start, window_left, window_right),
                 (q.data_ptr(), k.data_ptr(), v.data_ptr(), dout_v[0], lse.data_ptr(),
                  delta_v[0], dq_v[0], dk.data_ptr(), dv.data_ptr(), 0, 0), fields)
         else:
