@@ -57,6 +57,20 @@ def lognormal_starts(seq, mean, seed):
         starts.append(position)
 
 
+def problem(seq, heads, d, window, doc_mean, device, dtype):
+    """The inputs both this script and bench/masks_ab.py time: q, k, v and dO [1, seq, heads, d]
+    (seed 5), the document starts (a list, and int64 on the device), and the masks as
+    (name, causal window or 0, documents or not)."""
+    gen = torch.Generator(device="cpu").manual_seed(5)
+    q, k, v, do = (torch.randn(1, seq, heads, d, generator=gen).to(device, dtype) for _ in range(4))
+    starts = lognormal_starts(seq, doc_mean, 1)
+    starts_t = torch.tensor(starts, dtype=torch.int64, device=device)
+    masks = [("causal", 0, False), (f"causal window {window}", window, False),
+             (f"causal documents (mean {doc_mean})", 0, True),
+             (f"causal documents + window {window}", window, True)]
+    return (q, k, v, do), starts, starts_t, masks
+
+
 def flex_mask_mod(window, doc_id):
     """FlexAttention's mask_mod of a causal mask with a window (0: none) and documents (doc_id:
     each position's document, None: one document), written from the definition."""
@@ -105,18 +119,12 @@ def main():
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     seq, heads, d = args.seq, args.heads, args.head_dim
-    gen = torch.Generator(device="cpu").manual_seed(5)
-    q, k, v, do = (torch.randn(1, seq, heads, d, generator=gen).to(device, dtype) for _ in range(4))
-    starts = lognormal_starts(seq, args.doc_mean, 1)
-    starts_t = torch.tensor(starts, dtype=torch.int64, device=device)
+    (q, k, v, do), starts, starts_t, masks = problem(seq, heads, d, args.window, args.doc_mean,
+                                                     device, dtype)
     doc_id = torch.zeros(seq, dtype=torch.int64, device=device)
     if starts:
         doc_id[starts_t] = 1
         doc_id = doc_id.cumsum(0)
-
-    masks = [("causal", 0, False), (f"causal window {args.window}", args.window, False),
-             (f"causal documents (mean {args.doc_mean})", 0, True),
-             (f"causal documents + window {args.window}", args.window, True)]
     rows = []
     print(f"seq {seq}, heads {heads}, head_dim {d}, {dtype}, {len(starts) + 1} documents; "
           f"TFLOP/s of visible pairs (4 pairs d forward, 2.5x backward)")

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from masks import lognormal_starts, median_ms, visible_pairs
+from masks import median_ms, problem, visible_pairs
 from ringattn_ctypes import BackwardParams, Ringattn, describe
 
 
@@ -46,15 +46,9 @@ def main():
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     libraries = [Ringattn(path) for path in args.libraries]
     seq, heads, d = args.seq, args.heads, args.head_dim
-    gen = torch.Generator(device="cpu").manual_seed(5)
-    q, k, v, do = (torch.randn(1, seq, heads, d, generator=gen).to(device, dtype)
-                   for _ in range(4))
-    starts = lognormal_starts(seq, args.doc_mean, 1)
-    starts_t = torch.tensor(starts, dtype=torch.int64, device=device)
+    (q, k, v, do), starts, starts_t, masks = problem(seq, heads, d, args.window, args.doc_mean,
+                                                     device, dtype)
     scale = 1.0 / math.sqrt(d)
-    masks = [("causal", 0, False), (f"causal window {args.window}", args.window, False),
-             (f"causal documents (mean {args.doc_mean})", 0, True),
-             (f"causal documents + window {args.window}", args.window, True)]
     print(f"seq {seq}, heads {heads}, head_dim {d}, {dtype}, {len(starts) + 1} documents; "
           f"{len(libraries)} libraries, {args.rounds} rounds; TFLOP/s of visible pairs")
     rows = []
@@ -90,15 +84,14 @@ def main():
                                     **ra._mask(kw["window"], kw["document_starts"]))
             stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else None
 
-            # (The descriptors hold raw pointers: the call keeps their tensors alive.)
-            def backward(ra=ra, o_d=o_d, do_d=do_d, delta_d=delta_d, dq_d=dq_d, params=params,
-                         stream=stream, tensors=(o, lse, delta, dq_acc, dk_acc, dv_acc)):
-                ra.library.backward_prepare(o_d, do_d, delta_d, stream, dq=dq_d)
-                ra.library.backward(params, stream)
-
+            # (The descriptors hold raw pointers: the calls keep their tensors alive.)
             def prepare(ra=ra, o_d=o_d, do_d=do_d, delta_d=delta_d, dq_d=dq_d, stream=stream,
-                        tensors=(o, delta, dq_acc)):
+                        tensors=(o, lse, delta, dq_acc, dk_acc, dv_acc)):
                 ra.library.backward_prepare(o_d, do_d, delta_d, stream, dq=dq_d)
+
+            def backward(ra=ra, prepare=prepare, params=params, stream=stream):
+                prepare()
+                ra.library.backward(params, stream)
 
             calls.append((lambda ra=ra: ra.forward(q, k, v, **kw), backward, prepare, comparison))
         forward_ms = [[] for _ in libraries]
