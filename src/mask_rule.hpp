@@ -64,6 +64,19 @@ RINGATTN_HOST_DEVICE LocalRange local_range(PositionInterval global, std::int64_
   return {first, last > first ? last : first};
 }
 
+// What a block of positions on one side (a tile of queries, or of keys) reaches on the other, in
+// the other side's local indices: `some`, the indices that some member sees (a tile outside is
+// skipped), and `every`, those that every member sees (a tile inside needs no mask; empty when
+// none). The ends of the members' intervals grow with the position, so the first member's and the
+// last member's intervals (as local ranges) give both: `some` from the first's first to the
+// last's last, `every` from the last's first to the first's last.
+struct BlockReach {
+  LocalRange some, every;
+};
+RINGATTN_HOST_DEVICE BlockReach block_reach(LocalRange first_member, LocalRange last_member) {
+  return {{first_member.first, last_member.last}, {last_member.first, first_member.last}};
+}
+
 // The mask of one batch row, by global position. Trivially copyable: kernels take it by value.
 struct MaskRule {
   bool causal = false;

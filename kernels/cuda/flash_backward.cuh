@@ -511,12 +511,15 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim, kValueDim>::kThreads)
   // Row tiles [first_tile, end_tile) hold every row that sees some key of this CTA: causal
   // hides rows before key0 - shift; a local mask every row outside the first key's first row and
   // the last key's last.
+  // Under a local mask, full_rows are the rows that see every key (tile_needs_mask).
   int first_tile = 0, end_tile = (p.q_len + kRows - 1) / kRows;
+  IndexRange full_rows{0, 0};
   if (kCausal && p.local) {
-    const detail::LocalRange first = local_key_rows(p, batch, key0);
-    const detail::LocalRange last = local_key_rows(p, batch, min(key0 + kKeys, p.k_len) - 1);
-    first_tile = static_cast<int>(first.first) / kRows;
-    end_tile = last.last > first.first ? static_cast<int>((last.last + kRows - 1) / kRows) : first_tile;
+    const detail::BlockReach reach = key_block_rows(p, batch, key0, kKeys);
+    full_rows = index_range(reach.every);
+    first_tile = static_cast<int>(reach.some.first) / kRows;
+    end_tile = reach.some.empty() ? first_tile
+                                  : static_cast<int>((reach.some.last + kRows - 1) / kRows);
   } else if (kCausal) {
     first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
   }
@@ -593,7 +596,8 @@ __global__ void __launch_bounds__(BackwardTiles<kHeadDim, kValueDim>::kThreads)
     }
 
     // P^T = exp2(S^T * scale * log2e - LSE * log2e), zero where hidden; dS^T = P^T (dP^T - delta).
-    const bool masked = tile_needs_mask<kCausal>(p, batch, row_first, kRows, key0, kKeys);
+    const bool masked =
+        tile_needs_mask<kCausal, false>(p, full_rows, row_first, kRows, key0, kKeys);
     probabilities_and_ds<kCausal>(s, dp, my_keys, row_first, quad_col, masked, lse_s, delta_s, p,
                                   batch);
 
@@ -714,7 +718,9 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim, kValueDim>::kThreads)
   const T* k = head_slice<T>(p.k, p.k_strides, batch, kv_head);
   const T* v = head_slice<T>(p.v, p.v_strides, batch, kv_head);
 
-  const detail::LocalRange visible = visible_key_range<kCausal>(p, batch, row0, kRows);
+  const detail::BlockReach reach = row_block_keys<kCausal>(p, batch, row0, kRows);
+  const detail::LocalRange& visible = reach.some;
+  const IndexRange full_keys = index_range(reach.every);
   if (visible.empty()) return;
   const int key_end = static_cast<int>(visible.last);
   const int first_tile = static_cast<int>(visible.first) / kKeys;
@@ -799,7 +805,7 @@ __global__ void __launch_bounds__(DqTiles<kHeadDim, kValueDim>::kThreads)
       }
     }
     const int key0 = tile * kKeys;
-    const bool masked = tile_needs_mask<kCausal>(p, batch, row0, kRows, key0, kKeys);
+    const bool masked = tile_needs_mask<kCausal, true>(p, full_keys, row0, kRows, key0, kKeys);
     // Each row's keys [lo, hi) where the tile needs the mask.
     int lo[2] = {0, 0}, hi[2] = {p.k_len, p.k_len};
     if (masked) {

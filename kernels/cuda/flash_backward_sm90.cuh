@@ -164,22 +164,25 @@ __device__ __forceinline__ void ds_from_fragments(float (&dp)[kRowTiles][4],
 
 // The row tiles (kRows rows each) that see some key of a Hopper backward CTA whose keys start at
 // key0: causal hides rows before key0 - shift, a local mask the rows outside the first key's
-// first row and the last key's last; kRowSplits takes part `z % row_splits` of them.
+// first row and the last key's last; kRowSplits takes part `z % row_splits` of them. Under a
+// local mask, full_rows are the rows that see every key (tile_needs_mask).
 struct BackwardRows {
   int first_tile, row_tiles;
+  IndexRange full_rows;
 };
 template <bool kCausal, bool kRowSplits, int kRows, int kKeys>
 __device__ __forceinline__ BackwardRows backward_rows(const FlashParams& p, int batch, int key0,
                                                       int z) {
   int first_tile = 0, row_tiles = (p.q_len + kRows - 1) / kRows;
+  IndexRange full_rows{0, 0};
   if constexpr (kCausal) {
     if (p.local) {
-      const detail::LocalRange first = local_key_rows(p, batch, key0);
-      const detail::LocalRange last = local_key_rows(p, batch, min(key0 + kKeys, p.k_len) - 1);
-      first_tile = static_cast<int>(first.first) / kRows;
-      row_tiles = last.last > first.first
-                      ? static_cast<int>((last.last + kRows - 1) / kRows) - first_tile
-                      : 0;
+      const detail::BlockReach reach = key_block_rows(p, batch, key0, kKeys);
+      full_rows = index_range(reach.every);
+      first_tile = static_cast<int>(reach.some.first) / kRows;
+      row_tiles = reach.some.empty()
+                      ? 0
+                      : static_cast<int>((reach.some.last + kRows - 1) / kRows) - first_tile;
     } else {
       first_tile = clamp_to(key0 - p.shift, 0, p.q_len) / kRows;
       row_tiles -= first_tile;
@@ -189,7 +192,7 @@ __device__ __forceinline__ BackwardRows backward_rows(const FlashParams& p, int 
     first_tile = all_tiles * split / p.row_splits;
     row_tiles = all_tiles * (split + 1) / p.row_splits - first_tile;
   }
-  return {first_tile, row_tiles};
+  return {first_tile, row_tiles, full_rows};
 }
 
 // A walk over a Hopper backward CTA's steps: step i covers query head first + i / row_tiles, row
@@ -507,7 +510,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
       wgmma_wait<1>();
       pin_registers(s);
 
-      const bool masked = tile_needs_mask<kCausal>(p, batch, row_first, kRows, key0, kKeys);
+      const bool masked =
+          tile_needs_mask<kCausal, false>(p, visible.full_rows, row_first, kRows, key0, kKeys);
       probabilities<kCausal>(s, my_keys, row_first, quad_col, masked, lse_rows, p, batch);
 
       // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),

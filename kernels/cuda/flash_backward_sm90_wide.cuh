@@ -61,10 +61,11 @@ struct HopperWideBackwardTiles {
   static constexpr int kDqStageBytes = kTmaDq ? kHeadDim * kRows * 4 : 0;
   // K/V; full and empty of a stage; full and empty of a dS^T buffer; full and empty of P^T
   static constexpr int kBarriers = 1 + 2 * kStages + 2 * kDsBuffers + 2;
-  // 221 KiB at 192 with kTmaDq, 197 KiB at 192/128 with kTmaDq, 221 KiB at 256 without.
+  // 221 KiB at 192 with kTmaDq, 197 KiB at 192/128 with kTmaDq, 221 KiB at 256 without; with
+  // the rows that see every key under a local mask (two ints).
   static constexpr int kSmemBytes = kKeyTileBytes + kValueTileBytes + kStages * kStageBytes +
                                     kDsBuffers * kDsBytes + kExchangeBytes + kDqStageBytes +
-                                    kStatisticsBytes + 8 * kBarriers + 1024;
+                                    kStatisticsBytes + 8 * kBarriers + 8 + 1024;
   static constexpr bool kFits = kSmemBytes <= 227 * 1024;
 };
 
@@ -109,6 +110,10 @@ __global__ void __launch_bounds__(384, 1)
   std::uint64_t* ds_empty = ds_full + Tiles::kDsBuffers;
   std::uint64_t* p_full = ds_empty + Tiles::kDsBuffers;
   std::uint64_t* p_empty = p_full + 1;
+  // Under a local mask, the rows [first, last) that see every key, for tile_needs_mask: read from
+  // shared memory at each step (held in registers across the loop they cost the consumers spills
+  // at 256).
+  int* full_rows = reinterpret_cast<int*>(p_empty + 1);
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
@@ -136,6 +141,8 @@ __global__ void __launch_bounds__(384, 1)
     mbarrier_init(p_full, 128);   // the value warpgroup's threads
     mbarrier_init(p_empty, 128);  // the key warpgroup's
     mbarrier_init_fence();
+    full_rows[0] = visible.full_rows.first;
+    full_rows[1] = visible.full_rows.last;
   }
   __syncthreads();
 
@@ -203,7 +210,8 @@ __global__ void __launch_bounds__(384, 1)
       lse_rows.load(warp_statistics + (step % 2) * kRows, quad_col);
       wgmma_wait<0>();
       pin_registers(s);
-      const bool masked = tile_needs_mask<kCausal>(p, batch, row_first, kRows, key0, kKeys);
+      const IndexRange full = p.local ? IndexRange{full_rows[0], full_rows[1]} : IndexRange{0, 0};
+      const bool masked = tile_needs_mask<kCausal, false>(p, full, row_first, kRows, key0, kKeys);
       probabilities<kCausal>(s, my_keys, row_first, quad_col, masked, lse_rows, p, batch);
       std::uint32_t a_p[kRowSteps][4], shared_p[kRowSteps][4];
 #pragma unroll

@@ -126,17 +126,36 @@ __device__ __forceinline__ detail::LocalRange local_key_rows(const FlashParams& 
                              p.q_start, p.q_len);
 }
 
-// The keys [first, last) that some row of [row0, row0 + rows) can see: every key, the keys up to
-// the last row's position when causal, or under a local mask from the first row's first key to the
-// last row's last (both grow with the row).
+// Local indices [first, last) as ints, as a kernel keeps them.
+struct IndexRange {
+  int first, last;
+};
+__device__ __forceinline__ IndexRange index_range(const detail::LocalRange& range) {
+  return {static_cast<int>(range.first), static_cast<int>(range.last)};
+}
+
+// The keys of rows [row0, row0 + rows) (a CTA whose rows stay while it walks key tiles): `some`
+// holds every key, the keys up to the last row's position when causal, or under a local mask
+// the keys some row sees (detail::BlockReach); `every`, used only under a local mask, the keys
+// that every row sees. Once per CTA: a test of each tile would cost a binary search over the
+// document starts for each end.
 template <bool kCausal>
-__device__ __forceinline__ detail::LocalRange visible_key_range(const FlashParams& p, int batch,
-                                                                int row0, int rows) {
+__device__ __forceinline__ detail::BlockReach row_block_keys(const FlashParams& p, int batch,
+                                                             int row0, int rows) {
   if (kCausal && p.local) {
     const int last_row = min(row0 + rows, p.q_len) - 1;
-    return {local_row_keys(p, batch, row0).first, local_row_keys(p, batch, last_row).last};
+    return detail::block_reach(local_row_keys(p, batch, row0), local_row_keys(p, batch, last_row));
   }
-  return {0, visible_key_end<kCausal>(p, row0, rows)};
+  const int end = visible_key_end<kCausal>(p, row0, rows);
+  return {{0, end}, {0, end}};
+}
+
+// The rows of keys [key0, key0 + keys) under a local mask (a CTA whose keys stay while it walks
+// row tiles): the rows that see some key, and those that see every key.
+__device__ __forceinline__ detail::BlockReach key_block_rows(const FlashParams& p, int batch,
+                                                             int key0, int keys) {
+  const int last_key = min(key0 + keys, p.k_len) - 1;
+  return detail::block_reach(local_key_rows(p, batch, key0), local_key_rows(p, batch, last_key));
 }
 
 // Under a local mask, the keys [lo, hi) of the rows a thread holds (rows[0], rows[1]), for
@@ -153,17 +172,16 @@ __device__ __forceinline__ void local_key_bounds(const FlashParams& p, int batch
 }
 
 // Whether the tile of keys [key0, key0 + keys) needs mask_scores for rows [row0, row0 + rows):
-// keys past k_len, or some (row, key) pair hidden by the mask.
-template <bool kCausal>
-__device__ __forceinline__ bool tile_needs_mask(const FlashParams& p, int batch, int row0, int rows,
-                                                int key0, int keys) {
+// keys past k_len, or some (row, key) pair hidden by the mask. Under a local mask `full` is the
+// `every` of the CTA's fixed side: its row_block_keys (kFixedRows) or its key_block_rows.
+template <bool kCausal, bool kFixedRows>
+__device__ __forceinline__ bool tile_needs_mask(const FlashParams& p, IndexRange full, int row0,
+                                                int rows, int key0, int keys) {
   if (key0 + keys > p.k_len) return true;
   if (!kCausal) return false;
   if (p.local) {
-    const int last_row = min(row0 + rows, p.q_len) - 1;
-    return !p.rule.for_batch(batch, p.document_stride)
-                .all_visible(p.q_start + row0, p.q_start + last_row, p.k_start + key0,
-                             p.k_start + key0 + keys - 1);
+    if constexpr (kFixedRows) return key0 < full.first || key0 + keys > full.last;
+    return row0 < full.first || min(row0 + rows, p.q_len) > full.last;
   }
   return static_cast<std::int64_t>(key0 + keys - 1) > row0 + p.shift;
 }
@@ -470,7 +488,9 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim, kValueDim>::kThreads)
 
   // Key tiles [first_tile, key_tiles) hold every key some row of this CTA can see (keys below
   // key_end; under a local mask none below first_tile's).
-  const detail::LocalRange visible = visible_key_range<kCausal>(p, batch, row0, kRows);
+  const detail::BlockReach reach = row_block_keys<kCausal>(p, batch, row0, kRows);
+  const detail::LocalRange& visible = reach.some;
+  const IndexRange full_keys = index_range(reach.every);
   const int key_end = static_cast<int>(visible.last);
   const int first_tile = visible.empty() ? 0 : static_cast<int>(visible.first) / kKeys;
   const int key_tiles = visible.empty() ? 0 : (key_end + kKeys - 1) / kKeys;
@@ -557,7 +577,7 @@ __global__ void __launch_bounds__(ForwardTiles<kHeadDim, kValueDim>::kThreads)
     // mask, keys outside the row's interval). Tiles that every row of the CTA sees in full skip
     // this.
     const int key0 = tile * kKeys;
-    if (tile_needs_mask<kCausal>(p, batch, row0, kRows, key0, kKeys)) {
+    if (tile_needs_mask<kCausal, true>(p, full_keys, row0, kRows, key0, kKeys)) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         if (kCausal && p.local) {

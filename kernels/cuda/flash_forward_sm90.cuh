@@ -65,9 +65,10 @@ struct HopperForwardTiles {
   static_assert(kStages >= 2, "two K/V stages at least, for the producer to run ahead");
   static constexpr int kBarriers = 1 + 4 * kStages;  // Q; full and empty of K and V
   // Q, the K and V stages (160 KiB at head_dim 128, 144 KiB at 64, 192 at 192 and 256) and the
-  // barriers, plus the slack that aligns the tiles to the swizzle's 1024-byte period.
+  // barriers, the keys that every row sees under a local mask (two ints), plus the slack that
+  // aligns the tiles to the swizzle's 1024-byte period.
   static constexpr int kSmemBytes =
-      kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * kBarriers + 1024;
+      kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * kBarriers + 8 + 1024;
 };
 
 // One warp's 16 rows of S = Q K^T (Q rows from `row` of q_tile, every key of k_tile) on mma.sync:
@@ -124,6 +125,10 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
   std::uint64_t* v_full = k_full + kStages;
   std::uint64_t* k_empty = v_full + kStages;
   std::uint64_t* v_empty = k_empty + kStages;
+  // Under a local mask, the keys [first, last) that every row sees, for tile_needs_mask: read
+  // from shared memory at each tile (held in registers across the loop they cost the consumers
+  // spills).
+  int* full_keys = reinterpret_cast<int*>(v_empty + kStages);
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
@@ -136,7 +141,8 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
 
   // The key tiles first_tile .. first_tile + key_tiles - 1 hold every key some row of this CTA
   // sees (under a local mask none below first_tile's); loops count tiles from first_tile.
-  const detail::LocalRange visible = visible_key_range<kCausal>(p, batch, row0, kRows);
+  const detail::BlockReach reach = row_block_keys<kCausal>(p, batch, row0, kRows);
+  const detail::LocalRange& visible = reach.some;
   const int first_tile = visible.empty() ? 0 : static_cast<int>(visible.first) / kKeys;
   const int key_tiles =
       visible.empty() ? 0 : (static_cast<int>(visible.last) + kKeys - 1) / kKeys - first_tile;
@@ -150,6 +156,8 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
       mbarrier_init(v_empty + stage, 4 * kGroups);
     }
     mbarrier_init_fence();
+    full_keys[0] = static_cast<int>(reach.every.first);
+    full_keys[1] = static_cast<int>(reach.every.last);
   }
   __syncthreads();
 
@@ -240,7 +248,8 @@ __global__ void __launch_bounds__(HopperForwardTiles<kHeadDim, kValueDim>::kThre
     };
     const auto softmax = [&](int tile) {
       const int key0 = (first_tile + tile) * kKeys, stage = tile % kStages;
-      const bool masked = tile_needs_mask<kCausal>(p, batch, row0, kRows, key0, kKeys);
+      const IndexRange full = p.local ? IndexRange{full_keys[0], full_keys[1]} : IndexRange{0, 0};
+      const bool masked = tile_needs_mask<kCausal, true>(p, full, row0, kRows, key0, kKeys);
       if (masked) apply_mask(key0);
       const TileSoftmax done =
           stale_softmax_scores(s, row_max, row_sum, p.scale_log2, correction);

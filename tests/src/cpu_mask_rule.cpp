@@ -1,14 +1,17 @@
 // The interval form of the mask (src/mask_rule.hpp), which every kernel and the ring's schedule
 // use to skip and to classify tiles, against the mask's definition checked position by position:
-// keys_of, queries_of, any_visible and all_visible over every block of small sequences, for
-// windows and documents placed at, just before and just after block edges, empty documents,
-// starts outside the sequence, positions near the int64 limits, and the checks of a Mask's fields.
+// keys_of, queries_of, any_visible, all_visible and block_reach over every block of small
+// sequences, for windows and documents placed at, just before and just after block edges, empty
+// documents, starts outside the sequence, positions near the int64 limits, and the checks of a
+// Mask's fields.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ringattn/attention.hpp"
@@ -147,6 +150,76 @@ TEST(MaskRule, RandomRulesMatchTheDefinition) {
       }
       ASSERT_EQ(rule.any_visible(qa, qb, ka, kb), any) << qa << ".." << qb << " x " << ka << ".." << kb;
       ASSERT_EQ(rule.all_visible(qa, qb, ka, kb), all) << qa << ".." << qb << " x " << ka << ".." << kb;
+    }
+  }
+}
+
+// The kernels' classification of tiles (kernels/cuda/flash_forward.cuh: row_block_keys,
+// key_block_rows, tile_needs_mask): a block's reach from its first and last members' intervals
+// as local ranges of the other side's chunk (block_reach), for chunks anywhere in the sequence and
+// partial last tiles, against every pair: a tile is skipped iff it misses `some`, and runs
+// without the mask iff it lies inside `every`.
+TEST(MaskRule, BlockReachOfTheEndMembersClassifiesEveryTile) {
+  SCOPED_TRACE(test::seed_trace());
+  std::mt19937_64 rng = test::make_rng(92);
+  std::uniform_int_distribution<std::int64_t> position(-10, 200), window(0, 30), coin(0, 1),
+      length(1, 50);
+  using detail::local_range;
+  for (int trial = 0; trial < 150; ++trial) {
+    RuleCase c{"random", coin(rng) == 1, window(rng) * coin(rng), window(rng) * coin(rng), {}};
+    const std::int64_t count = std::uniform_int_distribution<std::int64_t>(0, 10)(rng);
+    for (std::int64_t n = 0; n < count; ++n) c.starts.push_back(position(rng));
+    std::sort(c.starts.begin(), c.starts.end());
+    const MaskRule rule = rule_of(c);
+    const std::int64_t q_start = position(rng), k_start = position(rng);
+    const std::int64_t q_len = length(rng), k_len = length(rng);
+    // Every pair of the tile [r0, r1] x [k0, k1] (local, inclusive): some seen, all seen.
+    const auto pairs = [&](std::int64_t r0, std::int64_t r1, std::int64_t k0, std::int64_t k1) {
+      bool any = false, all = true;
+      for (std::int64_t i = r0; i <= r1; ++i) {
+        for (std::int64_t j = k0; j <= k1; ++j) {
+          const bool seen = defined_visible(c, q_start + i, k_start + j);
+          any = any || seen;
+          all = all && seen;
+        }
+      }
+      return std::pair<bool, bool>{any, all};
+    };
+    const auto meets = [](const detail::LocalRange& r, std::int64_t a, std::int64_t b) {
+      return std::max(a, r.first) < std::min(b + 1, r.last);
+    };
+    const auto inside = [](const detail::LocalRange& r, std::int64_t a, std::int64_t b) {
+      return r.first <= a && b < r.last;
+    };
+    // Blocks of `block` rows walking key tiles of `tile` (the forward's CTAs), or blocks of keys
+    // walking row tiles (the backward's).
+    const auto check = [&](bool rows_stay, std::int64_t block, std::int64_t tile) {
+      const std::int64_t len = rows_stay ? q_len : k_len, start = rows_stay ? q_start : k_start;
+      const std::int64_t other_len = rows_stay ? k_len : q_len;
+      const std::int64_t other_start = rows_stay ? k_start : q_start;
+      const auto reach_of = [&](std::int64_t member) {
+        const std::int64_t p = start + member;
+        return local_range(rows_stay ? rule.keys_of(p) : rule.queries_of(p), other_start,
+                           other_len);
+      };
+      for (std::int64_t a = 0; a < len; a += block) {
+        const std::int64_t b = std::min(a + block, len) - 1;
+        const detail::BlockReach reach = detail::block_reach(reach_of(a), reach_of(b));
+        for (std::int64_t t = 0; t < other_len; t += tile) {
+          const std::int64_t u = std::min(t + tile, other_len) - 1;
+          const auto [any, all] = rows_stay ? pairs(a, b, t, u) : pairs(t, u, a, b);
+          ASSERT_EQ(meets(reach.some, t, u), any)
+              << (rows_stay ? "rows " : "keys ") << a << ".." << b << ", tile " << t << ".." << u;
+          ASSERT_EQ(inside(reach.every, t, u), all)
+              << (rows_stay ? "rows " : "keys ") << a << ".." << b << ", tile " << t << ".." << u;
+        }
+      }
+    };
+    for (std::int64_t block : {1, 3, 8}) {
+      for (std::int64_t tile : {1, 4, 8}) {
+        check(true, block, tile);
+        check(false, block, tile);
+      }
     }
   }
 }
