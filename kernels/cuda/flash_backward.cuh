@@ -189,15 +189,31 @@ struct FragmentRows {
   }
 };
 
+// Under a local mask, the local rows [first, last) that see each of a thread's two keys, written to
+// the thread's own two entries of shared memory once a CTA, for probabilities: held in registers
+// across the step loop they cost the consumers spills, and found at each masked step they cost two
+// binary searches over the document starts.
+__device__ __forceinline__ void key_rows_of(const FlashParams& p, int batch, const int (&keys)[2],
+                                            int2* key_rows) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const detail::LocalRange rows = local_key_rows(p, batch, keys[half]);
+    key_rows[half] = make_int2(static_cast<int>(rows.first), static_cast<int>(rows.last));
+  }
+}
+
 // P^T in place of S^T for a thread's two keys (keys[0] for elements 0-1, keys[1] for 2-3) and the
 // tile's rows row_first + nt * 8 + quad_col + {0, 1}; `masked` (uniform over the warp): some
 // (key, row) pair of the tile may be hidden. The mask is a separate pass behind one branch, so that
-// the exponentials of an unmasked tile carry no per-element tests.
+// the exponentials of an unmasked tile carry no per-element tests. Under a local mask the keys'
+// rows come from `key_rows` (the thread's own two entries, key_rows_of) where given, else from a
+// binary search over the document starts each.
 template <bool kCausal, int kRowTiles>
 __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const int (&keys)[2],
                                               int row_first, int quad_col, bool masked,
                                               const FragmentRows<kRowTiles>& lse_log2,
-                                              const FlashParams& p, int batch) {
+                                              const FlashParams& p, int batch,
+                                              const int2* key_rows = nullptr) {
 #pragma unroll
   for (int nt = 0; nt < kRowTiles; ++nt) {
 #pragma unroll
@@ -210,7 +226,9 @@ __device__ __forceinline__ void probabilities(float (&s)[kRowTiles][4], const in
     // Tile row r sees the key iff first <= r < last (the key's rows under the local mask).
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const detail::LocalRange rows = local_key_rows(p, batch, keys[half]);
+      const detail::LocalRange rows =
+          key_rows != nullptr ? detail::LocalRange{key_rows[half].x, key_rows[half].y}
+                              : local_key_rows(p, batch, keys[half]);
       const bool past_end = keys[half] >= p.k_len;
       const int first = past_end ? 0 : static_cast<int>(rows.first) - row_first - quad_col;
       const int last = past_end ? 0 : static_cast<int>(rows.last) - row_first - quad_col;

@@ -78,12 +78,14 @@ struct HopperBackwardTiles {
   static constexpr int kStatisticsBytes = kConsumerGroups * 4 * 2 * 2 * kRows * 4;
   // A step's 64-row fp32 block of dQ, 64 columns a panel (kTmaDq).
   static constexpr int kDqStageBytes = kTmaDq ? kWidth * 64 * 4 : 0;
-  // K, V, the Q and dO stages, dS^T, the dQ blocks, the statistics, the barriers, and the slack
-  // that aligns the tiles to the swizzle's 1024-byte period: 201 KiB at head_dim 128 (also with
-  // kTmaDq), 137 KiB at 64 (153 with kTmaDq).
+  // Under a local mask, each consumer thread's two keys' rows (key_rows_of).
+  static constexpr int kKeyRowsBytes = kConsumerGroups * 128 * 2 * 8;
+  // K, V, the Q and dO stages, dS^T, the dQ blocks, the statistics, the barriers, the keys' rows
+  // and the slack that aligns the tiles to the swizzle's 1024-byte period: 205 KiB at head_dim
+  // 128 (also with kTmaDq), 141 KiB at 64 (157 with kTmaDq).
   static constexpr int kSmemBytes = 2 * kKeyTileBytes + 2 * kStages * kRowTileBytes +
                                     kDsBuffers * kKeys * kRows * 2 + kDqStageBytes +
-                                    kStatisticsBytes + 8 * kBarriers + 1024;
+                                    kStatisticsBytes + 8 * kBarriers + kKeyRowsBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm_90 CTA can have");
 };
 
@@ -393,6 +395,7 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   std::uint64_t* rows_empty = rows_full + kStages;
   std::uint64_t* ds_full = rows_empty + kStages;
   std::uint64_t* ds_empty = ds_full + Tiles::kDsBuffers;
+  int2* key_rows = reinterpret_cast<int2*>(ds_empty + Tiles::kDsBuffers);  // [consumer thread][2]
 
   const int warp_group = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int group_row = lane / 4, quad_col = 2 * (lane % 4);
@@ -446,6 +449,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
   const int wg_key = warp_group * 64;  // this warpgroup's first key within the CTA
   const int my_keys[2] = {key0 + wg_key + warp * 16 + group_row,
                           key0 + wg_key + warp * 16 + group_row + 8};
+  int2* my_key_rows = key_rows + 2 * threadIdx.x;
+  if (kCausal && p.local) key_rows_of(p, batch, my_keys, my_key_rows);
 
   if (steps > 0) {
     // The descriptors of this warpgroup's 64 rows of K and V (A operands: kKeys * 128 bytes
@@ -512,7 +517,8 @@ __global__ void __launch_bounds__(HopperBackwardTiles<kHeadDim>::kThreads, 1)
 
       const bool masked =
           tile_needs_mask<kCausal, false>(p, visible.full_rows, row_first, kRows, key0, kKeys);
-      probabilities<kCausal>(s, my_keys, row_first, quad_col, masked, lse_rows, p, batch);
+      probabilities<kCausal>(s, my_keys, row_first, quad_col, masked, lse_rows, p, batch,
+                             my_key_rows);
 
       // dV += P^T dO (P^T as A fragments): k-step `kstep` covers rows [16 kstep, 16 kstep + 16),
       // 2048 bytes into the panels; the panels of a row tile are kRows * 128 bytes apart. The
