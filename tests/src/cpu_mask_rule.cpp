@@ -126,16 +126,26 @@ TEST(MaskRule, BlockClassificationMatchesEveryPair) {
   }
 }
 
+// A random rule: causal or not, each window side absent or up to `max_window`, up to
+// `max_documents` sorted starts in [-10, max_position].
+RuleCase random_rule(std::mt19937_64& rng, std::int64_t max_position, std::int64_t max_window,
+                     std::int64_t max_documents) {
+  std::uniform_int_distribution<std::int64_t> position(-10, max_position), window(0, max_window),
+      coin(0, 1);
+  RuleCase c{"random", coin(rng) == 1, window(rng) * coin(rng), window(rng) * coin(rng), {}};
+  const std::int64_t count = std::uniform_int_distribution<std::int64_t>(0, max_documents)(rng);
+  for (std::int64_t n = 0; n < count; ++n) c.starts.push_back(position(rng));
+  std::sort(c.starts.begin(), c.starts.end());
+  return c;
+}
+
 // Random rules over longer sequences: any_visible against a brute-force count.
 TEST(MaskRule, RandomRulesMatchTheDefinition) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(91);
-  std::uniform_int_distribution<std::int64_t> position(-10, 300), window(0, 40), coin(0, 1);
+  std::uniform_int_distribution<std::int64_t> position(-10, 300);
   for (int trial = 0; trial < 200; ++trial) {
-    RuleCase c{"random", coin(rng) == 1, window(rng) * coin(rng), window(rng) * coin(rng), {}};
-    const std::int64_t count = std::uniform_int_distribution<std::int64_t>(0, 12)(rng);
-    for (std::int64_t n = 0; n < count; ++n) c.starts.push_back(position(rng));
-    std::sort(c.starts.begin(), c.starts.end());
+    const RuleCase c = random_rule(rng, 300, 40, 12);
     const MaskRule rule = rule_of(c);
     for (int block = 0; block < 50; ++block) {
       const std::int64_t qa = position(rng), ka = position(rng);
@@ -162,14 +172,10 @@ TEST(MaskRule, RandomRulesMatchTheDefinition) {
 TEST(MaskRule, BlockReachOfTheEndMembersClassifiesEveryTile) {
   SCOPED_TRACE(test::seed_trace());
   std::mt19937_64 rng = test::make_rng(92);
-  std::uniform_int_distribution<std::int64_t> position(-10, 200), window(0, 30), coin(0, 1),
-      length(1, 50);
+  std::uniform_int_distribution<std::int64_t> position(-10, 200), length(1, 50);
   using detail::local_range;
   for (int trial = 0; trial < 150; ++trial) {
-    RuleCase c{"random", coin(rng) == 1, window(rng) * coin(rng), window(rng) * coin(rng), {}};
-    const std::int64_t count = std::uniform_int_distribution<std::int64_t>(0, 10)(rng);
-    for (std::int64_t n = 0; n < count; ++n) c.starts.push_back(position(rng));
-    std::sort(c.starts.begin(), c.starts.end());
+    const RuleCase c = random_rule(rng, 200, 30, 10);
     const MaskRule rule = rule_of(c);
     const std::int64_t q_start = position(rng), k_start = position(rng);
     const std::int64_t q_len = length(rng), k_len = length(rng);
