@@ -4,7 +4,8 @@ row block of 128 walks) plus two for its prologue and epilogue; the CTAs start i
 (causal_grid_place with a group of 1, 2, 4 ... pairs) on the multiprocessors, one each, as soon as
 one is free. The figure is the grid's time over its work spread evenly (1.000: no tail), beside
 the longest-first order over every CTA. The documents of bench/masks.py (log-normal lengths,
-sigma 1, seed 1), as drawn and mirrored (the longest blocks late, then early).
+sigma 1, seed 1), as drawn and mirrored (the longest blocks late, then early). Then what a CTA
+computes under those documents against causal sequences of one document (tile_account).
 
     python3 bench/schedule_model.py [--seq 32768] [--heads 16] [--sms 132]
 """
@@ -55,6 +56,24 @@ def block_work(seq, starts):
     return backward, forward
 
 
+def document_pairs(seq, starts):
+    """The (query, key) pairs a causal mask over packed documents lets through."""
+    bounds = [0] + starts + [seq]
+    return sum((b - a) * (b - a + 1) // 2 for a, b in zip(bounds, bounds[1:]))
+
+
+def tile_account(seq, starts):
+    """What a CTA computes under causal documents (seq a multiple of 128): the mean key tiles of
+    128 a forward row block of 128 visits and the mean row steps of 64 a backward key block of 128
+    walks (block_work's, without its prologue and epilogue), each with the share of the pairs in
+    those tiles that the mask lets through."""
+    backward, forward = block_work(seq, starts)
+    tiles, steps = [w - 2 for w in forward], [w - 2 for w in backward]
+    visible = document_pairs(seq, starts)
+    return (sum(tiles) / len(tiles), visible / (sum(tiles) * 128 * 128),
+            sum(steps) / len(steps), visible / (sum(steps) * 64 * 128))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=32768)
@@ -82,6 +101,16 @@ def main():
                              args.sms) / even
             print(f"{mean:<5d} {'mirrored' if mirrored else 'as drawn':9s} {name:9s} " +
                   "  ".join(f"{c:9.3f}" for c in cells) + f"  {best:9.3f}")
+    # A CTA's length under documents beside causal sequences of one document, whose measured
+    # rates at those lengths set the documents' rate in context.
+    print("\nper CTA: forward key tiles (visible share of their pairs), backward row steps (share)")
+    cases = [(f"documents, mean {mean}", args.seq, lognormal_starts(args.seq, mean, 1))
+             for mean in (2048, 8192)]
+    cases += [(f"causal {n // 1024}k, one document", n, []) for n in (2048, 8192, args.seq)]
+    for label, n, starts in cases:
+        tiles, tile_share, steps, step_share = tile_account(n, starts)
+        print(f"{label:28s} forward {tiles:6.1f} ({tile_share:.3f})  backward {steps:6.1f} "
+              f"({step_share:.3f})")
 
 
 if __name__ == "__main__":
