@@ -56,20 +56,13 @@ def block_work(seq, starts):
     return backward, forward
 
 
-def document_pairs(seq, starts):
-    """The (query, key) pairs a causal mask over packed documents lets through."""
-    bounds = [0] + starts + [seq]
-    return sum((b - a) * (b - a + 1) // 2 for a, b in zip(bounds, bounds[1:]))
-
-
-def tile_account(seq, starts):
+def tile_account(seq, starts, visible):
     """What a CTA computes under causal documents (seq a multiple of 128): the mean key tiles of
     128 a forward row block of 128 visits and the mean row steps of 64 a backward key block of 128
     walks (block_work's, without its prologue and epilogue), each with the share of the pairs in
-    those tiles that the mask lets through."""
+    those tiles that the mask lets through (`visible` of them: bench/masks.py's visible_pairs)."""
     backward, forward = block_work(seq, starts)
     tiles, steps = [w - 2 for w in forward], [w - 2 for w in backward]
-    visible = document_pairs(seq, starts)
     return (sum(tiles) / len(tiles), visible / (sum(tiles) * 128 * 128),
             sum(steps) / len(steps), visible / (sum(steps) * 64 * 128))
 
@@ -80,7 +73,8 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--sms", type=int, default=132)
     args = parser.parse_args()
-    from masks import lognormal_starts  # bench/masks.py's documents, the same draw (needs torch)
+    # bench/masks.py's documents, the same draw, and its count of visible pairs (needs torch)
+    from masks import lognormal_starts, visible_pairs
     groups = [g for g in (1, 2, 4, 8, 16, 32, 64) if g < args.heads] + [args.heads]
     print(f"{args.seq} tokens, {args.heads} pairs, {args.sms} SMs; grid time / even spread")
     print("mean  order     pass      " + "  ".join(f"group {g:<3d}" for g in groups) +
@@ -108,7 +102,8 @@ def main():
              for mean in (2048, 8192)]
     cases += [(f"causal {n // 1024}k, one document", n, []) for n in (2048, 8192, args.seq)]
     for label, n, starts in cases:
-        tiles, tile_share, steps, step_share = tile_account(n, starts)
+        tiles, tile_share, steps, step_share = tile_account(
+            n, starts, visible_pairs(n, True, 0, starts))
         print(f"{label:28s} forward {tiles:6.1f} ({tile_share:.3f})  backward {steps:6.1f} "
               f"({step_share:.3f})")
 
