@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs python/tests/test_ring_mpi.py, test_ring_mpi_masks.py and test_ring_mpi_balanced.py under
-# mpiexec at 1, 2, 3 and 4 ranks (OpenMPI), from any directory:
+# Runs python/tests/test_ring_mpi.py, test_ring_mpi_masks.py, test_ring_mpi_balanced.py and
+# test_ring_mpi_random.py under mpiexec at 1, 2, 3 and 4 ranks (OpenMPI), from any directory:
 #
 #   python/tests/run_mpi_tests.sh [pytest arguments...]
 #
@@ -45,7 +45,7 @@ for n in ${RINGATTN_TEST_RANKS:-1 2 3 4}; do
   timeout --kill-after=30 "${RINGATTN_TEST_TIMEOUT_S:-900}" "${MPIEXEC:-mpiexec}" \
     --oversubscribe -n "$n" bash -c "$rank_command" "$reports" "$n" \
     python/tests/test_ring_mpi.py python/tests/test_ring_mpi_masks.py \
-    python/tests/test_ring_mpi_balanced.py "$@"
+    python/tests/test_ring_mpi_balanced.py python/tests/test_ring_mpi_random.py "$@"
   rc=$?
   verdict="$("$python" - "$reports" "$n" "$rc" <<'EOF'
 """Compares the ranks' JUnit reports: the same outcome for every test on every rank."""

@@ -8,6 +8,7 @@ sees nothing, dK and dV of a key nobody sees) exactly 0, -inf, 0. The CPU block'
 64 x 64: starts and window widths sit on and beside the edges 64 and 128.
 """
 import functools
+import random
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 import ringattn
 from conftest import SEED
 from reference import attention as reference
+from random_masks import random_mask
 from reference import TinyAttentionModel, relative_error, visibility
 from test_attention import FORWARD_TOL, GRAD_TOL, check_close, check_lse, inputs, randn
 
@@ -58,8 +60,50 @@ def reference_of(q, k, v, kw):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("name,shape,kw", CASES, ids=[c[0].replace(" ", "_") for c in CASES])
 def test_masks_match_the_oracle(gen, dtype, name, shape, kw):
-    """O, LSE and the gradients of a loss over both; what nothing reaches is exactly zero."""
+    check_masked_call(gen, dtype, shape, kw, f"{name} {dtype}")
+    if name.startswith("offsets"):
+        seen = visibility(shape[1], shape[2], kw.get("causal", False), kw.get("q_start", 0),
+                          kw.get("k_start", 0), kw.get("window"), kw.get("document_starts"))
+        assert (~seen.any(dim=2)).any() and (~seen.any(dim=1)).any(), (
+            f"{name}: meant to have rows and keys nothing reaches")
+
+
+# The randomized differential check on one process: problems of random shapes (lengths 1 to 200
+# across the CPU block's 64-wide tiles, q_len != k_len, GQA 1 to 3, head dims 1 to 24 with
+# v_head_dim apart), offsets, gains up to 64 (scores up to about 1e4) and random_mask's masks,
+# in f64 against the oracle, each checked as the cases above are. About 1 s.
+RANDOM_CASES = 300
+
+
+def test_random_masks_match_the_oracle(gen):
+    rng = random.Random(int(torch.randint(2**62, (1,), generator=gen)))
+    lengths = [1, 2, 5, 17, 63, 64, 65, 127, 129, 200]
+    for case in range(RANDOM_CASES):
+        batch, kv_heads = rng.choice([1, 2]), rng.choice([1, 2])
+        head_dim = rng.choice([1, 3, 8, 16, 24])
+        shape = (batch, rng.choice(lengths), rng.choice(lengths), kv_heads * rng.choice([1, 2, 3]),
+                 kv_heads, head_dim, rng.choice([head_dim, 2, 8, 16]))
+        kw = dict(q_start=rng.choice([0, 0, 5, shape[2], rng.randrange(300)]),
+                  k_start=rng.choice([0, 0, 3, rng.randrange(300)]))
+        mask = random_mask(rng, max(kw["q_start"] + shape[1], kw["k_start"] + shape[2]), batch,
+                           edges=(64, 128))
+        if mask["document_starts"] is not None:
+            mask["document_starts"] = starts(*(mask["document_starts"]
+                                               if isinstance(mask["document_starts"][0], list)
+                                               else [mask["document_starts"]]))
+        kw.update({key: value for key, value in mask.items() if value is not None})
+        gain = rng.choice([1.0, 1.0, 4.0, 64.0])
+        check_masked_call(gen, torch.float64, shape, kw,
+                          f"random case {case} of {RANDOM_CASES}: shape {shape}, {kw}, gain "
+                          f"{gain} (seed {SEED})", gain=gain)
+
+
+def check_masked_call(gen, dtype, shape, kw, what, gain=1.0):
+    """O, LSE and the gradients of a loss over both against the oracle (q and k scaled by gain);
+    what nothing reaches is exactly zero."""
     q, k, v = inputs(gen, shape, dtype, requires_grad=True)
+    if gain != 1.0:
+        q, k = (t.detach().mul(gain).requires_grad_() for t in (q, k))
     o, lse = ringattn.attention(q, k, v, return_lse=True, **kw)
     do = randn(gen, *o.shape, dtype=torch.float64)
     dlse = randn(gen, *lse.shape, dtype=torch.float64)
@@ -70,7 +114,6 @@ def test_masks_match_the_oracle(gen, dtype, name, shape, kw):
     ref_o, ref_lse = reference_of(rq, rk, rv, kw)
     ref_finite = torch.isfinite(ref_lse.detach())
     ((ref_o * do).sum() + (ref_lse * dlse)[ref_finite].sum()).backward()
-    what = f"{name} {dtype}"
     check_close(o, ref_o, FORWARD_TOL[dtype], what + " O")
     check_lse(lse, ref_lse, FORWARD_TOL[dtype], what)
     for n, t, r in (("dq", q, rq), ("dk", k, rk), ("dv", v, rv)):
@@ -86,8 +129,6 @@ def test_masks_match_the_oracle(gen, dtype, name, shape, kw):
     assert torch.equal(q.grad[blind], torch.zeros_like(q.grad[blind])), what
     assert torch.equal(k.grad[unseen], torch.zeros_like(k.grad[unseen])), what
     assert torch.equal(v.grad[unseen], torch.zeros_like(v.grad[unseen])), what
-    if name.startswith("offsets"):
-        assert blind.any() and unseen.any(), f"{what}: meant to have rows and keys nothing reaches"
 
 
 def test_the_mask_changes_the_result(gen):
