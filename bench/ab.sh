@@ -12,6 +12,9 @@
 #   AB_ROUNDS     rounds (default 3)
 #   AB_SEQLENS    ringattn-bench's --seqlens (default 8192,32768)
 #   AB_HEAD_DIMS  ringattn-bench's --head-dims (default 128)
+#   AB_BUILD_HEAD_DIMS  the head dims each REV builds kernels for (RINGATTN_CUDA_HEAD_DIMS, comma-
+#                 separated, e.g. 32,96: a fraction of the build time), default every one; it
+#                 must hold AB_HEAD_DIMS
 #   AB_TESTS      a ctest regex run afterwards on the build of each REV after the first (its tests
 #                 are built too), e.g. '^kernels\.flash$'
 #   AB_KEEP       a directory (empty or absent) to build in and keep: REV i's build is then
@@ -71,8 +74,11 @@ build() {  # build REV-number REV
     git archive "$rev" | tar -xf - -C "$dir"
   fi
   [[ $i -gt 0 && -n "${AB_TESTS:-}" ]] && targets=(all)
+  local head_dims=()
+  [[ -n "${AB_BUILD_HEAD_DIMS:-}" ]] && head_dims=("-DRINGATTN_CUDA_HEAD_DIMS=${AB_BUILD_HEAD_DIMS//,/;}")
   cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGATTN_CUDA=ON \
-    "-DCMAKE_CUDA_ARCHITECTURES=${RINGATTN_GPU_ARCH:-90a}" >"$out/ab-build-$i.log" 2>&1 &&
+    "-DCMAKE_CUDA_ARCHITECTURES=${RINGATTN_GPU_ARCH:-90a}" "${head_dims[@]}" \
+    >"$out/ab-build-$i.log" 2>&1 &&
     cmake --build "$dir/build" -j "$jobs" --target "${targets[@]}" >>"$out/ab-build-$i.log" 2>&1
 }
 
