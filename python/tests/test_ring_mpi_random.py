@@ -22,7 +22,7 @@ import ringattn  # noqa: E402
 from random_masks import random_mask  # noqa: E402
 from reference import attention as reference  # noqa: E402
 from reference import relative_error  # noqa: E402
-from test_ring_mpi import COMM, NAMES, SHARED_SEED, SIZE, agree, gen  # noqa: E402,F401
+from test_ring_mpi import COMM, NAMES, SIZE, agree, gen  # noqa: E402,F401
 
 CASES = 150  # about 2-3 s at 2 to 4 ranks on two cores
 TOL = 1e-12
