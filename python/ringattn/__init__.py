@@ -15,8 +15,6 @@ and ring attention over the ranks of an mpi4py communicator.
 
 See docs/python.md.
 """
-import math
-
 import sys
 
 from ringattn._capi import RingattnError, find_library, library
@@ -24,6 +22,8 @@ from ringattn._modules import Attention, register_transformers
 from ringattn._layout import positions, shard, unshard
 from ringattn._ops import attention_backward, attention_forward
 from ringattn._ops import check_documents as _check_documents
+from ringattn._ops import check_tensors as _check_tensors
+from ringattn._ops import default_scale as _default_scale
 from ringattn._ops import eager_attention as _eager_attention
 from ringattn._ops import window_pair as _window_pair
 from ringattn._ring import RingAttention
@@ -74,8 +74,9 @@ def attention(q, k, v, *, causal=False, scale=None, q_start=0, k_start=0, window
     bitwise-reproducible gradients (the CPU one always is). Failures of the library raise
     RingattnError with its message.
     """
+    _check_tensors(q, k, v, "ringattn.attention")
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = _default_scale(q)
     window_left, window_right = _window_pair(window, "ringattn.attention")
     _check_documents(document_starts, q, "ringattn.attention")  # before the op's own schema
     o, lse = _eager_attention(q, k, v, document_starts, bool(causal), float(scale), int(q_start),

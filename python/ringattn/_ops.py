@@ -5,6 +5,7 @@ eager calls on real tensors, the same two implementations under a torch.autograd
 (eager_attention), which spares each call the custom ops' dispatch.
 """
 import contextlib
+import math
 import operator
 from typing import Optional
 
@@ -17,6 +18,21 @@ from ringattn import _capi
 def _accumulator_dtype(dtype):
     # The C API's accumulator dtype: f64 for f64 inputs, f32 for every other input dtype.
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_tensors(q, k, v, where):
+    """q, k and v are torch tensors (TypeError naming the first that is not), before anything
+    reads their shapes."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} is a {type(t).__name__}; expected a torch.Tensor "
+                            "[batch, seq, heads, head_dim]")
+
+
+def default_scale(q):
+    """1 / sqrt(head_dim) of q; 1 where q has no head_dim to take it from (rank 0, or head_dim 0),
+    so that the checks that follow name what is wrong."""
+    return 1.0 / math.sqrt(max(q.shape[-1], 1)) if q.dim() else 1.0
 
 
 def _check(q, k, v, document_starts=None):

@@ -16,7 +16,6 @@ waiting in the call.
 """
 import atexit
 import itertools
-import math
 import weakref
 from typing import Optional
 
@@ -27,7 +26,8 @@ from ringattn import _capi
 from ringattn._capi import RingattnError
 from ringattn._layout import check_layout, positions, shard, unshard
 from ringattn._ops import (_accumulator_dtype, _device, _stream, _viewable, check_documents,
-                           documents_for_c, plain_eager, window_pair)
+                           check_tensors, default_scale, documents_for_c, plain_eager,
+                           window_pair)
 
 DEVICES = {"cpu": _capi.HOST, "cuda": _capi.DEVICE}
 
@@ -172,8 +172,9 @@ class RingAttention:
         differentiable (on CUDA, O only); the backward is collective like the forward, under the
         same mask. deterministic asks the CUDA backward for bitwise-reproducible gradients.
         """
+        check_tensors(q, k, v, "ringattn.RingAttention")
         if scale is None:
-            scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if q.dim() else 1.0
+            scale = default_scale(q)
         window_left, window_right = window_pair(window, "ringattn.RingAttention")
         check_documents(document_starts, q, "ringattn.RingAttention")  # before the op's schema
         args = (self.ring_id, bool(causal), float(scale), window_left, window_right,

@@ -390,6 +390,10 @@ def test_errors_name_the_argument(gen):
         ringattn.attention(q, k, v.long())
     with pytest.raises(ValueError, match="v is on meta but q is on cpu"):
         ringattn.attention(q, k, v.to("meta"))
+    with pytest.raises(TypeError, match="ringattn.attention: q is a list; expected a torch.Tensor"):
+        ringattn.attention(q.tolist(), k, v)
+    with pytest.raises(ValueError, match=r"q has shape \[\]; expected rank 4"):
+        ringattn.attention(q[0, 0, 0, 0], k, v)  # no head_dim for the default scale either
     # Everything else is the library's check, its message carried by RingattnError.
     cases = [
         (dict(k=k.double()), r"ringattn_attention_forward: k has dtype f64; expected f32"),
@@ -400,6 +404,9 @@ def test_errors_name_the_argument(gen):
         (dict(q=q[:, :, :3]), r"ringattn_attention_forward: q has 3 heads, not a multiple of "
                               r"the 2 heads of k and v"),
         (dict(scale=-1.0), r"ringattn_attention_forward: scale is -1; expected a finite value"),
+        # head_dim 0: the library names it (the default scale does not divide by zero first)
+        (dict(q=q[..., :0], k=k[..., :0]), r"ringattn_attention_forward: q has head_dim 0; "
+                                           r"expected >= 1"),
         (dict(q=q.bfloat16(), k=k.bfloat16(), v=v.bfloat16()),
          r"q has dtype bf16; the CPU block takes f32 or f64"),
     ]
