@@ -6,12 +6,11 @@ unaligned starts, documents of one token), drawn from a seeded random.Random so 
 draws the same case."""
 
 
-def random_mask(rng, seq, batch, edges=(), causal=None):
+def random_mask(rng, seq, batch, edges=()):
     """Keywords of ringattn.attention's mask (causal, window, document_starts as a list or None)
     for positions in [0, seq): widths and starts are drawn from 1, 2, 3, the given `edges` (tile
-    or shard lengths) and their neighbours, seq and beyond, and anywhere. causal=None draws it."""
-    if causal is None:
-        causal = rng.random() < 0.6
+    or shard lengths) and their neighbours, seq and beyond, and anywhere."""
+    causal = rng.random() < 0.6
     widths = [1, 2, 3, seq, seq + 5] + [e + d for e in edges for d in (-1, 0, 1) if e + d > 0]
     window = None
     if rng.random() < 0.5:
